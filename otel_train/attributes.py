@@ -1,0 +1,53 @@
+"""The telemetry contract's names: span names, span attributes and metric names.
+
+Dashboards, alert rules and tests depend on these exact strings (see DESIGN.md). Extend,
+never rename.
+"""
+
+from __future__ import annotations
+
+# Span names
+STEP_SPAN_NAME = "train.step"
+MONITOR_SPAN_NAME = "train.monitor"  # root of monitoring work done outside any step (run.monitor)
+PHASE_DATA = "data"
+PHASE_FORWARD = "forward"
+PHASE_BACKWARD = "backward"
+PHASE_OPTIMIZER = "optimizer"
+PHASE_INFERENCE = "inference"
+PHASE_VAL_LOSS = "val_loss"
+
+# Span attributes
+RUN_ID = "train.run.id"
+STEP = "train.step"
+RANK = "train.rank"
+WORLD_SIZE = "train.world_size"
+PHASE = "train.phase"
+PHASE_KIND = "train.phase.kind"  # "train" | "monitor"
+DATALOADER = "train.dataloader"  # on "data" spans (and any phase of a step fed by that loader)
+SLOW = "train.slow"  # on the root span
+DEVICE_SYNCED = "train.device.synced"  # True when a device synchronize bracketed the span
+# Extensions (not renaming anything above)
+DEVICE_TYPE = "train.device.type"  # "cpu", "cuda", "mps", ... : which clock the time reflects
+MICRO_STEP = "train.micro_step"  # gradient-accumulation micro-step index (integrations)
+GPU_UTILIZATION = "train.gpu.utilization_ratio"  # NVML sample overlapping the step (max over GPUs)
+GPU_MEMORY_USED = "train.gpu.memory_used_bytes"
+
+KIND_TRAIN = "train"
+KIND_MONITOR = "monitor"
+
+INSTRUMENTATION_SCOPE = "otel_train"
+
+# Prometheus metric names (prefix otel_train_, base units, ratios 0..1)
+METRIC_STEP_DURATION = "otel_train_step_duration_seconds"
+METRIC_PHASE_DURATION = "otel_train_phase_duration_seconds"
+METRIC_MONITORING_OVERHEAD = "otel_train_monitoring_overhead_ratio"
+METRIC_OPERATION_OVERHEAD = "otel_train_operation_overhead_ratio"
+METRIC_BUDGET = "otel_train_monitoring_budget_ratio"
+METRIC_STEPS = "otel_train_steps_total"
+METRIC_SLOW_STEPS = "otel_train_slow_steps_total"
+METRIC_LAST_STEP_TIMESTAMP = "otel_train_last_step_timestamp_seconds"
+METRIC_STEP_IN_PROGRESS = "otel_train_step_in_progress_seconds"
+METRIC_SPANS_DROPPED = "otel_train_spans_dropped_total"
+METRIC_INSTRUMENTATION_OVERHEAD = "otel_train_instrumentation_overhead_ratio"
+METRIC_GPU_UTILIZATION = "otel_train_gpu_utilization_ratio"
+METRIC_GPU_MEMORY_USED = "otel_train_gpu_memory_used_bytes"

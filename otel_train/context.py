@@ -1,0 +1,69 @@
+"""User spans nest under the active phase, at no per-phase cost.
+
+One ``ActivePhaseSpan`` is attached to the OpenTelemetry context once, when the run starts.
+It is a non-recording span whose ``SpanContext`` is resolved only when someone asks for it
+(a user's ``tracer.start_as_current_span(...)`` inside a phase): then the active phase of
+the current step gets its span id drawn (once) and the user's span becomes its child.
+Outside a step it reports an invalid context, so user spans start their own traces.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_train.identity import step_trace_id
+from otel_train.recorder import SPAN_ID
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from otel_train.recorder import Recorder
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+class ActivePhaseSpan(NonRecordingSpan):
+    """A stand-in parent that resolves to the active phase (or step) when asked."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        run_id: str,
+        new_span_id: Callable[[], int],
+        is_sampled: Callable[[int], bool],
+    ) -> None:
+        super().__init__(INVALID_SPAN_CONTEXT)
+        self._recorder = recorder
+        self._run_id = run_id
+        self._new_span_id = new_span_id
+        self._is_sampled = is_sampled
+
+    def get_span_context(self) -> SpanContext:
+        """The active phase's context, drawing its span id now if nobody asked before."""
+        step = self._recorder.current
+        if step is None or step.end_ns:
+            return INVALID_SPAN_CONTEXT
+        if not step.trace_id:
+            step.trace_id = step_trace_id(self._run_id, step.index)
+        active = step.active
+        if active >= 0:
+            ph = step.phases[active]
+            span_id = ph[SPAN_ID]
+            if not span_id:
+                span_id = ph[SPAN_ID] = self._new_span_id()
+        else:
+            span_id = step.root_span_id
+            if not span_id:
+                span_id = step.root_span_id = self._new_span_id()
+        flags = _SAMPLED if self._is_sampled(step.trace_id) else _NOT_SAMPLED
+        return SpanContext(step.trace_id, span_id, False, flags)
+
+    def is_recording(self) -> bool:
+        """Never recording: the real spans are built in the background."""
+        return False
+
+    def __repr__(self) -> str:
+        return "ActivePhaseSpan()"

@@ -1,0 +1,99 @@
+"""How phase times are taken: host clock, with or without device synchronization.
+
+Accelerator work is asynchronous: without a synchronize at phase boundaries, a kernel
+launched in ``forward`` is paid for in whichever phase next waits on the device (often
+``optimizer`` or a ``.item()``). ``device_sync`` chooses:
+
+- ``sync``: synchronize the accelerator at every step and phase boundary (exact attribution,
+  at the cost of draining the device queue each time);
+- ``off``: host clock only (no stall; device time lands where the host waits);
+- ``auto`` (default): ``sync`` when an accelerator is present, else host clock (on CPU the
+  host clock is exact, there is nothing to synchronize).
+
+Device-agnostic through ``torch.accelerator`` (torch >= 2.6), with ``torch.cuda`` as a
+fallback on older torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_log = logging.getLogger("otel_train")
+
+
+@dataclass(frozen=True)
+class DeviceTiming:
+    """The resolved timing strategy for a run."""
+
+    mode: str  # the option as given: auto | sync | off
+    device_type: str  # "cpu", "cuda", "mps", "xpu", ...
+    synchronize: Callable[[], None] | None  # called at boundaries when not None
+
+    @property
+    def synced(self) -> bool:
+        """True when phase boundaries synchronize the device (``train.device.synced``)."""
+        return self.synchronize is not None
+
+    def describe(self) -> str:
+        """One line for the start-up banner."""
+        if self.synchronize is not None:
+            return f"{self.device_type}: synchronized at phase boundaries"
+        if self.device_type == "cpu":
+            return "cpu: host clock (exact on CPU; no accelerator to synchronize)"
+        return f"{self.device_type}: host clock only (device_sync=off; async work lands late)"
+
+
+def _accelerator_api(torch: Any) -> Any | None:
+    """The torch accelerator API object: ``torch.accelerator`` or a shim over ``torch.cuda``."""
+    api = getattr(torch, "accelerator", None)
+    if api is not None and hasattr(api, "is_available") and hasattr(api, "synchronize"):
+        return api
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return None
+
+    class _CudaShim:
+        @staticmethod
+        def is_available() -> bool:
+            return bool(cuda.is_available())
+
+        @staticmethod
+        def current_accelerator() -> Any:
+            return torch.device("cuda")
+
+        @staticmethod
+        def synchronize(device: Any = None) -> None:
+            cuda.synchronize(device)
+
+    return _CudaShim
+
+
+def resolve_device_timing(mode: str, accelerator: Any | None = None) -> DeviceTiming:
+    """Resolve ``device_sync`` against the accelerator that is present (if any)."""
+    if accelerator is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                import torch  # noqa: F401  (users bring torch; the demo and integrations need it)
+            except ImportError:
+                torch = None
+        accelerator = _accelerator_api(torch) if torch is not None else None
+    available = False
+    device_type = "cpu"
+    if accelerator is not None:
+        try:
+            available = bool(accelerator.is_available())
+            if available:
+                dev = accelerator.current_accelerator()
+                device_type = getattr(dev, "type", None) or str(dev)
+        except Exception as exc:  # a broken driver must not stop training
+            _log.info("otel-train: accelerator unavailable (%s); timing on the host clock", exc)
+            available = False
+    if not available or mode == "off":
+        return DeviceTiming(mode, device_type, None)
+    # The bound function itself: one call per boundary, no wrapper frame on the hot path.
+    return DeviceTiming(mode, device_type, accelerator.synchronize)

@@ -1,0 +1,238 @@
+"""Run options: keyword arguments, each also read from ``OTEL_TRAIN_<NAME>``.
+
+Precedence: an explicit keyword argument, then ``OTEL_TRAIN_<NAME>``, then the default.
+Every option is validated once, at ``start_run``; a bad value raises ``ValueError`` that
+names the option (and the environment variable when it came from there) and the rule.
+
+Usage::
+
+    opts = RunOptions.resolve(budget=0.05, prometheus_port=0)
+    opts.budget            # 0.05
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "OTEL_TRAIN_"
+DEFAULT_PROMETHEUS_PORT = 9464
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_NONE = {"", "none", "null", "off", "disabled"}
+_DEVICE_SYNC = ("auto", "sync", "off")
+_EXPORTERS = ("auto", "otlp", "jsonl", "console", "none")
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class _Default:
+    """Marker for 'use the computed default' (distinct from ``None`` = disabled)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """All options of a run, validated. Build with :meth:`RunOptions.resolve`."""
+
+    service_name: str | None = None
+    run_id: str | None = None
+    device_sync: str = "auto"
+    budget: float = 0.05
+    critical: float = 0.10
+    console: bool = True
+    log_every: int = 10
+    # None disables the endpoint, 0 picks a free port; DEFAULT is 9464 + local rank.
+    prometheus_port: int | None = DEFAULT
+    prometheus_host: str = "127.0.0.1"
+    shutdown_timeout_seconds: float = 2.0
+    status_dir: str | None = None
+    exporter: str | None = None
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    spans_path: str | None = None
+    recent_window_steps: int = 100
+    slow_step_factor: float = 3.0
+    slow_step_seconds: float | None = None
+    slow_operation_seconds: float = 30.0
+    stall_seconds: float | None = None
+    watchdog_interval_seconds: float = 1.0
+    gpu_sample_interval_seconds: float = 5.0
+    max_queued_steps: int = 4096
+    max_queued_spans: int = 16384
+    export_batch_size: int = 512
+    export_interval_seconds: float = 1.0
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    # Where each value came from, for error messages: name -> "argument" | env var name.
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def resolve(
+        cls, environ: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> RunOptions:
+        """Merge keyword arguments over ``OTEL_TRAIN_*`` over defaults, then validate."""
+        env = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls) if f.name != "sources"}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(names))}"
+            )
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "sources":
+                continue
+            if f.name in kwargs:
+                values[f.name] = kwargs[f.name]
+                sources[f.name] = "argument"
+                continue
+            var = ENV_PREFIX + f.name.upper()
+            raw = env.get(var)
+            if raw is not None:
+                values[f.name] = _parse_env(f.name, var, raw.strip(), f.default)
+                sources[f.name] = var
+        opts = cls(**values, sources=sources)
+        opts._validate()
+        return opts
+
+    def where(self, name: str) -> str:
+        """How to name option ``name`` in an error: the env var it came from, or the option."""
+        src = self.sources.get(name, "argument")
+        return f"option {name!r}" if src == "argument" else f"option {name!r} (from {src})"
+
+    def _fail(self, name: str, rule: str) -> None:
+        raise ValueError(f"{self.where(name)}={getattr(self, name)!r}: {rule}")
+
+    def _validate(self) -> None:
+        for name in ("service_name", "run_id", "status_dir", "spans_path", "otlp_endpoint"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                self._fail(name, "must be a non-empty string or None")
+        if self.device_sync not in _DEVICE_SYNC:
+            self._fail("device_sync", f"must be one of {', '.join(_DEVICE_SYNC)}")
+        if self.exporter is not None and self.exporter not in _EXPORTERS:
+            self._fail("exporter", f"must be one of {', '.join(_EXPORTERS)} or None")
+        if self.otlp_protocol is not None and self.otlp_protocol not in _PROTOCOLS:
+            self._fail("otlp_protocol", f"must be one of {', '.join(_PROTOCOLS)} or None")
+        for name in ("budget", "critical"):
+            v = getattr(self, name)
+            if not _is_number(v) or not 0.0 < v < 1.0:
+                self._fail(name, "must be a ratio strictly between 0 and 1 (0.05 means 5%)")
+        if self.critical <= self.budget:
+            raise ValueError(
+                f"{self.where('critical')}={self.critical!r} must be greater than "
+                f"{self.where('budget')}={self.budget!r}"
+            )
+        if not isinstance(self.console, bool):
+            self._fail("console", "must be True or False")
+        for name in ("log_every", "recent_window_steps", "max_queued_steps", "max_queued_spans",
+                     "export_batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                self._fail(name, "must be an integer >= 1")
+        port = self.prometheus_port
+        if port is not DEFAULT and port is not None:
+            if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+                self._fail("prometheus_port", "must be None (off), 0 (a free port) or 1..65535")
+        for name in ("shutdown_timeout_seconds", "slow_operation_seconds",
+                     "watchdog_interval_seconds", "gpu_sample_interval_seconds",
+                     "export_interval_seconds", "slow_step_factor"):
+            v = getattr(self, name)
+            if not _is_number(v) or not v > 0 or math.isinf(v):
+                self._fail(name, "must be a finite number > 0")
+        if self.slow_step_factor <= 1.0:
+            self._fail("slow_step_factor", "must be > 1 (a multiple of the rolling median)")
+        for name in ("slow_step_seconds", "stall_seconds"):
+            v = getattr(self, name)
+            if v is not None and (not _is_number(v) or not v > 0):
+                self._fail(name, "must be a number > 0 or None")
+        for name in ("rank", "world_size", "local_rank"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                self._fail(name, "must be an integer >= 0 or None")
+        if self.world_size is not None and self.world_size < 1:
+            self._fail("world_size", "must be >= 1")
+        if (self.rank is not None and self.world_size is not None
+                and self.rank >= self.world_size):
+            self._fail("rank", f"must be < world_size ({self.world_size})")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
+    """Parse one ``OTEL_TRAIN_*`` value into the option's type; raise ValueError naming it."""
+    kind = _ENV_KINDS.get(name, "str")
+    low = raw.lower()
+    try:
+        if kind == "bool":
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected true/false")
+        if kind == "optional_float":
+            return None if low in _NONE else float(raw)
+        if kind == "optional_int":
+            return None if low in _NONE else int(raw)
+        if kind == "port":
+            if low in _NONE:
+                return None
+            if low in ("default", "auto"):
+                return DEFAULT
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "optional_str":
+            return None if low in _NONE else raw
+        return raw
+    except ValueError:
+        raise ValueError(
+            f"option {name!r} (from {var})={raw!r}: cannot be read as {kind.replace('_', ' ')}"
+        ) from None
+
+
+_ENV_KINDS = {
+    "console": "bool",
+    "budget": "float",
+    "critical": "float",
+    "log_every": "int",
+    "prometheus_port": "port",
+    "shutdown_timeout_seconds": "float",
+    "recent_window_steps": "int",
+    "slow_step_factor": "float",
+    "slow_step_seconds": "optional_float",
+    "slow_operation_seconds": "float",
+    "stall_seconds": "optional_float",
+    "watchdog_interval_seconds": "float",
+    "gpu_sample_interval_seconds": "float",
+    "max_queued_steps": "int",
+    "max_queued_spans": "int",
+    "export_batch_size": "int",
+    "export_interval_seconds": "float",
+    "rank": "optional_int",
+    "world_size": "optional_int",
+    "local_rank": "optional_int",
+    "status_dir": "optional_str",
+    "spans_path": "optional_str",
+    "exporter": "optional_str",
+    "otlp_endpoint": "optional_str",
+    "otlp_protocol": "optional_str",
+    "service_name": "optional_str",
+    "run_id": "optional_str",
+}

@@ -1,0 +1,264 @@
+"""Off the hot path: finished step records become OpenTelemetry ``ReadableSpan``s.
+
+A background worker drains the recorder's queue every ``poll_interval_seconds``, builds the
+root ``train.step`` span and one child per phase (recorded start/end times, the contract's
+attributes, one shared Resource and scope, span ids drawn here unless a user span already
+asked for one), and hands them, children first, to the span processors in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from time import perf_counter_ns, thread_time_ns, time_ns
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_train import attributes as A
+from otel_train.accounting import DropCounter, RateLimitedLogger, SelfCostMeter
+from otel_train.identity import RunIdentity, step_trace_id
+from otel_train.recorder import (
+    ATTRS, END, ERROR, KIND, LOADER, NAME, PARENT, SPAN_ID, START, MonitorRecord, Recorder, Step,
+)
+
+_log = logging.getLogger("otel_train")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id."""
+    return random.getrandbits(64) or 1
+
+
+class StepSpanBuilder:
+    """Turns step records into ReadableSpans that follow the telemetry contract."""
+
+    def __init__(
+        self,
+        identity: RunIdentity,
+        resource: Resource,
+        scope: InstrumentationScope,
+        device_synced: bool,
+        device_type: str,
+        is_sampled: Callable[[int], bool],
+        epoch_offset_ns: int,
+    ) -> None:
+        self._identity = identity
+        self._resource = resource
+        self._scope = scope
+        self._is_sampled = is_sampled
+        self._offset = epoch_offset_ns
+        self._base = {
+            A.RUN_ID: identity.run_id,
+            A.RANK: identity.rank,
+            A.WORLD_SIZE: identity.world_size,
+            A.DEVICE_SYNCED: device_synced,
+            A.DEVICE_TYPE: device_type,
+        }
+
+    def build(self, record: Step | MonitorRecord) -> list[ReadableSpan]:
+        """All spans of one record, children before their parents (the order spans end)."""
+        if isinstance(record, MonitorRecord):
+            return [self._build_monitor(record)]
+        return self._build_step(record)
+
+    def _build_step(self, step: Step) -> list[ReadableSpan]:
+        trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
+        flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
+        root_ctx = SpanContext(trace_id, step.root_span_id or new_span_id(), False, flags)
+        phases = step.phases
+        contexts: list[SpanContext] = []
+        for ph in phases:
+            contexts.append(SpanContext(trace_id, ph[SPAN_ID] or new_span_id(), False, flags))
+        base = dict(self._base)
+        base[A.STEP] = step.index
+        off = self._offset
+        spans: list[ReadableSpan] = []
+        step_loader = step.loader
+        # Children in the order they ended (a nested phase ends before its parent).
+        for i in sorted(range(len(phases)), key=lambda j: phases[j][END]):
+            ph = phases[i]
+            attrs = dict(base)
+            attrs[A.PHASE] = ph[NAME]
+            attrs[A.PHASE_KIND] = ph[KIND]
+            loader = ph[LOADER] or step_loader
+            if loader is not None:
+                attrs[A.DATALOADER] = loader
+            if ph[ATTRS]:
+                attrs.update(_plain_attributes(ph[ATTRS]))
+            parent_index = ph[PARENT]
+            parent = contexts[parent_index] if parent_index >= 0 else root_ctx
+            end = ph[END] or step.end_ns  # a phase left open ends with its step
+            status, events = _status_and_events(ph[ERROR], end + off)
+            spans.append(ReadableSpan(
+                name=ph[NAME], context=contexts[i], parent=parent, resource=self._resource,
+                attributes=attrs, events=events, kind=SpanKind.INTERNAL, status=status,
+                start_time=ph[START] + off, end_time=end + off,
+                instrumentation_scope=self._scope,
+            ))
+        root_attrs = base
+        if step_loader is not None:
+            root_attrs[A.DATALOADER] = step_loader
+        root_attrs[A.SLOW] = False  # the slow-step processor turns this on
+        if step.attrs:
+            root_attrs.update(_plain_attributes(step.attrs))
+        status, events = _status_and_events(step.error, step.end_ns + off)
+        spans.append(ReadableSpan(
+            name=A.STEP_SPAN_NAME, context=root_ctx, parent=None, resource=self._resource,
+            attributes=root_attrs, events=events, kind=SpanKind.INTERNAL, status=status,
+            start_time=step.start_ns + off, end_time=step.end_ns + off,
+            instrumentation_scope=self._scope,
+        ))
+        return spans
+
+    def _build_monitor(self, rec: MonitorRecord) -> ReadableSpan:
+        trace_id = random.getrandbits(128) or 1
+        flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
+        attrs = dict(self._base)
+        attrs[A.STEP] = rec.after_step
+        attrs[A.PHASE] = rec.name
+        attrs[A.PHASE_KIND] = A.KIND_MONITOR
+        if rec.attrs:
+            attrs.update(_plain_attributes(rec.attrs))
+        off = self._offset
+        status, events = _status_and_events(rec.error, rec.end_ns + off)
+        return ReadableSpan(
+            name=rec.name, context=SpanContext(trace_id, new_span_id(), False, flags),
+            parent=None, resource=self._resource, attributes=attrs, events=events,
+            kind=SpanKind.INTERNAL, status=status, start_time=rec.start_ns + off,
+            end_time=rec.end_ns + off, instrumentation_scope=self._scope,
+        )
+
+
+def _status_and_events(
+    error: BaseException | None, at_ns: int
+) -> tuple[Status, Sequence[Event]]:
+    if error is None:
+        return Status(StatusCode.UNSET), ()
+    stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    event = Event("exception", {
+        "exception.type": type(error).__qualname__,
+        "exception.message": str(error),
+        "exception.stacktrace": stack,
+        "exception.escaped": True,
+    }, timestamp=at_ns)
+    return Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"), (event,)
+
+
+def _plain_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attribute values OTel accepts: tensors and numpy scalars become Python numbers."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if isinstance(value, (str, bool, int, float)):
+            out[key] = value
+            continue
+        item = getattr(value, "item", None)
+        numel = getattr(value, "numel", None)
+        if item is not None and (numel is None or numel() == 1):
+            # Read off the hot path. For a device tensor this waits for that value in this
+            # background thread only; the training thread never synchronizes for it.
+            try:
+                out[key] = item()
+                continue
+            except Exception:
+                pass
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(v, (str, bool, int, float)) for v in value
+        ):
+            out[key] = list(value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+class SpanBuildWorker:
+    """The background thread: drain records, build spans, feed the processors."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        builder: StepSpanBuilder,
+        processors: Sequence[SpanProcessor],
+        drops: DropCounter,
+        self_cost: SelfCostMeter,
+        poll_interval_seconds: float = 0.05,
+    ) -> None:
+        self._recorder = recorder
+        self._builder = builder
+        self._processors = tuple(processors)
+        self._drops = drops
+        self._self_cost = self_cost
+        self._interval = poll_interval_seconds
+        self._stop = threading.Event()
+        self._warn = RateLimitedLogger(_log)
+        self._thread = threading.Thread(target=self._run, name="otel-train-spans", daemon=True)
+        self.spans_built = 0
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._stop.wait(self._interval)
+            self.drain()
+
+    def drain(self, deadline_ns: int | None = None) -> int:
+        """Build and hand on every queued record (until ``deadline_ns``); return the count."""
+        q = self._recorder.queue
+        done = 0
+        cpu0 = thread_time_ns()
+        try:
+            while q:
+                if deadline_ns is not None and perf_counter_ns() > deadline_ns:
+                    break
+                record = q.popleft()
+                try:
+                    spans = self._builder.build(record)
+                except Exception as exc:
+                    self._drops.add("build_error", 1 + len(record.phases))
+                    self._warn.warning("build", "otel-train: could not build spans: %r", exc)
+                    continue
+                self._self_cost.add_hot_path_spans(len(spans))
+                for span in spans:
+                    for proc in self._processors:
+                        try:
+                            proc.on_end(span)
+                        except Exception as exc:  # a processor must never stop the flow
+                            self._warn.warning(
+                                f"proc-{type(proc).__name__}",
+                                "otel-train: span processor %s failed: %r",
+                                type(proc).__name__, exc,
+                            )
+                self.spans_built += len(spans)
+                done += 1
+        finally:
+            self._self_cost.add_background_ns(thread_time_ns() - cpu0)
+        return done
+
+    def stop(self, timeout_seconds: float) -> None:
+        """Stop the thread, then drain what is left within ``timeout_seconds``."""
+        deadline = perf_counter_ns() + int(timeout_seconds * 1e9)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout_seconds))
+        if not self._thread.is_alive():
+            self.drain(deadline)
+        left = self._recorder.queue
+        if left:
+            lost = sum(1 + len(r.phases) for r in list(left))
+            left.clear()
+            self._drops.add("shutdown_timeout", lost)
+
+
+def epoch_offset_ns() -> int:
+    """time_ns() - perf_counter_ns(), to turn perf counter stamps into epoch nanoseconds."""
+    return time_ns() - perf_counter_ns()

@@ -1,0 +1,267 @@
+"""Wiring to the OpenTelemetry SDK: resource, sampler, exporter choice, global provider.
+
+The standard ``OTEL_*`` variables are honoured as the SDK documents them (service name,
+resource attributes, OTLP endpoint/protocol/headers/timeout, sampler, ``OTEL_SDK_DISABLED``,
+``OTEL_TRACES_EXPORTER``). A malformed value warns once and falls back to the default
+instead of failing a training run at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
+
+from otel_train.options import RunOptions
+
+_log = logging.getLogger("otel_train")
+_warned: set[str] = set()
+_DEFAULT_TIMEOUT_SECONDS = 10.0
+
+
+def warn_once(key: str, msg: str, *args: object) -> None:
+    """Log a warning only the first time ``key`` is seen in this process."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    _log.warning(msg, *args)
+
+
+def _bool_env(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return False
+    low = raw.strip().lower()
+    if low in ("true", "1"):
+        return True
+    if low not in ("false", "0"):
+        warn_once(name, "otel-train: %s=%r is not true/false; using false", name, raw)
+    return False
+
+
+def sdk_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_SDK_DISABLED``, read as the SDK reads it."""
+    return _bool_env(os.environ if env is None else env, "OTEL_SDK_DISABLED")
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """Which exporter a run uses and why (printed once at start)."""
+
+    kind: str  # otlp | jsonl | console | none
+    protocol: str | None = None
+    endpoint: str | None = None
+    path: Path | None = None
+    timeout_seconds: float = _DEFAULT_TIMEOUT_SECONDS
+
+    def describe(self) -> str:
+        """One line for the start-up banner."""
+        if self.kind == "otlp":
+            return f"OTLP {self.protocol} -> {self.endpoint or '(SDK default endpoint)'}"
+        if self.kind == "jsonl":
+            return f"span file {self.path}"
+        return self.kind
+
+
+def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: int,
+                env: Mapping[str, str] | None = None) -> ExportPlan:
+    """Decide the exporter from the options and the OTEL_* environment."""
+    env = os.environ if env is None else env
+    if sdk_disabled(env):
+        return ExportPlan("none")
+    kind = options.exporter
+    if kind is None:
+        raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        known = {"otlp", "console", "none", "jsonl"}
+        if names and all(n in known for n in names):
+            kind = names[0]
+            if len(names) > 1:
+                warn_once("exporters", "otel-train: OTEL_TRACES_EXPORTER=%r: using %r only",
+                          raw, kind)
+        elif names:
+            warn_once("OTEL_TRACES_EXPORTER",
+                      "otel-train: OTEL_TRACES_EXPORTER=%r is not one of otlp, console, none, "
+                      "jsonl; using the default", raw)
+    endpoint = options.otlp_endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if kind in (None, "auto"):
+        kind = "otlp" if endpoint else "jsonl"
+    if kind == "otlp":
+        return ExportPlan("otlp", _protocol(options, env), endpoint or None,
+                          timeout_seconds=_timeout(env))
+    if kind == "jsonl":
+        if options.spans_path:
+            path = Path(options.spans_path)
+        else:
+            name = "spans.jsonl" if world_size == 1 else f"spans-rank{rank}.jsonl"
+            path = status_dir / name
+        return ExportPlan("jsonl", path=path)
+    return ExportPlan(kind)
+
+
+def _protocol(options: RunOptions, env: Mapping[str, str]) -> str:
+    if options.otlp_protocol:
+        return options.otlp_protocol
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        if raw in ("grpc", "http/protobuf"):
+            return raw
+        warn_once(var, "otel-train: %s=%r is not supported (grpc, http/protobuf); using "
+                  "http/protobuf", var, raw)
+        return "http/protobuf"
+    return "http/protobuf"  # the OTLP specification's default
+
+
+def _timeout(env: Mapping[str, str]) -> float:
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+            if value > 0:
+                # The spec gives milliseconds; SDK 1.x reads seconds. Accept both sensibly:
+                # values above 1000 are surely milliseconds.
+                return value / 1000.0 if value > 1000 else value
+        except ValueError:
+            pass
+        warn_once(var, "otel-train: %s=%r is not a positive number; using %.0f s", var, raw,
+                  _DEFAULT_TIMEOUT_SECONDS)
+        return _DEFAULT_TIMEOUT_SECONDS
+    return _DEFAULT_TIMEOUT_SECONDS
+
+
+def create_exporter(plan: ExportPlan) -> SpanExporter | None:
+    """The SpanExporter for ``plan`` (None for 'none')."""
+    if plan.kind == "otlp":
+        kwargs: dict[str, Any] = {"timeout": plan.timeout_seconds}
+        if plan.protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            if plan.endpoint:
+                kwargs["endpoint"] = plan.endpoint
+            return OTLPSpanExporter(**kwargs)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpOTLPSpanExporter,
+        )
+        if plan.endpoint:
+            endpoint = plan.endpoint.rstrip("/")
+            if not endpoint.endswith("/v1/traces"):
+                endpoint += "/v1/traces"
+            kwargs["endpoint"] = endpoint
+        return HttpOTLPSpanExporter(**kwargs)
+    if plan.kind == "jsonl":
+        from otel_train.export import JsonLinesSpanExporter
+        assert plan.path is not None
+        return JsonLinesSpanExporter(plan.path)
+    if plan.kind == "console":
+        return ConsoleSpanExporter()
+    return None
+
+
+def build_resource(service_name: str | None, identity_attrs: Mapping[str, Any],
+                   env: Mapping[str, str] | None = None) -> Resource:
+    """Resource from OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME, the option winning."""
+    env = os.environ if env is None else env
+    attrs: dict[str, Any] = dict(identity_attrs)
+    if service_name:
+        attrs["service.name"] = service_name
+    elif not env.get("OTEL_SERVICE_NAME") and "service.name=" not in env.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""):
+        attrs["service.name"] = "otel-train"
+    return Resource.create(attrs)
+
+
+def build_sampler() -> Sampler:
+    """The sampler OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG describe (SDK rules)."""
+    return _get_from_env_or_default()
+
+
+# -- the global TracerProvider ----------------------------------------------------------------
+
+class RunScopedTracerProvider(trace_api.TracerProvider):
+    """The global provider otel-train installs when the application has none.
+
+    ``set_tracer_provider`` works once per process; runs come and go. This provider forwards
+    to the current run's SDK provider, so user spans always reach the run that is active.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: TracerProvider | None = None
+
+    def activate(self, provider: TracerProvider | None) -> None:
+        """Point at ``provider`` (None: no run active, tracers become no-ops)."""
+        with self._lock:
+            self._current = provider
+
+    @property
+    def current(self) -> TracerProvider | None:
+        """The active run's provider."""
+        return self._current
+
+    def get_tracer(self, instrumenting_module_name: str, *args: Any, **kwargs: Any
+                   ) -> trace_api.Tracer:
+        """A tracer that resolves to the active run's provider at each span start."""
+        return _RunScopedTracer(self, instrumenting_module_name, args, kwargs)
+
+
+class _RunScopedTracer(trace_api.Tracer):
+    def __init__(self, owner: RunScopedTracerProvider, name: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self._owner = owner
+        self._name = name
+        self._args = args
+        self._kwargs = kwargs
+        self._cache: tuple[TracerProvider | None, trace_api.Tracer] | None = None
+
+    def _target(self) -> trace_api.Tracer:
+        provider = self._owner.current
+        cache = self._cache
+        if cache is not None and cache[0] is provider:
+            return cache[1]
+        tracer = (provider.get_tracer(self._name, *self._args, **self._kwargs)
+                  if provider is not None else trace_api.NoOpTracer())
+        self._cache = (provider, tracer)
+        return tracer
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace_api.Span:
+        return self._target().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._target().start_as_current_span(*args, **kwargs)
+
+
+def global_provider_for_run() -> tuple[str, Any]:
+    """('ours', RunScopedTracerProvider) or ('app', the application's SDK provider).
+
+    Installs otel-train's run-scoped provider as the global one when the application has
+    none; reuses the application's SDK provider when it set one.
+    """
+    current = trace_api.get_tracer_provider()
+    if isinstance(current, RunScopedTracerProvider):
+        return "ours", current
+    if isinstance(current, TracerProvider):
+        return "app", current
+    if isinstance(current, trace_api.ProxyTracerProvider):
+        ours = RunScopedTracerProvider()
+        trace_api.set_tracer_provider(ours)
+        if trace_api.get_tracer_provider() is ours:
+            return "ours", ours
+        current = trace_api.get_tracer_provider()
+        if isinstance(current, TracerProvider):
+            return "app", current
+    # Some other API-level provider (a vendor's): leave it alone.
+    return "foreign", current
