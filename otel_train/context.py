@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train.identity import step_trace_id
-from otel_train.recorder import SPAN_ID
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,16 +47,13 @@ class ActivePhaseSpan(NonRecordingSpan):
             return INVALID_SPAN_CONTEXT
         if not step.trace_id:
             step.trace_id = step_trace_id(self._run_id, step.index)
-        active = step.active
-        if active >= 0:
-            ph = step.phases[active]
-            span_id = ph[SPAN_ID]
-            if not span_id:
-                span_id = ph[SPAN_ID] = self._new_span_id()
-        else:
-            span_id = step.root_span_id
-            if not span_id:
-                span_id = step.root_span_id = self._new_span_id()
+        ordinal = step._active_span_ordinal()  # -1: no phase open, the root
+        ids = step.span_ids
+        if ids is None:
+            ids = step.span_ids = {}
+        span_id = ids.get(ordinal)
+        if not span_id:
+            span_id = ids[ordinal] = self._new_span_id()
         flags = _SAMPLED if self._is_sampled(step.trace_id) else _NOT_SAMPLED
         return SpanContext(step.trace_id, span_id, False, flags)
 

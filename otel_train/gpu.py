@@ -107,7 +107,7 @@ class NvmlGpuSampler:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> bool:
-        """Initialise NVML and start sampling; False (one info log line, no thread) if unavailable."""
+        """Init NVML and start sampling; False (one info line, no thread) when unavailable."""
         if self.running:
             return True
         reason = self._init_nvml()
@@ -295,7 +295,9 @@ class NvmlGpuSampler:
                             raise
                         # MIG and some boards: expected and permanent; say so once, report memory.
                         self._no_utilization.add(index)
-                        logger.info("GPU %d: utilization not supported (%s); memory only", index, exc)
+                        logger.info(
+                            "GPU %d: utilization not supported (%s); memory only", index, exc
+                        )
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
                 samples.append(
                     GpuSample(

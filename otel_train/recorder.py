@@ -1,19 +1,20 @@
 """The hot path: steps and phases that only take timestamps and append.
 
-Nothing here creates OpenTelemetry SDK objects. A phase is a small list
-``[name, kind, parent_index, start_ns, end_ns, span_id, error, attributes, loader]``
-appended to its step; a finished step is appended to a bounded deque that the background
-worker drains (``spans.py``). Timestamps are ``perf_counter_ns``; the builder converts them
-to epoch nanoseconds with one offset taken at run start.
+Nothing here creates OpenTelemetry SDK objects, nor even a record per phase. A step keeps one
+flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appends
+``(end_ns, exception_or_None)``; the background (``spans.py``) turns that stream into the
+span tree. A finished step goes to a bounded deque the background drains. Timestamps are
+``perf_counter_ns``; the builder converts them to epoch nanoseconds with one offset.
 
 Device synchronization, when enabled (``device.py``), is an explicit call at every step and
-phase boundary: it is the one thing here that may wait on the device, and it is chosen.
+phase boundary (``SyncedPhase``): the one thing here that may wait on the device, by choice.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,117 @@ from otel_train.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
 if TYPE_CHECKING:
     from otel_train.accounting import DropCounter
 
-# Indices into a phase list (a list, not an object: the cheapest thing to build and append).
-NAME, KIND, PARENT, START, END, SPAN_ID, ERROR, ATTRS, LOADER = range(9)
+
+class Phase:
+    """A timed phase; a reusable context manager (one per name, kind and loader).
+
+    It carries no per-use state: entering appends ``(self, start_ns)`` to the current step's
+    event list, leaving appends ``(end_ns, exception)``. Phases nest by the order of events.
+    """
+
+    __slots__ = ("_rec", "name", "kind", "loader")
+
+    def __init__(self, recorder: Recorder, name: str, kind: str, loader: str | None = None
+                 ) -> None:
+        self._rec = recorder
+        self.name = name
+        self.kind = kind
+        self.loader = loader
+
+    def __enter__(self) -> Phase:
+        try:
+            ev = self._rec.current.ev  # type: ignore[union-attr]
+        except AttributeError:
+            raise _outside(self.name) from None
+        ev.append(self)
+        ev.append(perf_counter_ns())
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        now = perf_counter_ns()
+        step = self._rec.current
+        if step is None:
+            return False  # the step was ended inside this phase (e.g. by shutdown)
+        ev = step.ev
+        ev.append(now)
+        ev.append(exc)
+        if exc is not None and step.error is None:
+            step.error = exc
+        return False  # never swallow: the exception propagates unchanged
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set an attribute on the innermost open phase of the current step."""
+        step = self._rec.current
+        if step is None:
+            raise _outside(self.name)
+        step._set_phase_attribute(key, value)
+
+
+class SyncedPhase(Phase):
+    """A phase whose boundaries synchronize the accelerator (``device_sync``)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        rec = self._rec
+        try:
+            ev = rec.current.ev  # type: ignore[union-attr]
+        except AttributeError:
+            raise _outside(self.name) from None
+        rec.synchronize()  # explicit: drain device work from before this phase
+        ev.append(self)
+        ev.append(perf_counter_ns())
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self._rec.synchronize()  # explicit: this phase's device work counts in this phase
+        return Phase.__exit__(self, exc_type, exc, tb)
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """One phase decoded from a step's event list (see :func:`decode_events`)."""
+
+    ordinal: int  # position among the step's phases, in start order
+    phase: Phase
+    start_ns: int
+    end_ns: int  # 0 while still open
+    parent: int  # ordinal of the enclosing phase, -1 for the root
+    error: BaseException | None
+
+
+def decode_events(ev: list[Any]) -> list[PhaseEvent]:
+    """Turn a step's flat event list into phases (start order); safe on a live list."""
+    out: list[list[Any]] = []
+    stack: list[int] = []
+    n = len(ev) - (len(ev) & 1)  # a concurrent reader may see half an event pair
+    i = 0
+    while i < n:
+        a = ev[i]
+        b = ev[i + 1]
+        i += 2
+        if isinstance(a, Phase):
+            out.append([a, b, 0, stack[-1] if stack else -1, None])
+            stack.append(len(out) - 1)
+        elif stack:
+            rec = out[stack.pop()]
+            rec[2] = a
+            rec[4] = b
+    return [PhaseEvent(k, r[0], r[1], r[2], r[3], r[4]) for k, r in enumerate(out)]
+
+
+def _active_ordinal(ev: list[Any]) -> tuple[int, int]:
+    """(ordinal of the innermost open phase or -1, number of phases started)."""
+    stack: list[int] = []
+    count = 0
+    n = len(ev) - (len(ev) & 1)
+    for i in range(0, n, 2):
+        if isinstance(ev[i], Phase):
+            stack.append(count)
+            count += 1
+        elif stack:
+            stack.pop()
+    return (stack[-1] if stack else -1), count
 
 
 class Recorder:
@@ -47,6 +157,16 @@ class Recorder:
         # A step closed by GeneratorExit is held back until the next event, so that an
         # exception escaping the loop body (seen later by Run.__exit__) can still mark it.
         self.held: Step | None = None
+        self._phase_cls = Phase if synchronize is None else SyncedPhase
+        self._phases: dict[tuple[str, str, str | None], Phase] = {}
+
+    def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
+        """The reusable Phase for (name, kind, loader)."""
+        key = (name, kind, loader)
+        p = self._phases.get(key)
+        if p is None:
+            p = self._phases[key] = self._phase_cls(self, name, kind, loader)
+        return p
 
     def submit(self, record: Step | MonitorRecord) -> None:
         """Queue a finished record for the background; count it if the queue is full."""
@@ -54,7 +174,7 @@ class Recorder:
         if len(q) < self.max_queued:
             q.append(record)
         else:
-            self.drops.add("record_queue_full", 1 + len(record.phases))
+            self.drops.add("record_queue_full", record.span_count())
 
     def release_held(self, error: BaseException | None = None) -> None:
         """Submit the held step, marking it failed with ``error`` if given."""
@@ -70,64 +190,11 @@ class Recorder:
         step = self.current
         if step is None or step.end_ns:
             return None
-        active = step.active
-        phases = step.phases
-        if 0 <= active < len(phases):
-            ph = phases[active]
-            return step.index, step.start_ns, ph[NAME], ph[START]
+        phases = decode_events(list(step.ev))
+        for ph in reversed(phases):
+            if not ph.end_ns:
+                return step.index, step.start_ns, ph.phase.name, ph.start_ns
         return step.index, step.start_ns, None, step.start_ns
-
-
-class Phase:
-    """A timed phase of a step; a context manager. Phases may nest."""
-
-    __slots__ = ("_step", "_name", "_kind", "_ph")
-
-    def __init__(self, step: Step, name: str, kind: str) -> None:
-        self._step = step
-        self._name = name
-        self._kind = kind
-        self._ph: list[Any] | None = None
-
-    def __enter__(self) -> Phase:
-        step = self._step
-        if step.end_ns:
-            raise RuntimeError(
-                f"phase {self._name!r} opened on step {step.index}, which has already ended; "
-                "open phases inside the step's loop body"
-            )
-        sync = step._sync
-        if sync is not None:
-            sync()  # explicit: drain device work from before this phase (device_sync)
-        ph = [self._name, self._kind, step.active, perf_counter_ns(), 0, 0, None, None, None]
-        phases = step.phases
-        step.active = len(phases)
-        phases.append(ph)
-        self._ph = ph
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        sync = self._step._sync
-        if sync is not None:
-            sync()  # explicit: this phase's device work counts in this phase
-        ph = self._ph
-        ph[END] = perf_counter_ns()
-        step = self._step
-        step.active = ph[PARENT]
-        if exc is not None:
-            ph[ERROR] = exc
-            if step.error is None:
-                step.error = exc
-        return False  # never swallow: the exception propagates unchanged
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on this phase's span (tensors are read off the hot path)."""
-        ph = self._ph
-        if ph is None:
-            raise RuntimeError("set_attribute on a phase that has not started")
-        if ph[ATTRS] is None:
-            ph[ATTRS] = {}
-        ph[ATTRS][key] = _detach(value)
 
 
 class Step:
@@ -137,35 +204,38 @@ class Step:
     the background never keeps a batch (and its device memory) alive.
     """
 
-    __slots__ = ("index", "batch", "loader", "start_ns", "end_ns", "phases", "active", "error",
-                 "attrs", "root_span_id", "trace_id", "_sync", "_recorder", "kind")
+    __slots__ = ("index", "batch", "loader", "start_ns", "end_ns", "ev", "error", "attrs",
+                 "phase_attrs", "span_ids", "trace_id", "_recorder")
 
     def __init__(self, recorder: Recorder, index: int, loader: str | None) -> None:
         self.index = index
         self.batch: Any = None
         self.loader = loader
-        self.phases: list[list[Any]] = []
-        self.active = -1
+        self.ev: list[Any] = []
         self.error: BaseException | None = None
         self.attrs: dict[str, Any] | None = None
-        self.root_span_id = 0
+        self.phase_attrs: dict[int, dict[str, Any]] | None = None
+        self.span_ids: dict[int, int] | None = None  # ordinal (-1: root) -> id, drawn lazily
         self.trace_id = 0
         self.end_ns = 0
-        self.kind = KIND_TRAIN
         self._recorder = recorder
-        sync = self._sync = recorder.synchronize
-        if sync is not None:
-            sync()  # explicit: the step starts when the device is idle
+        if recorder.synchronize is not None:
+            recorder.synchronize()  # explicit: the step starts when the device is idle
         self.start_ns = perf_counter_ns()
+        recorder.current = self
 
     # -- the public API ------------------------------------------------------------------
     def phase(self, name: str) -> Phase:
         """A training phase (forward, backward, optimizer, or your own name)."""
-        return Phase(self, name, KIND_TRAIN)
+        if self.end_ns:
+            raise _ended(self, name)
+        return self._recorder.phase(name, KIND_TRAIN)
 
     def monitor(self, name: str) -> Phase:
         """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
-        return Phase(self, name, KIND_MONITOR)
+        if self.end_ns:
+            raise _ended(self, name)
+        return self._recorder.phase(name, KIND_MONITOR)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
@@ -183,41 +253,53 @@ class Step:
         For validation loaders inside a monitoring phase, e.g.
         ``for vb in step.iter_data(val_loader, loader="val"):``.
         """
+        phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
+        ev = self.ev
         it = iter(iterable)
         while True:
-            ph = [PHASE_DATA, self._kind_of_active(), self.active, perf_counter_ns(), 0, 0,
-                  None, None, loader]
+            ev.append(phase)
+            ev.append(perf_counter_ns())
             try:
                 item = next(it)
             except StopIteration:
+                del ev[-2:]  # the fetch that found the loader exhausted is not a batch
                 return
             except BaseException as exc:
-                ph[END] = perf_counter_ns()
-                ph[ERROR] = exc
-                self.phases.append(ph)
+                ev.append(perf_counter_ns())
+                ev.append(exc)
                 if self.error is None:
                     self.error = exc
                 raise
-            ph[END] = perf_counter_ns()
-            self.phases.append(ph)
+            ev.append(perf_counter_ns())
+            ev.append(None)
             yield item
 
-    # -- lifecycle ----------------------------------------------------------------------
-    def _kind_of_active(self) -> str:
-        active = self.active
-        return self.phases[active][KIND] if active >= 0 else KIND_TRAIN
+    # -- lifecycle and background helpers -----------------------------------------------
+    def span_count(self) -> int:
+        """Spans this step will produce (root + phases)."""
+        return 1 + sum(1 for e in self.ev if isinstance(e, Phase))
+
+    def _set_phase_attribute(self, key: str, value: Any) -> None:
+        ordinal, _ = _active_ordinal(self.ev)
+        if ordinal < 0:
+            raise RuntimeError(f"set_attribute({key!r}): no phase is open in step {self.index}")
+        if self.phase_attrs is None:
+            self.phase_attrs = {}
+        self.phase_attrs.setdefault(ordinal, {})[key] = _detach(value)
+
+    def _active_span_ordinal(self) -> int:
+        return _active_ordinal(self.ev)[0]
 
     def _finish(self, error: BaseException | None, hold: bool = False) -> None:
         if self.end_ns:
             return
-        sync = self._sync
-        if sync is not None:
-            sync()  # explicit: the step ends when its device work has ended
+        rec = self._recorder
+        if rec.synchronize is not None:
+            rec.synchronize()  # explicit: the step ends when its device work has ended
         self.end_ns = perf_counter_ns()
         if error is not None and self.error is None:
             self.error = error
         self.batch = None
-        rec = self._recorder
         if rec.current is self:
             rec.current = None
         rec.steps_recorded += 1
@@ -235,35 +317,34 @@ class Step:
         return False
 
     def __repr__(self) -> str:
-        return f"<Step {self.index} phases={len(self.phases)}{' ended' if self.end_ns else ''}>"
+        return f"<Step {self.index}{' ended' if self.end_ns else ''}>"
 
 
 class MonitorRecord:
     """Monitoring work done outside any step (``run.monitor``): one root span."""
 
-    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "phases",
-                 "_recorder", "_sync")
+    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "_recorder")
 
     def __init__(self, recorder: Recorder, name: str) -> None:
         self.name = name
         self.after_step = recorder.next_index - 1
-        self.phases: list[list[Any]] = []
         self.error: BaseException | None = None
         self.attrs: dict[str, Any] | None = None
         self.start_ns = 0
         self.end_ns = 0
         self._recorder = recorder
-        self._sync = recorder.synchronize
 
     def __enter__(self) -> MonitorRecord:
-        if self._sync is not None:
-            self._sync()  # explicit: measure only this operation's device work
+        sync = self._recorder.synchronize
+        if sync is not None:
+            sync()  # explicit: measure only this operation's device work
         self.start_ns = perf_counter_ns()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if self._sync is not None:
-            self._sync()
+        sync = self._recorder.synchronize
+        if sync is not None:
+            sync()
         self.end_ns = perf_counter_ns()
         self.error = exc
         self._recorder.submit(self)
@@ -274,6 +355,22 @@ class MonitorRecord:
         if self.attrs is None:
             self.attrs = {}
         self.attrs[key] = _detach(value)
+
+    def span_count(self) -> int:
+        """One span."""
+        return 1
+
+
+def _outside(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"phase {name!r} opened outside a step: open phases inside "
+        "`for step in run.steps(...)` or `with run.step() as step:`")
+
+
+def _ended(step: Step, name: str) -> RuntimeError:
+    return RuntimeError(
+        f"phase {name!r} opened on step {step.index}, which has already ended; "
+        "open phases inside the step's loop body")
 
 
 def _detach(value: Any) -> Any:

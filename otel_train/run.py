@@ -45,7 +45,7 @@ from otel_train.device import DeviceTiming, resolve_device_timing
 from otel_train.export import BoundedBatchSpanProcessor
 from otel_train.identity import RunIdentity, resolve_identity
 from otel_train.options import RunOptions
-from otel_train.recorder import END, ERROR, MonitorRecord, Phase, Recorder, Step
+from otel_train.recorder import MonitorRecord, Phase, Recorder, Step
 from otel_train.spans import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns, new_span_id
 from otel_train.telemetry import (
     ExportPlan, build_resource, build_sampler, create_exporter, global_provider_for_run,
@@ -193,13 +193,16 @@ class Run:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
         rec = self._recorder
         self._check_open("steps")
+        data = rec.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
         it = iter(iterable)
         while True:
             self._release_held()
             if rec.closed:
                 return
             step = self._begin_step(loader, None)
-            data = [PHASE_DATA, KIND_TRAIN, -1, perf_counter_ns(), 0, 0, None, None, None]
+            ev = step.ev
+            ev.append(data)
+            ev.append(perf_counter_ns())
             try:
                 batch = next(it)
             except StopIteration:
@@ -207,13 +210,12 @@ class Run:
                 rec.next_index -= 1
                 return
             except BaseException as exc:
-                data[END] = perf_counter_ns()
-                data[ERROR] = exc
-                step.phases.append(data)
+                ev.append(perf_counter_ns())
+                ev.append(exc)
                 step._finish(exc)
                 raise
-            data[END] = perf_counter_ns()
-            step.phases.append(data)
+            ev.append(perf_counter_ns())
+            ev.append(None)
             step.batch = batch
             try:
                 yield step
@@ -335,9 +337,7 @@ class Run:
         if index is None:
             index = rec.next_index
         rec.next_index = index + 1
-        step = Step(rec, index, loader)
-        rec.current = step
-        return step
+        return Step(rec, index, loader)  # becomes rec.current
 
     def _release_held(self, error: BaseException | None = None) -> None:
         if self._recorder.held is not None:
@@ -390,5 +390,6 @@ def _calibrate_hot_path_ns_per_span(rounds: int = 200) -> float:
         with step.phase("a"):
             pass
         step._finish(None)
+        rec.queue.clear()
     cost = (thread_time_ns() - t0) / (rounds * 2)
     return max(cost, 0.0)

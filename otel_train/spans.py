@@ -24,9 +24,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from otel_train import attributes as A
 from otel_train.accounting import DropCounter, RateLimitedLogger, SelfCostMeter
 from otel_train.identity import RunIdentity, step_trace_id
-from otel_train.recorder import (
-    ATTRS, END, ERROR, KIND, LOADER, NAME, PARENT, SPAN_ID, START, MonitorRecord, Recorder, Step,
-)
+from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -73,36 +71,41 @@ class StepSpanBuilder:
     def _build_step(self, step: Step) -> list[ReadableSpan]:
         trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
         flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
-        root_ctx = SpanContext(trace_id, step.root_span_id or new_span_id(), False, flags)
-        phases = step.phases
-        contexts: list[SpanContext] = []
-        for ph in phases:
-            contexts.append(SpanContext(trace_id, ph[SPAN_ID] or new_span_id(), False, flags))
+        ids = step.span_ids or {}
+        root_ctx = SpanContext(trace_id, ids.get(-1) or new_span_id(), False, flags)
+        phases = decode_events(step.ev)
+        contexts = [SpanContext(trace_id, ids.get(ph.ordinal) or new_span_id(), False, flags)
+                    for ph in phases]
         base = dict(self._base)
         base[A.STEP] = step.index
         off = self._offset
-        spans: list[ReadableSpan] = []
         step_loader = step.loader
+        phase_attrs = step.phase_attrs or {}
+        kinds: list[str] = []
+        for ph in phases:
+            # Work nested in a monitoring phase is monitoring work (e.g. validation data).
+            parent_kind = kinds[ph.parent] if ph.parent >= 0 else A.KIND_TRAIN
+            kinds.append(A.KIND_MONITOR if parent_kind == A.KIND_MONITOR else ph.phase.kind)
+        spans: list[ReadableSpan] = []
         # Children in the order they ended (a nested phase ends before its parent).
-        for i in sorted(range(len(phases)), key=lambda j: phases[j][END]):
-            ph = phases[i]
+        for ph in sorted(phases, key=lambda p: p.end_ns or step.end_ns):
             attrs = dict(base)
-            attrs[A.PHASE] = ph[NAME]
-            attrs[A.PHASE_KIND] = ph[KIND]
-            loader = ph[LOADER] or step_loader
+            attrs[A.PHASE] = ph.phase.name
+            attrs[A.PHASE_KIND] = kinds[ph.ordinal]
+            loader = ph.phase.loader or step_loader
             if loader is not None:
                 attrs[A.DATALOADER] = loader
-            if ph[ATTRS]:
-                attrs.update(_plain_attributes(ph[ATTRS]))
-            parent_index = ph[PARENT]
-            parent = contexts[parent_index] if parent_index >= 0 else root_ctx
-            end = ph[END] or step.end_ns  # a phase left open ends with its step
-            status, events = _status_and_events(ph[ERROR], end + off)
+            extra = phase_attrs.get(ph.ordinal)
+            if extra:
+                attrs.update(_plain_attributes(extra))
+            parent = contexts[ph.parent] if ph.parent >= 0 else root_ctx
+            end = ph.end_ns or step.end_ns  # a phase left open ends with its step
+            status, events = _status_and_events(ph.error, end + off)
             spans.append(ReadableSpan(
-                name=ph[NAME], context=contexts[i], parent=parent, resource=self._resource,
-                attributes=attrs, events=events, kind=SpanKind.INTERNAL, status=status,
-                start_time=ph[START] + off, end_time=end + off,
-                instrumentation_scope=self._scope,
+                name=ph.phase.name, context=contexts[ph.ordinal], parent=parent,
+                resource=self._resource, attributes=attrs, events=events,
+                kind=SpanKind.INTERNAL, status=status, start_time=ph.start_ns + off,
+                end_time=end + off, instrumentation_scope=self._scope,
             ))
         root_attrs = base
         if step_loader is not None:
@@ -201,6 +204,7 @@ class SpanBuildWorker:
         self._warn = RateLimitedLogger(_log)
         self._thread = threading.Thread(target=self._run, name="otel-train-spans", daemon=True)
         self.spans_built = 0
+        self.paused = False  # benchmarks pause the worker to time the hot path alone
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -209,7 +213,8 @@ class SpanBuildWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._stop.wait(self._interval)
-            self.drain()
+            if not self.paused:
+                self.drain()
 
     def drain(self, deadline_ns: int | None = None) -> int:
         """Build and hand on every queued record (until ``deadline_ns``); return the count."""
@@ -224,7 +229,7 @@ class SpanBuildWorker:
                 try:
                     spans = self._builder.build(record)
                 except Exception as exc:
-                    self._drops.add("build_error", 1 + len(record.phases))
+                    self._drops.add("build_error", record.span_count())
                     self._warn.warning("build", "otel-train: could not build spans: %r", exc)
                     continue
                 self._self_cost.add_hot_path_spans(len(spans))
@@ -254,7 +259,7 @@ class SpanBuildWorker:
             self.drain(deadline)
         left = self._recorder.queue
         if left:
-            lost = sum(1 + len(r.phases) for r in list(left))
+            lost = sum(r.span_count() for r in list(left))
             left.clear()
             self._drops.add("shutdown_timeout", lost)
 

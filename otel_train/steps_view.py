@@ -1,0 +1,306 @@
+"""Finished spans, assembled into one view per training step (grouped by trace).
+
+Every derived-metrics processor needs the same thing: a step's root span with its phases,
+and which monitoring time to count. ``StepAssembler`` groups the spans of a trace until its
+root ``train.step`` arrives (children end before their parents, so they come first), then
+hands one ``StepView`` to its consumers. Monitoring work done between steps arrives as a root
+span of kind ``monitor`` and becomes a ``StepView`` with ``is_step=False`` (an "operation").
+
+It works on any span that follows the attribute contract (ours, or SDK spans from any
+tracer); spans without the contract's attributes are ignored. Incomplete traces are bounded:
+the oldest is evicted (and counted) when too many wait for their root.
+
+Usage::
+
+    class MyProcessor(StepViewProcessor):
+        def on_step(self, view: StepView) -> None:
+            print(view.step, view.duration_ns, view.monitor_ns)
+
+    provider.add_span_processor(MyProcessor())          # standalone: assembles by itself
+    shared = SharedStepSpanProcessor([MyProcessor(), OtherProcessor()])  # assemble once
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+from otel_train import attributes as A
+from otel_train.accounting import RateLimitedLogger
+
+_log = logging.getLogger("otel_train")
+
+# A phase, as a tuple (cheaper to build than an object on every span):
+# (name, kind, loader, duration_ns, span_id, parent_span_id)
+P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID = range(6)
+
+
+class StepView:
+    """One step (root + phases), or one monitoring operation done between steps."""
+
+    __slots__ = ("is_step", "name", "trace_id", "root_span_id", "step", "rank", "loader",
+                 "start_ns", "end_ns", "duration_ns", "phases", "operations", "monitor_ns",
+                 "span", "slow")
+
+    def __init__(self, is_step: bool, name: str, span: ReadableSpan, attrs: Any,
+                 phases: list[tuple[Any, ...]]) -> None:
+        ctx = span.context
+        self.is_step = is_step
+        self.name = name
+        self.trace_id: int = ctx.trace_id
+        self.root_span_id: int = ctx.span_id
+        self.step: int = attrs.get(A.STEP, -1)
+        self.rank: Any = attrs.get(A.RANK, 0)
+        self.loader: str | None = attrs.get(A.DATALOADER)
+        self.start_ns: int = span.start_time or 0
+        self.end_ns: int = span.end_time or self.start_ns
+        self.duration_ns: int = max(0, self.end_ns - self.start_ns)
+        self.phases = phases
+        # Top-level monitoring operations of this view: (name, duration_ns). A monitor nested
+        # in another monitor is part of its parent's time, so it is not listed (not counted twice).
+        self.operations: list[tuple[str, int]] = []
+        self.monitor_ns = 0
+        self.span = span
+        self.slow = False
+
+    def top_level_phases(self) -> list[tuple[Any, ...]]:
+        """Phases whose parent is the root span (their times do not overlap)."""
+        root = self.root_span_id
+        return [p for p in self.phases if p[P_PARENT_ID] == root]
+
+    def __repr__(self) -> str:
+        what = "step" if self.is_step else f"operation {self.name!r}"
+        return f"<StepView {what} {self.step} {self.duration_ns / 1e9:.3f}s>"
+
+
+def set_span_attribute(span: ReadableSpan, key: str, value: Any) -> None:
+    """Set an attribute on a finished span, for the exporters that run after us.
+
+    Our spans keep a plain dict in ``_attributes`` (documented private use); spans of other
+    tracers have an immutable mapping there, replaced by a mutable copy.
+    """
+    attrs = getattr(span, "_attributes", None)
+    if type(attrs) is dict:
+        attrs[key] = value
+        return
+    new = dict(attrs or {})
+    new[key] = value
+    span._attributes = new  # type: ignore[attr-defined]
+
+
+def _attributes_of(span: ReadableSpan) -> Any:
+    # The private field avoids building a MappingProxy per span (hot in the background).
+    attrs = getattr(span, "_attributes", None)
+    return attrs if attrs is not None else span.attributes
+
+
+class StepAssembler:
+    """Groups spans by (trace id, rank) until the root arrives; calls back with a StepView.
+
+    Callbacks run with ``lock`` held, so consumers sharing the lock read consistent state.
+    """
+
+    def __init__(
+        self,
+        on_view: Callable[[StepView], None],
+        lock: threading.RLock | None = None,
+        max_pending_traces: int = 256,
+        max_phases_per_trace: int = 100_000,
+    ) -> None:
+        if max_pending_traces < 1:
+            raise ValueError("max_pending_traces must be >= 1")
+        self._on_view = on_view
+        self.lock = lock if lock is not None else threading.RLock()
+        self._pending: dict[tuple[int, Any], list[tuple[Any, ...]]] = {}
+        self._max_pending = max_pending_traces
+        self._max_phases = max_phases_per_trace
+        self._warn = RateLimitedLogger(_log)
+        self.evicted_traces = 0  # incomplete traces dropped from the metrics (never from export)
+        self.ignored_spans = 0  # spans without the contract's attributes
+        self.views = 0
+
+    def add(self, span: ReadableSpan) -> None:
+        """Take one finished span."""
+        attrs = _attributes_of(span)
+        ctx = span.context
+        if ctx is None or not attrs:
+            self.ignored_spans += 1
+            return
+        name = span.name
+        with self.lock:
+            if name == A.STEP_SPAN_NAME and A.STEP in attrs:
+                key = (ctx.trace_id, attrs.get(A.RANK))
+                phases = self._pending.pop(key, None)
+                view = StepView(True, name, span, attrs, phases if phases is not None else [])
+                if phases:
+                    _count_monitoring(view)
+                self._emit(view)
+                return
+            kind = attrs.get(A.PHASE_KIND)
+            if kind is None:
+                self.ignored_spans += 1
+                return
+            parent = span.parent
+            if parent is None or parent.is_remote:
+                if kind == A.KIND_MONITOR:  # monitoring work between steps: its own root
+                    view = StepView(False, attrs.get(A.PHASE, name), span, attrs, [])
+                    view.operations.append((view.name, view.duration_ns))
+                    view.monitor_ns = view.duration_ns
+                    self._emit(view)
+                else:
+                    self.ignored_spans += 1
+                return
+            key = (ctx.trace_id, attrs.get(A.RANK))
+            phases = self._pending.get(key)
+            if phases is None:
+                if len(self._pending) >= self._max_pending:
+                    self._evict_oldest()
+                phases = self._pending[key] = []
+            elif len(phases) >= self._max_phases:
+                self.ignored_spans += 1
+                return
+            start = span.start_time or 0
+            phases.append((name, kind, attrs.get(A.DATALOADER),
+                           max(0, (span.end_time or start) - start), ctx.span_id,
+                           parent.span_id))
+
+    def _emit(self, view: StepView) -> None:
+        self.views += 1
+        self._on_view(view)
+
+    def _evict_oldest(self) -> None:
+        # dicts keep insertion order: the first key is the trace waiting longest for its root
+        oldest = next(iter(self._pending))
+        del self._pending[oldest]
+        self.evicted_traces += 1
+        self._warn.warning(
+            "evict", "otel-train: a trace's root span never arrived; its phases were left out "
+            "of the derived metrics (%d incomplete trace(s) so far)", self.evicted_traces)
+
+    @property
+    def pending_traces(self) -> int:
+        """Traces waiting for their root span."""
+        return len(self._pending)
+
+
+def _count_monitoring(view: StepView) -> None:
+    """Fill ``view.operations`` / ``monitor_ns`` with the top-level monitor phases."""
+    phases = view.phases
+    monitors = [p for p in phases if p[P_KIND] == A.KIND_MONITOR]
+    if not monitors:
+        return
+    parents = {p[P_SPAN_ID]: p for p in phases}
+    ops = view.operations
+    total = 0
+    for ph in monitors:
+        parent = parents.get(ph[P_PARENT_ID])
+        nested = False
+        hops = 0
+        while parent is not None and hops < 1000:  # bounded: a malformed cycle must not hang
+            if parent[P_KIND] == A.KIND_MONITOR:
+                nested = True
+                break
+            parent = parents.get(parent[P_PARENT_ID])
+            hops += 1
+        if not nested:
+            ops.append((ph[P_NAME], ph[P_DURATION]))
+            total += ph[P_DURATION]
+    view.monitor_ns = total
+
+
+class StepViewProcessor(SpanProcessor):
+    """Base of the derived-metrics processors: override ``on_step`` (and ``on_operation``).
+
+    Standalone, it assembles spans itself; inside a ``SharedStepSpanProcessor`` it is fed
+    views assembled once for all. ``on_step`` runs with ``self._lock`` held; readers take it.
+    """
+
+    def __init__(self) -> None:
+        self._lock: threading.RLock = threading.RLock()
+        self._assembler: StepAssembler | None = None
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        """Nothing to do at start: everything is derived from finished spans."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Assemble ``span`` into its step; never raises."""
+        if self._assembler is None:
+            self._assembler = StepAssembler(self.on_view, self._lock)
+        self._assembler.add(span)
+
+    def on_view(self, view: StepView) -> None:
+        """Dispatch one view to ``on_step`` or ``on_operation``."""
+        if view.is_step:
+            self.on_step(view)
+        else:
+            self.on_operation(view)
+
+    def on_step(self, view: StepView) -> None:
+        """One finished step."""
+
+    def on_operation(self, view: StepView) -> None:
+        """One monitoring operation done between steps."""
+
+    def shutdown(self) -> None:
+        """Nothing to release by default."""
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Views are handled synchronously: nothing is ever pending."""
+        return True
+
+
+class SharedStepSpanProcessor(SpanProcessor):
+    """Assembles each trace once and hands the view to several processors, in order.
+
+    The processors share one lock, so a reader of any of them sees all of them consistent.
+    A failing processor is logged (rate-limited) and counted; the others still run.
+    """
+
+    def __init__(self, processors: Sequence[StepViewProcessor],
+                 max_pending_traces: int = 256) -> None:
+        self.processors = list(processors)
+        self.lock = threading.RLock()
+        for proc in self.processors:
+            proc._lock = self.lock
+        self._assembler = StepAssembler(self._dispatch, self.lock, max_pending_traces)
+        self._warn = RateLimitedLogger(_log)
+        self.errors = 0
+
+    @property
+    def assembler(self) -> StepAssembler:
+        """The shared assembler (its counters tell about ignored spans and evictions)."""
+        return self._assembler
+
+    def _dispatch(self, view: StepView) -> None:
+        for proc in self.processors:
+            try:
+                proc.on_view(view)
+            except Exception as exc:  # one processor's bug must not starve the others
+                self.errors += 1
+                self._warn.warning(f"proc-{type(proc).__name__}",
+                                   "otel-train: %s failed on step %s: %r",
+                                   type(proc).__name__, view.step, exc)
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        """Nothing to do at start."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Assemble ``span``; dispatch when its step is complete."""
+        self._assembler.add(span)
+
+    def shutdown(self) -> None:
+        """Shut every processor down."""
+        for proc in self.processors:
+            try:
+                proc.shutdown()
+            except Exception as exc:
+                self._warn.warning("shutdown", "otel-train: %s shutdown failed: %r",
+                                   type(proc).__name__, exc)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Synchronous: nothing is pending."""
+        return True
