@@ -57,6 +57,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._warn = RateLimitedLogger(_log)
         self.exported = 0
         self.export_failures = 0
+        # Circuit breaker: after a failed export, spans are dropped (and counted) at once,
+        # without queueing or encoding, until a retry time; the next batch probes again.
+        self._open_until = 0.0
+        self._backoff_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="otel-train-export", daemon=True)
         self._thread.start()
 
@@ -66,6 +70,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Queue a sampled span; count it as dropped when the queue is full."""
         if not span.context.trace_flags.sampled:
+            return
+        if self._open_until and time.monotonic() < self._open_until:
+            self._drops.add("export_failed")
             return
         q = self._queue
         if self._stopping:
@@ -106,13 +113,22 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._in_flight = 0
             if result is SpanExportResult.SUCCESS:
                 self.exported += len(batch)
+                self._open_until = 0.0
+                self._backoff_seconds = 0.0
             else:
                 self.export_failures += 1
-                self._drops.add("export_failed", len(batch))
+                # Open the breaker (5 s, doubling to 60 s): what is queued now would only
+                # fail too, so count it dropped instead of spending CPU encoding it.
+                self._backoff_seconds = min(60.0, max(5.0, self._backoff_seconds * 2))
+                self._open_until = time.monotonic() + self._backoff_seconds
+                lost = len(batch) + len(q)
+                q.clear()
+                self._drops.add("export_failed", lost)
                 self._warn.warning(
                     "export-failed", "otel-train: span export failed (%d spans dropped, "
                     "counted in otel_train_spans_dropped_total{reason=\"export_failed\"}); "
-                    "is the collector reachable?", len(batch),
+                    "is the collector reachable? retrying in %.0f s", lost,
+                    self._backoff_seconds,
                 )
             with self._idle:
                 self._idle.notify_all()

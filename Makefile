@@ -1,0 +1,33 @@
+# Set-up and test commands (the README's two commands use these).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup prometheus test demo bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch==2.13.0 first: a loose torch requirement with nothing installed pulls a multi-GB CUDA build.
+setup: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+
+# The real Prometheus server and promtool (Debian's package) for the end-to-end tests.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+test: setup prometheus
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/otel-train demo
+
+bench: setup
+	$(BIN)/python benchmarks/bench_hot_path.py
+	$(BIN)/python benchmarks/bench_processors.py
+	$(BIN)/python benchmarks/bench_collector_down.py
+	$(BIN)/python benchmarks/bench_hooks.py
+	$(BIN)/python benchmarks/bench_shutdown.py --skip-sdk

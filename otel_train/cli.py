@@ -1,0 +1,101 @@
+"""The ``otel-train`` command.
+
+Usage::
+
+    otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
+    otel-train costs otel-train-runs/<run>/monitoring_costs.json   # readable cost table
+    otel-train version
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from otel_train import __version__
+
+
+def _port(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    if raw.strip().lower() in ("none", "off"):
+        return "off"
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"otel-train: --prometheus-port {raw!r}: a number, 0, or 'none'")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from otel_train.demo import run_demo
+
+    options: dict[str, Any] = {}
+    port = _port(args.prometheus_port)
+    if port == "off":
+        options["prometheus_port"] = None
+    elif port is not None:
+        options["prometheus_port"] = port
+    if args.status_dir:
+        options["status_dir"] = args.status_dir
+    if args.quiet:
+        options["console"] = False
+    try:
+        costs = run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                         **options)
+    except ValueError as exc:  # a bad option or a taken port: say it plainly
+        print(f"otel-train demo: {exc}", file=sys.stderr)
+        return 2
+    print(_costs_text(costs))
+    return 0
+
+
+def _costs_text(data: dict[str, Any]) -> str:
+    try:
+        from otel_train.costs import format_costs_table
+    except ImportError:  # pragma: no cover - the costs module ships with the package
+        return json.dumps(data, indent=2)
+    return format_costs_table(data)
+
+
+def _costs(args: argparse.Namespace) -> int:
+    try:
+        with open(args.path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        print(f"otel-train costs: no such file: {args.path}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as exc:
+        print(f"otel-train costs: {args.path} is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(_costs_text(data))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``otel-train`` console script."""
+    from otel_train.demo import add_arguments
+
+    ap = argparse.ArgumentParser(prog="otel-train", description=(
+        "Every PyTorch training step as an OpenTelemetry trace; monitoring overhead as "
+        "Prometheus metrics."))
+    sub = ap.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train a tiny GPT on CPU with otel-train")
+    add_arguments(demo)
+    demo.set_defaults(func=_demo)
+    costs = sub.add_parser("costs", help="print a monitoring_costs.json as a table")
+    costs.add_argument("path")
+    costs.add_argument("--json", action="store_true", help="print the JSON instead")
+    costs.set_defaults(func=_costs)
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=lambda a: print(__version__) or 0)
+    args = ap.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
