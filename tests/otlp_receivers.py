@@ -1,0 +1,486 @@
+"""Real OTLP trace receivers for tests: a gRPC server and an HTTP server, both on 127.0.0.1.
+
+Nothing here is mocked: `GrpcOtlpReceiver` is a grpcio server implementing opentelemetry-proto's
+`TraceService.Export`, and `HttpOtlpReceiver` is a `ThreadingHTTPServer` accepting
+`POST /v1/traces` with an `application/x-protobuf` body (optionally gzip/deflate encoded), as an
+OpenTelemetry Collector would. Both decode what arrives into plain `ReceivedSpan` records so tests
+can assert on names, ids, parent links, attributes, events, status and resource attributes.
+
+Both can play a sick collector, switchable at any time through `.mode`:
+- ``"ok"``: accept and store every request;
+- ``"unavailable"``: reject (gRPC ``UNAVAILABLE`` / HTTP 503), storing nothing;
+- ``"hang"``: wait up to ``hang_seconds`` before answering (interrupted when the receiver closes,
+  so teardown stays fast), then accept like ``"ok"``.
+
+Usage::
+
+    with GrpcOtlpReceiver() as receiver:
+        exporter = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True)
+        ...
+        spans = receiver.wait_for_spans(3, timeout_seconds=5)
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+__all__ = [
+    "MODES",
+    "GrpcOtlpReceiver",
+    "HttpOtlpReceiver",
+    "ReceivedSpan",
+    "decode_any_value",
+    "decode_attributes",
+    "decode_request",
+]
+
+MODES = ("ok", "unavailable", "hang")
+TRACES_PATH = "/v1/traces"
+# Bounds so no test can hang on a receiver: the longest "hang" we allow, and teardown waits.
+_MAX_HANG_SECONDS = 30.0
+_STOP_GRACE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    """One span as a collector received it, decoded into plain Python values."""
+
+    name: str
+    trace_id: str  # 32 lowercase hex chars
+    span_id: str  # 16 lowercase hex chars
+    parent_span_id: str | None  # 16 hex chars, None for a root span
+    start_time_unix_nano: int
+    end_time_unix_nano: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    status_code: int  # 0 unset, 1 ok, 2 error (opentelemetry.proto.trace.v1.Status.StatusCode)
+    status_message: str
+    resource_attributes: dict[str, Any]
+    scope_name: str
+    # Extras beyond the minimum, handy for link/kind assertions.
+    kind: int = 0  # Span.SpanKind: 0 unspecified, 1 internal, 2 server, 3 client, ...
+    # (trace_id, span_id, attributes) of each link
+    links: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    scope_version: str = ""
+
+    @property
+    def duration_seconds(self) -> float:
+        """End minus start, in seconds."""
+        return (self.end_time_unix_nano - self.start_time_unix_nano) / 1e9
+
+    @property
+    def is_root(self) -> bool:
+        """True when the span has no parent."""
+        return self.parent_span_id is None
+
+
+def decode_any_value(value: common_pb2.AnyValue) -> Any:
+    """Turn an OTLP AnyValue into str/bool/int/float/bytes/list/dict (None when empty)."""
+    which = value.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [decode_any_value(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return decode_attributes(value.kvlist_value.values)
+    return getattr(value, which)
+
+
+def decode_attributes(key_values: Iterable[common_pb2.KeyValue]) -> dict[str, Any]:
+    """Turn repeated OTLP KeyValue into a dict."""
+    return {kv.key: decode_any_value(kv.value) for kv in key_values}
+
+
+def _hex_or_none(raw: bytes) -> str | None:
+    """Hex-encode an id; empty bytes (and the all-zero id) mean no id."""
+    if not raw or not any(raw):
+        return None
+    return raw.hex()
+
+
+def decode_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list[ReceivedSpan]:
+    """Flatten an ExportTraceServiceRequest into ReceivedSpans, in wire order."""
+    out: list[ReceivedSpan] = []
+    for resource_spans in request.resource_spans:
+        resource_attributes = decode_attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope
+            for span in scope_spans.spans:
+                out.append(_decode_span(span, resource_attributes, scope.name, scope.version))
+    return out
+
+
+def _decode_span(
+    span: trace_pb2.Span, resource_attributes: dict[str, Any], scope_name: str, scope_version: str
+) -> ReceivedSpan:
+    """Decode one protobuf Span."""
+    return ReceivedSpan(
+        name=span.name,
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_span_id=_hex_or_none(span.parent_span_id),
+        start_time_unix_nano=span.start_time_unix_nano,
+        end_time_unix_nano=span.end_time_unix_nano,
+        attributes=decode_attributes(span.attributes),
+        events=[(event.name, decode_attributes(event.attributes)) for event in span.events],
+        status_code=int(span.status.code),
+        status_message=span.status.message,
+        # Each span gets its own copy so a test mutating one cannot affect another.
+        resource_attributes=dict(resource_attributes),
+        scope_name=scope_name,
+        kind=int(span.kind),
+        links=[
+            (link.trace_id.hex(), link.span_id.hex(), decode_attributes(link.attributes))
+            for link in span.links
+        ],
+        scope_version=scope_version,
+    )
+
+
+class _ReceiverBase:
+    """Storage, waiting and sick-mode logic shared by both transports."""
+
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0) -> None:
+        """Validate options and set up thread-safe storage."""
+        self._check_mode(mode)
+        if not 0 <= hang_seconds <= _MAX_HANG_SECONDS:
+            raise ValueError(f"hang_seconds must be within [0, {_MAX_HANG_SECONDS}]")
+        self._mode = mode
+        self.hang_seconds = float(hang_seconds)
+        self._cond = threading.Condition()
+        self._requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self._spans: list[ReceivedSpan] = []
+        self._headers: list[dict[str, str]] = []
+        self._requests_count = 0
+        self._closing = threading.Event()  # interrupts "hang" so close() is never slow
+        self._port: int | None = None
+
+    # -- configuration ---------------------------------------------------------------------
+    @staticmethod
+    def _check_mode(mode: str) -> None:
+        """Reject unknown modes early."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    @property
+    def mode(self) -> str:
+        """Current behaviour: "ok", "unavailable" or "hang"."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        """Switch behaviour at runtime (e.g. to test recovery after an outage)."""
+        self._check_mode(value)
+        self._mode = value
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port on 127.0.0.1."""
+        if self._port is None:
+            raise RuntimeError("receiver is not started")
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:PORT."""
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def requests_count(self) -> int:
+        """Export requests that arrived, in any mode (rejected and retried ones included)."""
+        with self._cond:
+            return self._requests_count
+
+    def requests(self) -> list[trace_service_pb2.ExportTraceServiceRequest]:
+        """The accepted requests, raw protobuf."""
+        with self._cond:
+            return list(self._requests)
+
+    def request_headers(self) -> list[dict[str, str]]:
+        """Headers (HTTP) or metadata (gRPC) of each accepted request, keys lower-cased."""
+        with self._cond:
+            return [dict(h) for h in self._headers]
+
+    def spans(self, name: str | None = None) -> list[ReceivedSpan]:
+        """Every span of every accepted request, in arrival order; optionally only `name`."""
+        with self._cond:
+            spans = list(self._spans)
+        return spans if name is None else [s for s in spans if s.name == name]
+
+    def wait_for_spans(
+        self,
+        predicate_or_count: int | Callable[[list[ReceivedSpan]], bool],
+        timeout_seconds: float = 5.0,
+    ) -> list[ReceivedSpan]:
+        """Wait until >= count spans arrived (or predicate(all spans) is true); return all spans.
+
+        Raises TimeoutError (with what did arrive) when the condition is not met in time.
+        """
+        if isinstance(predicate_or_count, int):
+            wanted = predicate_or_count
+
+            def predicate(spans: list[ReceivedSpan]) -> bool:
+                return len(spans) >= wanted
+
+            description = f"{wanted} span(s)"
+        else:
+            predicate = predicate_or_count
+            description = "predicate"
+        deadline = time.monotonic() + timeout_seconds
+        with self._cond:
+            while True:
+                spans = list(self._spans)
+                if predicate(spans):
+                    return spans
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    names = [s.name for s in spans]
+                    raise TimeoutError(
+                        f"waited {timeout_seconds}s for {description}; got {len(spans)} span(s) "
+                        f"{names[:20]} from {self._requests_count} request(s)"
+                    )
+                # Bounded wait; _record notifies on every accepted request.
+                self._cond.wait(min(remaining, 0.1))
+
+    def clear(self) -> None:
+        """Forget all received requests, spans, headers and the request count."""
+        with self._cond:
+            self._requests.clear()
+            self._spans.clear()
+            self._headers.clear()
+            self._requests_count = 0
+
+    # -- transport hooks -------------------------------------------------------------------
+    def _count_arrival(self) -> str:
+        """Count a request and return the mode in force when it arrived."""
+        with self._cond:
+            self._requests_count += 1
+        return self._mode
+
+    def _hang(self) -> None:
+        """Block for hang_seconds, or less if the receiver is closing."""
+        self._closing.wait(self.hang_seconds)
+
+    def _record(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, headers: dict[str, str]
+    ) -> None:
+        """Store an accepted request and wake waiters."""
+        spans = decode_request(request)
+        with self._cond:
+            self._requests.append(request)
+            self._headers.append(headers)
+            self._spans.extend(spans)
+            self._cond.notify_all()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> _ReceiverBase:
+        """Start serving; returns self."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop serving (bounded)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> _ReceiverBase:
+        """Start on entering the block."""
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close on leaving the block."""
+        self.close()
+
+
+class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
+    """gRPC TraceService that forwards to its receiver."""
+
+    def __init__(self, receiver: GrpcOtlpReceiver) -> None:
+        """Keep the owning receiver."""
+        self._receiver = receiver
+
+    def Export(  # noqa: N802 (name fixed by the generated service)
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        """Handle one export according to the receiver's mode."""
+        receiver = self._receiver
+        mode = receiver._count_arrival()
+        if mode == "unavailable":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "otlp test receiver: simulated outage")
+        if mode == "hang":
+            receiver._hang()
+        headers = {key.lower(): str(value) for key, value in context.invocation_metadata()}
+        receiver._record(request, headers)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class GrpcOtlpReceiver(_ReceiverBase):
+    """A real OTLP/gRPC trace receiver on 127.0.0.1 (free port); use as a context manager."""
+
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0, max_workers: int = 4) -> None:
+        """Configure; the server starts in start()/__enter__."""
+        super().__init__(mode=mode, hang_seconds=hang_seconds)
+        self._max_workers = max_workers
+        self._server: grpc.Server | None = None
+
+    def start(self) -> GrpcOtlpReceiver:
+        """Bind a free port on 127.0.0.1 and start serving."""
+        if self._server is not None:
+            return self
+        self._closing.clear()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        if port == 0:
+            raise RuntimeError("could not bind a port on 127.0.0.1")
+        server.start()
+        self._server = server
+        self._port = port
+        return self
+
+    def close(self) -> None:
+        """Stop the server; in-flight hangs are released first so this stays fast."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._closing.set()
+        server.stop(grace=_STOP_GRACE_SECONDS).wait(timeout=_STOP_GRACE_SECONDS + 1.0)
+
+    def __enter__(self) -> GrpcOtlpReceiver:
+        """Start on entering the block."""
+        return self.start()
+
+
+class _OtlpHttpHandler(BaseHTTPRequestHandler):
+    """Handles POST /v1/traces; anything else is 404/405/415/400 like a strict collector."""
+
+    server: _OtlpHttpServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as the OTel HTTP exporter's session expects
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+        """Decode and store an export request, or play sick."""
+        receiver = self.server.receiver
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        if self.path.split("?", 1)[0] != TRACES_PATH:
+            self._reply(404, b"not found", "text/plain")
+            return
+        mode = receiver._count_arrival()
+        if mode == "unavailable":
+            self._reply(503, b"otlp test receiver: simulated outage", "text/plain")
+            return
+        if mode == "hang":
+            receiver._hang()
+        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip()
+        if content_type != "application/x-protobuf":
+            self._reply(415, b"only application/x-protobuf is supported", "text/plain")
+            return
+        try:
+            body = self._decompress(body, (self.headers.get("Content-Encoding") or "").lower())
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+        except Exception as exc:  # noqa: BLE001 (a bad body is the client's error: answer 400)
+            self._reply(400, f"bad request: {exc}".encode(), "text/plain")
+            return
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        receiver._record(request, headers)
+        response = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        self._reply(200, response, "application/x-protobuf")
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        """OTLP has no GET; answer 405."""
+        self._reply(405, b"method not allowed", "text/plain")
+
+    @staticmethod
+    def _decompress(body: bytes, encoding: str) -> bytes:
+        """Undo Content-Encoding gzip/deflate; identity otherwise."""
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+        if encoding in ("", "identity"):
+            return body
+        raise ValueError(f"unsupported Content-Encoding {encoding!r}")
+
+    def _reply(self, code: int, body: bytes, content_type: str) -> None:
+        """Send a complete response with Content-Length."""
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (base signature)
+        """Keep test output quiet."""
+
+
+class _OtlpHttpServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer that knows its receiver."""
+
+    daemon_threads = True  # a stuck handler must never block interpreter exit or close()
+    allow_reuse_address = True
+
+    def __init__(self, receiver: HttpOtlpReceiver) -> None:
+        """Bind 127.0.0.1 on a free port."""
+        self.receiver = receiver
+        super().__init__(("127.0.0.1", 0), _OtlpHttpHandler)
+
+
+class HttpOtlpReceiver(_ReceiverBase):
+    """A real OTLP/HTTP (protobuf) trace receiver on 127.0.0.1 (free port); a context manager."""
+
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0) -> None:
+        """Configure; the server starts in start()/__enter__."""
+        super().__init__(mode=mode, hang_seconds=hang_seconds)
+        self._server: _OtlpHttpServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def traces_endpoint(self) -> str:
+        """Full signal URL, e.g. http://127.0.0.1:PORT/v1/traces."""
+        return self.endpoint + TRACES_PATH
+
+    def start(self) -> HttpOtlpReceiver:
+        """Bind a free port on 127.0.0.1 and serve from a daemon thread."""
+        if self._server is not None:
+            return self
+        self._closing.clear()
+        server = _OtlpHttpServer(self)
+        self._port = server.server_address[1]
+        thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"otlp-http-receiver-{self._port}",
+            daemon=True,
+        )
+        thread.start()
+        self._server, self._thread = server, thread
+        return self
+
+    def close(self) -> None:
+        """Stop serving; in-flight hangs are released first so this stays fast."""
+        server, self._server = self._server, None
+        thread, self._thread = self._thread, None
+        if server is None:
+            return
+        self._closing.set()
+        server.shutdown()  # returns once serve_forever's loop (poll 0.05 s) has exited
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=_STOP_GRACE_SECONDS)
+
+    def __enter__(self) -> HttpOtlpReceiver:
+        """Start on entering the block."""
+        return self.start()

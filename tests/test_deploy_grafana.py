@@ -1,0 +1,166 @@
+"""deploy/grafana: provisioning structure, fixed datasource uids, every panel has a query,
+and the committed dashboard / alerting files equal what dashboards_gen.py generates."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from deploy_support import (
+    DASHBOARD_FILES,
+    PROVISIONING,
+    RUNBOOK,
+    github_anchor,
+    iter_panels,
+    load_dashboard,
+    load_generator,
+    load_yaml,
+    prometheus_queries,
+    variables,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+CONTRACT_METRICS = {
+    "otel_train_step_duration_seconds",
+    "otel_train_phase_duration_seconds",
+    "otel_train_monitoring_overhead_ratio",
+    "otel_train_operation_overhead_ratio",
+    "otel_train_monitoring_budget_ratio",
+    "otel_train_steps_total",
+    "otel_train_slow_steps_total",
+    "otel_train_last_step_timestamp_seconds",
+    "otel_train_step_in_progress_seconds",
+    "otel_train_spans_dropped_total",
+    "otel_train_instrumentation_overhead_ratio",
+    "otel_train_gpu_utilization_ratio",
+    "otel_train_gpu_memory_used_bytes",
+}
+
+
+def datasources() -> dict[str, dict]:
+    config = load_yaml(PROVISIONING / "datasources" / "datasources.yaml")
+    assert config["apiVersion"] == 1
+    return {ds["type"]: ds for ds in config["datasources"]}
+
+
+def test_generated_files_equal_committed() -> None:
+    gen = load_generator()
+    for path, render in gen.OUTPUTS.items():
+        assert path.exists(), f"{path} missing: run python deploy/grafana/dashboards_gen.py"
+        assert path.read_text() == render(), (
+            f"{path.name} differs from the generator: run python deploy/grafana/dashboards_gen.py"
+        )
+    assert gen.main(["--check"]) == 0
+
+
+def test_datasources_have_fixed_uids_and_exemplar_link() -> None:
+    ds = datasources()
+    gen = load_generator()
+    prom, tempo = ds["prometheus"], ds["tempo"]
+    assert prom["uid"] == gen.PROMETHEUS_UID and tempo["uid"] == gen.TEMPO_UID
+    links = prom["jsonData"]["exemplarTraceIdDestinations"]
+    assert {"name": "trace_id", "datasourceUid": tempo["uid"]}.items() <= links[0].items()
+    assert prom["url"].startswith("http://prometheus:") and tempo["url"].startswith("http://tempo:")
+
+
+def test_dashboard_provider_points_at_mounted_dashboards() -> None:
+    config = load_yaml(PROVISIONING / "dashboards" / "dashboards.yaml")
+    (provider,) = config["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"].startswith("/var/lib/grafana/dashboards")
+
+
+def test_dashboard_basics() -> None:
+    dash = load_dashboard()
+    assert dash["title"] == "Training overview"
+    assert dash["uid"]
+    names = [v["name"] for v in variables(dash)]
+    assert "rank" in names
+    ids = [p["id"] for p in iter_panels(dash)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in iter_panels(dash):
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24
+
+
+def test_every_panel_has_a_query_on_a_provisioned_datasource() -> None:
+    uids = {ds["uid"] for ds in datasources().values()}
+    for dash_file in DASHBOARD_FILES:
+        dash = load_dashboard(dash_file)
+        for panel in iter_panels(dash):
+            if panel["type"] == "row":
+                continue
+            targets = panel.get("targets") or []
+            assert targets, f"panel {panel['title']!r} has no query"
+            for tgt in targets:
+                query = tgt.get("expr") or tgt.get("query")
+                assert query and query.strip(), f"panel {panel['title']!r} has an empty query"
+                ds = tgt.get("datasource") or panel.get("datasource")
+                assert ds["uid"] in uids, f"panel {panel['title']!r} uses unknown uid {ds}"
+        for var in variables(dash):
+            assert var["datasource"]["uid"] in uids
+
+
+def test_dashboard_covers_the_contract() -> None:
+    dash = load_dashboard()
+    exprs = " ".join(q for _, _, q in prometheus_queries(dash))
+    used = {m for m in CONTRACT_METRICS if m in exprs}
+    assert used == CONTRACT_METRICS, f"metrics without a panel: {CONTRACT_METRICS - used}"
+    names = set(re.findall(r"\b(otel_train_[a-z_]+?)(?:_bucket|_sum|_count)?\b", exprs))
+    assert names <= CONTRACT_METRICS, f"not in the telemetry contract: {names - CONTRACT_METRICS}"
+    titles = {p["title"] for p in iter_panels(dash)}
+    for needed in (
+        "Step time p50 / p95 / max",
+        "Where a step's time goes (per phase)",
+        "Monitoring overhead vs budget",
+        "Cost per monitoring operation (share of training time)",
+        "Slow steps",
+        "Stall: current step age",
+        "GPU utilization",
+        "GPU memory used",
+        "Dropped telemetry",
+    ):
+        assert needed in titles
+
+
+def test_step_time_panel_shows_exemplars_and_phase_panel_stacks() -> None:
+    dash = load_dashboard()
+    panels = {p["title"]: p for p in iter_panels(dash)}
+    step = panels["Step time p50 / p95 / max"]
+    assert step["type"] == "timeseries"
+    assert any(t.get("exemplar") for t in step["targets"])
+    assert any("otel_train_step_duration_seconds_bucket" in t["expr"] for t in step["targets"])
+    phases = panels["Where a step's time goes (per phase)"]
+    assert phases["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    overhead = panels["Monitoring overhead vs budget"]
+    assert any("otel_train_monitoring_budget_ratio" in t["expr"] for t in overhead["targets"])
+
+
+def test_grafana_alert_rules() -> None:
+    config = load_yaml(PROVISIONING / "alerting" / "otel-train-alerts.yaml")
+    assert config["apiVersion"] == 1
+    dash = load_dashboard()
+    panel_ids = {str(p["id"]) for p in iter_panels(dash)}
+    anchors = {
+        github_anchor(line.lstrip("#"))
+        for line in RUNBOOK.read_text().splitlines()
+        if line.startswith("#")
+    }
+    prom_uid = datasources()["prometheus"]["uid"]
+    rules = [r for g in config["groups"] for r in g["rules"]]
+    uids = [r["uid"] for r in rules]
+    assert len(uids) == len(set(uids))
+    text = json.dumps(rules)
+    for topic in ("budget", "slow", "stall"):
+        assert topic in text
+    for rule in rules:
+        refs = {d["refId"]: d for d in rule["data"]}
+        assert rule["condition"] in refs
+        assert refs["A"]["datasourceUid"] == prom_uid and refs["A"]["model"]["expr"].strip()
+        assert rule["for"] and rule["labels"]["severity"] in {"warning", "critical"}
+        ann = rule["annotations"]
+        assert ann["__dashboardUid__"] == dash["uid"] and ann["__panelId__"] in panel_ids
+        assert ann["runbook_url"].split("#")[1] in anchors
+        assert ann["summary"] and ann["description"]
