@@ -28,6 +28,7 @@ SLOW = "train.slow"  # on the root span
 DEVICE_SYNCED = "train.device.synced"  # True when a device synchronize bracketed the span
 # Extensions (not renaming anything above)
 DEVICE_TYPE = "train.device.type"  # "cpu", "cuda", "mps", ... : which clock the time reflects
+DEVICE_DURATION = "train.device.duration_seconds"  # events mode: device time of the span
 MICRO_STEP = "train.micro_step"  # gradient-accumulation micro-step index (integrations)
 GPU_UTILIZATION = "train.gpu.utilization_ratio"  # NVML sample overlapping the step (max over GPUs)
 GPU_MEMORY_USED = "train.gpu.memory_used_bytes"

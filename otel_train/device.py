@@ -6,6 +6,8 @@ launched in ``forward`` is paid for in whichever phase next waits on the device 
 
 - ``sync``: synchronize the accelerator at every step and phase boundary (exact attribution,
   at the cost of draining the device queue each time);
+- ``events``: host clock for the spans, plus device timing events recorded at every boundary
+  and resolved in the background into ``train.device.duration_seconds`` (no stall);
 - ``off``: host clock only (no stall; device time lands where the host waits);
 - ``auto`` (default): ``sync`` when an accelerator is present, else host clock (on CPU the
   host clock is exact, there is nothing to synchronize).
@@ -32,6 +34,7 @@ class DeviceTiming:
     mode: str  # the option as given: auto | sync | off
     device_type: str  # "cpu", "cuda", "mps", "xpu", ...
     synchronize: Callable[[], None] | None  # called at boundaries when not None
+    make_event: Callable[[], Any] | None = None  # events mode: a recorded timing event
 
     @property
     def synced(self) -> bool:
@@ -42,6 +45,9 @@ class DeviceTiming:
         """One line for the start-up banner."""
         if self.synchronize is not None:
             return f"{self.device_type}: synchronized at phase boundaries"
+        if self.make_event is not None:
+            return (f"{self.device_type}: host clock + device events resolved in the "
+                    "background (no stall)")
         if self.device_type == "cpu":
             return "cpu: host clock (exact on CPU; no accelerator to synchronize)"
         return f"{self.device_type}: host clock only (device_sync=off; async work lands late)"
@@ -72,8 +78,14 @@ def _accelerator_api(torch: Any) -> Any | None:
     return _CudaShim
 
 
-def resolve_device_timing(mode: str, accelerator: Any | None = None) -> DeviceTiming:
-    """Resolve ``device_sync`` against the accelerator that is present (if any)."""
+def resolve_device_timing(mode: str, accelerator: Any | None = None,
+                          event_class: Any | None = None) -> DeviceTiming:
+    """Resolve ``device_sync`` against the accelerator that is present (if any).
+
+    ``accelerator`` and ``event_class`` default to ``torch.accelerator`` and ``torch.Event``
+    (tests pass faithful fakes).
+    """
+    torch = None
     if accelerator is None:
         torch = sys.modules.get("torch")
         if torch is None:
@@ -95,5 +107,23 @@ def resolve_device_timing(mode: str, accelerator: Any | None = None) -> DeviceTi
             available = False
     if not available or mode == "off":
         return DeviceTiming(mode, device_type, None)
+    if mode == "events":
+        if event_class is None:
+            torch = torch or sys.modules.get("torch")
+            event_class = getattr(torch, "Event", None) if torch is not None else None
+        if event_class is None:
+            _log.info("otel-train: device_sync=events needs torch.Event (torch >= 2.4); "
+                      "timing on the host clock")
+            return DeviceTiming(mode, device_type, None)
+        cls = event_class
+
+        def make_event() -> Any:
+            # Recorded on the current stream: it completes when the work queued before it
+            # does. Creating and recording an event never waits for the device.
+            event = cls(device=device_type, enable_timing=True)
+            event.record()
+            return event
+
+        return DeviceTiming(mode, device_type, None, make_event)
     # The bound function itself: one call per boundary, no wrapper frame on the hot path.
     return DeviceTiming(mode, device_type, accelerator.synchronize)

@@ -90,6 +90,34 @@ class SyncedPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
+class EventPhase(Phase):
+    """A phase that also records a device timing event at each boundary (``events`` mode).
+
+    Events are kept in ``step.dev`` keyed by the position of their boundary in the event
+    list; the builder resolves them in the background, so training never waits for them.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        rec = self._rec
+        try:
+            step = rec.current
+            ev = step.ev  # type: ignore[union-attr]
+        except AttributeError:
+            raise _outside(self.name) from None
+        step.dev[len(ev)] = rec.make_event()  # type: ignore[union-attr, index, misc]
+        ev.append(self)
+        ev.append(perf_counter_ns())
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        step = self._rec.current
+        if step is not None and step.dev is not None:
+            step.dev[len(step.ev)] = self._rec.make_event()  # type: ignore[misc]
+        return Phase.__exit__(self, exc_type, exc, tb)
+
+
 @dataclass(frozen=True)
 class PhaseEvent:
     """One phase decoded from a step's event list (see :func:`decode_events`)."""
@@ -100,6 +128,8 @@ class PhaseEvent:
     end_ns: int  # 0 while still open
     parent: int  # ordinal of the enclosing phase, -1 for the root
     error: BaseException | None
+    start_pos: int = -1  # positions of the boundaries in the step's event list
+    end_pos: int = -1
 
 
 def decode_events(ev: list[Any]) -> list[PhaseEvent]:
@@ -113,13 +143,15 @@ def decode_events(ev: list[Any]) -> list[PhaseEvent]:
         b = ev[i + 1]
         i += 2
         if isinstance(a, Phase):
-            out.append([a, b, 0, stack[-1] if stack else -1, None])
+            out.append([a, b, 0, stack[-1] if stack else -1, None, i - 2, -1])
             stack.append(len(out) - 1)
         elif stack:
             rec = out[stack.pop()]
             rec[2] = a
             rec[4] = b
-    return [PhaseEvent(k, r[0], r[1], r[2], r[3], r[4]) for k, r in enumerate(out)]
+            rec[6] = i - 2
+    return [PhaseEvent(k, r[0], r[1], r[2], r[3], r[4], r[5], r[6])
+            for k, r in enumerate(out)]
 
 
 def _active_ordinal(ev: list[Any]) -> tuple[int, int]:
@@ -144,6 +176,7 @@ class Recorder:
         max_queued: int,
         drops: DropCounter,
         synchronize: Callable[[], None] | None,
+        make_event: Callable[[], Any] | None = None,
     ) -> None:
         self.queue: deque[Step | MonitorRecord] = deque()
         self.max_queued = max_queued
@@ -157,7 +190,9 @@ class Recorder:
         # A step closed by GeneratorExit is held back until the next event, so that an
         # exception escaping the loop body (seen later by Run.__exit__) can still mark it.
         self.held: Step | None = None
-        self._phase_cls = Phase if synchronize is None else SyncedPhase
+        self.make_event = make_event
+        self._phase_cls = (SyncedPhase if synchronize is not None
+                           else EventPhase if make_event is not None else Phase)
         self._phases: dict[tuple[str, str, str | None], Phase] = {}
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
@@ -205,7 +240,7 @@ class Step:
     """
 
     __slots__ = ("index", "batch", "loader", "start_ns", "end_ns", "ev", "error", "attrs",
-                 "phase_attrs", "span_ids", "trace_id", "_recorder")
+                 "phase_attrs", "span_ids", "trace_id", "dev", "_recorder")
 
     def __init__(self, recorder: Recorder, index: int, loader: str | None) -> None:
         self.index = index
@@ -219,8 +254,12 @@ class Step:
         self.trace_id = 0
         self.end_ns = 0
         self._recorder = recorder
+        # Device timing events (events mode): boundary position -> event; -1 start, -2 end.
+        self.dev: dict[int, Any] | None = None
         if recorder.synchronize is not None:
             recorder.synchronize()  # explicit: the step starts when the device is idle
+        elif recorder.make_event is not None:
+            self.dev = {-1: recorder.make_event()}
         self.start_ns = perf_counter_ns()
         recorder.current = self
 
@@ -296,6 +335,8 @@ class Step:
         rec = self._recorder
         if rec.synchronize is not None:
             rec.synchronize()  # explicit: the step ends when its device work has ended
+        elif self.dev is not None:
+            self.dev[-2] = rec.make_event()
         self.end_ns = perf_counter_ns()
         if error is not None and self.error is None:
             self.error = error

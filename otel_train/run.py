@@ -90,7 +90,8 @@ class Run:
         self.device: DeviceTiming = resolve_device_timing(options.device_sync)
         self.drops = DropCounter()
         self.self_cost = SelfCostMeter(_calibrate_hot_path_ns_per_span())
-        self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize)
+        self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
+                                  self.device.make_event)
 
         # -- tracing pipeline -------------------------------------------------------------
         self.export_plan: ExportPlan = plan_export(

@@ -81,6 +81,7 @@ class StepSpanBuilder:
         off = self._offset
         step_loader = step.loader
         phase_attrs = step.phase_attrs or {}
+        device_seconds = _device_durations(step, phases) if step.dev else {}
         kinds: list[str] = []
         for ph in phases:
             # Work nested in a monitoring phase is monitoring work (e.g. validation data).
@@ -95,6 +96,9 @@ class StepSpanBuilder:
             loader = ph.phase.loader or step_loader
             if loader is not None:
                 attrs[A.DATALOADER] = loader
+            dur = device_seconds.get(ph.ordinal)
+            if dur is not None:
+                attrs[A.DEVICE_DURATION] = dur
             extra = phase_attrs.get(ph.ordinal)
             if extra:
                 attrs.update(_plain_attributes(extra))
@@ -111,6 +115,8 @@ class StepSpanBuilder:
         if step_loader is not None:
             root_attrs[A.DATALOADER] = step_loader
         root_attrs[A.SLOW] = False  # the slow-step processor turns this on
+        if -1 in device_seconds:
+            root_attrs[A.DEVICE_DURATION] = device_seconds[-1]
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs))
         status, events = _status_and_events(step.error, step.end_ns + off)
@@ -139,6 +145,30 @@ class StepSpanBuilder:
             kind=SpanKind.INTERNAL, status=status, start_time=rec.start_ns + off,
             end_time=rec.end_ns + off, instrumentation_scope=self._scope,
         )
+
+
+def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
+    """Device seconds per phase ordinal (-1: the step) from its timing events.
+
+    Runs in the background: waiting for the step's last event blocks this thread only, and by
+    the time a step is built its device work has usually long finished.
+    """
+    dev = step.dev or {}
+    out: dict[int, float] = {}
+    try:
+        last = dev.get(-2)
+        if last is not None:
+            last.synchronize()
+        first = dev.get(-1)
+        if first is not None and last is not None:
+            out[-1] = first.elapsed_time(last) / 1000.0
+        for ph in phases:
+            start, end = dev.get(ph.start_pos), dev.get(ph.end_pos)
+            if start is not None and end is not None:
+                out[ph.ordinal] = start.elapsed_time(end) / 1000.0
+    except Exception as exc:  # a device error must not lose the host-timed spans
+        _log.debug("device event timing unavailable: %r", exc)
+    return out
 
 
 def _status_and_events(

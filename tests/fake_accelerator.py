@@ -1,0 +1,102 @@
+"""A faithful fake of the torch accelerator API with one in-order device stream.
+
+Kernels are asynchronous, as on a real GPU: ``launch(seconds)`` returns at once and the work
+"runs" on the device timeline; ``synchronize()`` blocks the host until the stream drains;
+``Event.record()`` marks the stream position, ``Event.synchronize()`` waits for it, and
+``elapsed_time`` gives device milliseconds between two recorded events (``enable_timing``
+required, as in torch). It implements what otel-train touches of ``torch.accelerator`` and
+``torch.Event``.
+
+Usage::
+
+    dev = FakeAccelerator()
+    timing = resolve_device_timing("events", accelerator=dev, event_class=dev.Event)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+
+class FakeAccelerator:
+    """``torch.accelerator``-shaped fake: is_available, current_accelerator, synchronize..."""
+
+    def __init__(self, device_type: str = "cuda") -> None:
+        self.device_type = device_type
+        self._lock = threading.Lock()
+        self._busy_until = 0.0  # time.monotonic() at which the stream drains
+        self.sync_calls = 0
+        self.launches = 0
+        self.Event = _make_event_class(self)
+
+    # -- simulated device work ----------------------------------------------------------
+    def launch(self, seconds: float) -> None:
+        """Queue ``seconds`` of device work on the stream; returns immediately."""
+        with self._lock:
+            start = max(time.monotonic(), self._busy_until)
+            self._busy_until = start + seconds
+            self.launches += 1
+
+    def stream_position(self) -> float:
+        """The device time at which work queued now would start."""
+        with self._lock:
+            return max(time.monotonic(), self._busy_until)
+
+    # -- torch.accelerator API ----------------------------------------------------------
+    def is_available(self) -> bool:
+        return True
+
+    def current_accelerator(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device_index(self) -> int:
+        return 0
+
+    def synchronize(self, device: Any = None) -> None:
+        """Block until every launched kernel has finished."""
+        self.sync_calls += 1
+        _sleep_until(self.stream_position())
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _make_event_class(dev: FakeAccelerator) -> type:
+    class FakeEvent:
+        """``torch.Event``-shaped: record, query, synchronize, elapsed_time."""
+
+        def __init__(self, device: Any = None, *, enable_timing: bool = False,
+                     blocking: bool = False, interprocess: bool = False) -> None:
+            self.enable_timing = enable_timing
+            self._at: float | None = None
+
+        def record(self, stream: Any = None) -> None:
+            self._at = dev.stream_position()
+
+        def query(self) -> bool:
+            return self._at is None or time.monotonic() >= self._at
+
+        def synchronize(self) -> None:
+            if self._at is not None:
+                _sleep_until(self._at)
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            if not (self.enable_timing and other.enable_timing):
+                raise RuntimeError("Both events must be created with enable_timing=True")
+            if self._at is None or other._at is None:
+                raise RuntimeError("Both events must be recorded before calculating elapsed time")
+            if not other.query():
+                raise RuntimeError("Event not yet completed (call synchronize first)")
+            return (other._at - self._at) * 1000.0
+
+    return FakeEvent
