@@ -5,25 +5,61 @@ Usage::
     import otel_train
 
     with otel_train.start_run(service_name="tiny-gpt") as run:
-        for step in run.steps(loader_, loader="train"):
+        for step in run.steps(train_loader, loader="train"):
             with step.phase("forward"):
                 ...
+            if step.index % 200 == 0:
+                with step.monitor("inference"):
+                    ...
+        print(run.costs())
+
+``otel_train.instrument(model, optimizer)`` traces an unmodified loop through torch's own hooks;
+Hugging Face and Lightning callbacks live in ``otel_train.integrations.hf`` / ``.lightning``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
+from otel_train.budget import BudgetSpanProcessor  # noqa: E402
+from otel_train.console import ConsoleReportSpanProcessor  # noqa: E402
+from otel_train.export import BoundedBatchSpanProcessor, JsonLinesSpanExporter  # noqa: E402
+from otel_train.metrics import PrometheusMetrics  # noqa: E402
 from otel_train.options import RunOptions  # noqa: E402
+from otel_train.overhead import OverheadSpanProcessor  # noqa: E402
 from otel_train.recorder import MonitorRecord, Phase, Step  # noqa: E402
 from otel_train.run import Run, start_run  # noqa: E402
+from otel_train.slow_steps import SlowStepSpanProcessor  # noqa: E402
+from otel_train.steps_view import SharedStepSpanProcessor, StepView  # noqa: E402
 
 __all__ = [
+    "BoundedBatchSpanProcessor",
+    "BudgetSpanProcessor",
+    "ConsoleReportSpanProcessor",
+    "Instrumentation",
+    "JsonLinesSpanExporter",
     "MonitorRecord",
+    "OverheadSpanProcessor",
     "Phase",
+    "PrometheusMetrics",
     "Run",
     "RunOptions",
+    "SharedStepSpanProcessor",
+    "SlowStepSpanProcessor",
     "Step",
+    "StepView",
     "__version__",
+    "instrument",
     "start_run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the hook-based instrumentation imports torch; `import otel_train` should not.
+    if name in ("instrument", "Instrumentation"):
+        from otel_train.integrations import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module 'otel_train' has no attribute {name!r}")

@@ -37,6 +37,20 @@ class DropCounter:
             except Exception:  # a listener must never break the counting
                 logging.getLogger("otel_train").debug("drop listener failed", exc_info=True)
 
+    def retract(self, reason: str, count: int) -> None:
+        """Un-count spans counted for ``reason`` that turned out delivered after all.
+
+        Used once: spans in flight when shutdown gave up, whose export later succeeded. The
+        listeners (a Prometheus counter, which never decreases) are not told; by then the
+        metrics endpoint is closed and only ``counts()`` is read.
+        """
+        with self._lock:
+            left = self._counts.get(reason, 0) - count
+            if left > 0:
+                self._counts[reason] = left
+            else:
+                self._counts.pop(reason, None)
+
     def add_listener(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(reason, count)`` on every drop (e.g. to feed a Prometheus counter)."""
         with self._lock:

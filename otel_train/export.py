@@ -61,6 +61,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         # without queueing or encoding, until a retry time; the next batch probes again.
         self._open_until = 0.0
         self._backoff_seconds = 0.0
+        self._abandoned = False  # set when shutdown gave up on a stuck export
         self._thread = threading.Thread(target=self._run, name="otel-train-export", daemon=True)
         self._thread.start()
 
@@ -111,6 +112,14 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 result = SpanExportResult.FAILURE
                 self._warn.warning("export-exc", "otel-train: span export raised %r", exc)
             self._in_flight = 0
+            if self._abandoned:
+                # Shutdown gave up on this batch and counted it as shutdown_timeout; it
+                # arrived after all, so the count is corrected: every span counted once.
+                if result is SpanExportResult.SUCCESS:
+                    self.exported += len(batch)
+                    self._drops.retract("shutdown_timeout", len(batch))
+                self._close_exporter()  # shutdown left that to us, so as not to cancel it
+                return
             if result is SpanExportResult.SUCCESS:
                 self.exported += len(batch)
                 self._open_until = 0.0
@@ -156,6 +165,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             # The exporter is stuck (collector hanging): give up on what is left.
+            self._abandoned = True
             lost = len(self._queue) + self._in_flight
             self._queue.clear()
             self._drops.add("shutdown_timeout", lost)
@@ -163,6 +173,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 "otel-train: span export did not finish within %.1fs; %d span(s) dropped",
                 timeout_seconds, lost,
             )
+            # Closing the exporter now would cancel that export (and a collector that was
+            # merely slow would get the spans we count as lost): the export thread closes it
+            # when the export returns, and corrects the count if it went through.
+            return
         # The exporter's own shutdown may block (gRPC channel close): bound it too.
         closer = threading.Thread(target=self._close_exporter, daemon=True,
                                   name="otel-train-export-close")

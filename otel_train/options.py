@@ -25,7 +25,7 @@ DEFAULT_PROMETHEUS_PORT = 9464
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _NONE = {"", "none", "null", "off", "disabled"}
-_DEVICE_SYNC = ("auto", "sync", "off")
+_DEVICE_SYNC = ("auto", "sync", "events", "off")
 _EXPORTERS = ("auto", "otlp", "jsonl", "console", "none")
 _PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -65,6 +65,9 @@ class RunOptions:
     slow_step_seconds: float | None = None
     slow_operation_seconds: float = 30.0
     stall_seconds: float | None = None
+    # When stall_seconds is None: a step is stalled after max(10 x typical step, this).
+    stall_min_seconds: float = 300.0
+    costs_interval_seconds: float = 10.0  # how often monitoring_costs.json is rewritten
     watchdog_interval_seconds: float = 1.0
     gpu_sample_interval_seconds: float = 5.0
     max_queued_steps: int = 4096
@@ -148,7 +151,8 @@ class RunOptions:
                 self._fail("prometheus_port", "must be None (off), 0 (a free port) or 1..65535")
         for name in ("shutdown_timeout_seconds", "slow_operation_seconds",
                      "watchdog_interval_seconds", "gpu_sample_interval_seconds",
-                     "export_interval_seconds", "slow_step_factor"):
+                     "export_interval_seconds", "slow_step_factor", "stall_min_seconds",
+                     "costs_interval_seconds"):
             v = getattr(self, name)
             if not _is_number(v) or not v > 0 or math.isinf(v):
                 self._fail(name, "must be a finite number > 0")
@@ -200,6 +204,8 @@ def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
             return int(raw)
         if kind == "optional_str":
             return None if low in _NONE else raw
+        if kind == "choice":  # 'none' is a value here (exporter=none), only '' means unset
+            return None if low == "" else low
         return raw
     except ValueError:
         raise ValueError(
@@ -219,6 +225,8 @@ _ENV_KINDS = {
     "slow_step_seconds": "optional_float",
     "slow_operation_seconds": "float",
     "stall_seconds": "optional_float",
+    "stall_min_seconds": "float",
+    "costs_interval_seconds": "float",
     "watchdog_interval_seconds": "float",
     "gpu_sample_interval_seconds": "float",
     "max_queued_steps": "int",
@@ -230,9 +238,9 @@ _ENV_KINDS = {
     "local_rank": "optional_int",
     "status_dir": "optional_str",
     "spans_path": "optional_str",
-    "exporter": "optional_str",
+    "exporter": "choice",
     "otlp_endpoint": "optional_str",
-    "otlp_protocol": "optional_str",
+    "otlp_protocol": "choice",
     "service_name": "optional_str",
     "run_id": "optional_str",
 }

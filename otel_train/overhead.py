@@ -92,8 +92,11 @@ class OverheadSpanProcessor(StepViewProcessor):
         self._between_ns = 0  # operations since the last step, folded into the next entry
         # name -> [calls, total_ns, max_ns, first_step, last_step]
         self._ops: dict[str, list[int]] = {}
-        # (self cost ns, cumulative wall ns) at the end of each of the recent steps
-        self._cost_marks: deque[tuple[int, int]] = deque(maxlen=recent_window_steps + 1)
+        # (self cost ns, cumulative wall ns) every _mark_every steps over the recent window:
+        # reading the meter takes its lock, so not on every step
+        self._mark_every = max(1, recent_window_steps // 16)
+        self._cost_marks: deque[tuple[int, int]] = deque(
+            maxlen=recent_window_steps // self._mark_every + 1)
 
     # -- feeding ------------------------------------------------------------------------
     def on_step(self, view: StepView) -> None:
@@ -117,7 +120,7 @@ class OverheadSpanProcessor(StepViewProcessor):
         self._recent_monitor += mon
         if view.operations:
             self._count_operations(view)
-        if self._self_cost is not None:
+        if self._self_cost is not None and self.steps % self._mark_every == 1 % self._mark_every:
             self._cost_marks.append((self._self_cost.total_ns, self._wall_ns))
 
     def on_operation(self, view: StepView) -> None:
@@ -147,8 +150,15 @@ class OverheadSpanProcessor(StepViewProcessor):
     # -- reading ------------------------------------------------------------------------
     def cumulative_ratio(self) -> float:
         """Monitoring share of all training wall time so far (0 before any)."""
+        wall = self._wall_ns  # two int reads: atomic enough without the lock
+        return self._monitor_ns / wall if wall else 0.0
+
+    def ratios(self) -> tuple[float, float]:
+        """(recent, cumulative) ratios, cheaper than a snapshot."""
         with self._lock:
-            return self._monitor_ns / self._wall_ns if self._wall_ns else 0.0
+            rwall = self._recent_wall + self._between_ns
+            rmon = self._recent_monitor + self._between_ns
+            return (rmon / rwall if rwall else 0.0, self.cumulative_ratio())
 
     def snapshot(self) -> OverheadSnapshot:
         """All figures, copied under the lock."""
@@ -176,10 +186,8 @@ class OverheadSpanProcessor(StepViewProcessor):
         if self._self_cost is None:
             return None
         marks = self._cost_marks
-        if not marks:
-            return 0.0
-        cost, wall = marks[-1]
-        if len(marks) > 1 and len(marks) == marks.maxlen:
+        cost, wall = self._self_cost.total_ns, self._wall_ns
+        if marks and len(marks) == marks.maxlen:
             base_cost, base_wall = marks[0]
         else:
             base_cost, base_wall = 0, 0  # the window is not full yet: the whole run so far

@@ -1,20 +1,54 @@
 """Derived-metrics pipeline: the span processors that see every step before export.
 
-(Interim: the metrics issue replaces this with overhead, budget, slow-step, console and
-Prometheus processors behind the same interface.)
+One ``SharedStepSpanProcessor`` assembles each step's spans once and hands the view, in
+order, to: slow steps (marks ``train.slow`` first, so everything after sees it), GPU step
+attributes, overhead, budget, Prometheus metrics, and the console report. Around them: the
+Prometheus endpoint, the stall watchdog, the NVML GPU sampler and the periodic
+``monitoring_costs.json`` writer. ``run.py`` feeds every built span to ``processors`` and
+then to the exporter.
+
+Usage::
+
+    pipeline = DerivedPipeline(options, identity, status_dir, recorder, drops, self_cost)
+    pipeline.start()               # ValueError when the Prometheus port is taken
+    for span in spans: pipeline.processors[0].on_end(span)
+    pipeline.costs()               # the content of monitoring_costs.json
+    pipeline.shutdown(1.0)
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.accounting import DropCounter, SelfCostMeter
+from otel_train.budget import BudgetSpanProcessor
+from otel_train.console import ConsoleReportSpanProcessor
+from otel_train.costs import CostsFileWriter, build_costs
+from otel_train.gpu import NvmlGpuSampler
+from otel_train.gpu_steps import GpuStepAttributeProcessor
 from otel_train.identity import RunIdentity
-from otel_train.options import RunOptions
+from otel_train.metrics import PrometheusMetrics
+from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
+from otel_train.overhead import OverheadSpanProcessor
 from otel_train.recorder import Recorder
+from otel_train.slow_steps import SlowStepSpanProcessor
+from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
+from otel_train.watchdog import StallWatchdog
+
+_log = logging.getLogger("otel_train")
+
+
+def costs_file_name(identity: RunIdentity) -> str:
+    """monitoring_costs.json, or monitoring_costs-rank<N>.json when several ranks share a dir."""
+    if identity.world_size == 1:
+        return "monitoring_costs.json"
+    return f"monitoring_costs-rank{identity.rank}.json"
 
 
 class DerivedPipeline:
@@ -22,15 +56,93 @@ class DerivedPipeline:
 
     def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter) -> None:
-        self.processors: list[SpanProcessor] = []
+        self.options = options
+        self.identity = identity
+        self.status_dir = Path(status_dir)
+        window = options.recent_window_steps
+        self.slow = SlowStepSpanProcessor(options.slow_step_factor, options.slow_step_seconds,
+                                          window)
+        self.overhead = OverheadSpanProcessor(window, self_cost)
+        self.budget = BudgetSpanProcessor(self.overhead, options.budget, options.critical,
+                                          options.slow_operation_seconds)
+        self.watchdog = StallWatchdog(
+            recorder, options.watchdog_interval_seconds, options.stall_seconds,
+            options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds)
+        self.metrics = PrometheusMetrics(identity.rank, options.budget, self.overhead,
+                                         progress=self.watchdog.progress, drops=drops)
+        self.gpu_steps = GpuStepAttributeProcessor(on_latest=self.metrics.set_gpu_samples)
+        self.console: ConsoleReportSpanProcessor | None = None
+        chain: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
+                                          self.budget, self.metrics]
+        if options.console:
+            self.console = ConsoleReportSpanProcessor(options.log_every, self.overhead,
+                                                      self.budget)
+            chain.append(self.console)
+        self.shared = SharedStepSpanProcessor(chain)
+        self.processors: list[SpanProcessor] = [self.shared]
+        self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
+                                          on_sample=self.gpu_steps.on_samples)
+        self.costs_path = self.status_dir / costs_file_name(identity)
+        self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
+                                            options.costs_interval_seconds)
         self.prometheus_url: str | None = None
+        self._started = False
 
     def start(self) -> None:
-        """Start servers and threads."""
+        """Start the Prometheus endpoint (ValueError if its port is taken), then the threads."""
+        port = self.options.prometheus_port
+        if port is not None:
+            if port is DEFAULT:
+                port = DEFAULT_PROMETHEUS_PORT + self.identity.local_rank
+            self.prometheus_url = self._serve(self.options.prometheus_host, port)
+        self._started = True
+        self.watchdog.start()
+        self.gpu_sampler.start()  # False on CPU-only: one info line, no thread
+        self.costs_writer.start()
+
+    def _serve(self, host: str, port: int) -> str:
+        opts = self.options
+        try:
+            return self.metrics.start_server(host, port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                how = (f" (the default: {DEFAULT_PROMETHEUS_PORT} + local rank "
+                       f"{self.identity.local_rank})"
+                       if opts.prometheus_port is DEFAULT else "")
+                raise ValueError(
+                    f"{opts.where('prometheus_port')}: port {port}{how} on {host} is already "
+                    "in use; choose another with prometheus_port= or OTEL_TRAIN_PROMETHEUS_PORT, "
+                    "0 for a free port, or None to turn the metrics endpoint off") from exc
+            raise ValueError(
+                f"{opts.where('prometheus_host')}={host!r} with {opts.where('prometheus_port')}"
+                f"={port}: cannot serve metrics there: {exc}") from exc
 
     def costs(self) -> dict[str, Any]:
-        """What monitoring cost so far."""
-        return {}
+        """What monitoring cost so far (the content of monitoring_costs.json)."""
+        with self.shared.lock:
+            snapshot = self.overhead.snapshot()
+            slow_steps = self.slow.slow_steps
+            slow_ops = dict(self.budget.slow_operations)
+        data = build_costs(snapshot, self.options.budget, self.options.critical,
+                           slow_steps=slow_steps, slow_operations=slow_ops,
+                           run_id=self.identity.run_id)
+        if data["rank"] is None:
+            data["rank"] = self.identity.rank
+        return data
 
     def shutdown(self, timeout_seconds: float) -> None:
-        """Stop servers and threads."""
+        """Final monitoring_costs.json, then stop threads and the endpoint, within the bound."""
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+
+        def left(share: float) -> float:
+            return max(0.0, (deadline - time.monotonic()) * share)
+
+        if not self._started:
+            self.metrics.stop_server(left(1.0))
+            return
+        self._started = False
+        self.costs_writer.stop(left(0.3))  # joins, then the final write
+        self.watchdog.stop(left(0.3))
+        self.gpu_sampler.stop(left(0.3))
+        self.shared.shutdown()
+        self.metrics.stop_server(left(1.0))

@@ -292,10 +292,17 @@ class Step:
         For validation loaders inside a monitoring phase, e.g.
         ``for vb in step.iter_data(val_loader, loader="val"):``.
         """
+        if self.end_ns:
+            raise _ended(self, f"{PHASE_DATA}[{loader}]")
         phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
+        sync = self._recorder.synchronize
         ev = self.ev
         it = iter(iterable)
         while True:
+            if self.end_ns:
+                return  # the step ended while the caller still iterated: stop recording
+            if sync is not None:
+                sync()  # explicit: the fetch's own device work starts clean
             ev.append(phase)
             ev.append(perf_counter_ns())
             try:
@@ -309,9 +316,54 @@ class Step:
                 if self.error is None:
                     self.error = exc
                 raise
+            if sync is not None:
+                sync()  # explicit: device work of the fetch counts as data
             ev.append(perf_counter_ns())
             ev.append(None)
             yield item
+
+    # -- phases from events (integrations: hooks and callbacks split a with-block) -------
+    def open_phase(self, name: str, kind: str = KIND_TRAIN, start_ns: int | None = None,
+                   loader: str | None = None, attributes: dict[str, Any] | None = None
+                   ) -> None:
+        """Open a phase at ``start_ns`` (a ``perf_counter_ns`` value; default now).
+
+        It nests inside the innermost open phase, exactly like a ``with`` block; close it
+        with :meth:`close_phase`. Use :meth:`Run.timestamp_ns` for boundary timestamps that
+        honour ``device_sync``.
+        """
+        if self.end_ns:
+            raise _ended(self, name)
+        ev = self.ev
+        if attributes:
+            self._attrs_for_next_phase(attributes)
+        ev.append(self._recorder.phase(name, kind, loader))
+        ev.append(perf_counter_ns() if start_ns is None else start_ns)
+
+    def close_phase(self, end_ns: int | None = None, error: BaseException | None = None
+                    ) -> None:
+        """Close the innermost open phase at ``end_ns`` (default now), failed if ``error``."""
+        ev = self.ev
+        ev.append(perf_counter_ns() if end_ns is None else end_ns)
+        ev.append(error)
+        if error is not None and self.error is None:
+            self.error = error
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int, kind: str = KIND_TRAIN,
+                     loader: str | None = None, attributes: dict[str, Any] | None = None
+                     ) -> None:
+        """Record a finished phase (``perf_counter_ns`` times) inside the innermost open one."""
+        if self.end_ns:
+            raise _ended(self, name)
+        if attributes:
+            self._attrs_for_next_phase(attributes)
+        self.ev.extend((self._recorder.phase(name, kind, loader), start_ns, end_ns, None))
+
+    def _attrs_for_next_phase(self, attributes: dict[str, Any]) -> None:
+        ordinal = sum(1 for e in self.ev if isinstance(e, Phase))
+        if self.phase_attrs is None:
+            self.phase_attrs = {}
+        self.phase_attrs[ordinal] = {k: _detach(v) for k, v in attributes.items()}
 
     # -- lifecycle and background helpers -----------------------------------------------
     def span_count(self) -> int:
@@ -375,20 +427,34 @@ class MonitorRecord:
         self.end_ns = 0
         self._recorder = recorder
 
-    def __enter__(self) -> MonitorRecord:
-        sync = self._recorder.synchronize
-        if sync is not None:
-            sync()  # explicit: measure only this operation's device work
-        self.start_ns = perf_counter_ns()
+    def start(self, start_ns: int | None = None) -> MonitorRecord:
+        """Start timing, at ``start_ns`` (``perf_counter_ns``) if the start was seen earlier."""
+        if start_ns is None:
+            sync = self._recorder.synchronize
+            if sync is not None:
+                sync()  # explicit: measure only this operation's device work
+            start_ns = perf_counter_ns()
+        self.start_ns = start_ns
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        sync = self._recorder.synchronize
-        if sync is not None:
-            sync()
-        self.end_ns = perf_counter_ns()
-        self.error = exc
+    def end(self, end_ns: int | None = None, error: BaseException | None = None) -> None:
+        """Stop timing (at ``end_ns`` if given) and hand the span to the background."""
+        if self.end_ns:
+            return
+        if end_ns is None:
+            sync = self._recorder.synchronize
+            if sync is not None:
+                sync()
+            end_ns = perf_counter_ns()
+        self.end_ns = end_ns
+        self.error = error
         self._recorder.submit(self)
+
+    def __enter__(self) -> MonitorRecord:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.end(error=exc)
         return False
 
     def set_attribute(self, key: str, value: Any) -> None:

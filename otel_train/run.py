@@ -192,8 +192,12 @@ class Run:
 
     def steps(self, iterable: Iterable[Any], loader: str | None = "train") -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
-        rec = self._recorder
         self._check_open("steps")
+        return self._steps(iterable, loader)
+
+    def _steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+        rec = self._recorder
+        sync = rec.synchronize  # the step's start already synchronized: data starts clean
         data = rec.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
         it = iter(iterable)
         while True:
@@ -215,6 +219,8 @@ class Run:
                 ev.append(exc)
                 step._finish(exc)
                 raise
+            if sync is not None:
+                sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
             ev.append(perf_counter_ns())
             ev.append(None)
             step.batch = batch
@@ -230,11 +236,26 @@ class Run:
                 raise
             step._finish(None)
 
-    def step(self, loader: str | None = None, index: int | None = None) -> Step:
-        """A step for loops that fetch their own data (``with run.step() as step:``)."""
+    def step(self, loader: str | None = None, index: int | None = None,
+             start_ns: int | None = None) -> Step:
+        """A step for loops that fetch their own data (``with run.step() as step:``).
+
+        ``start_ns`` (a ``perf_counter_ns`` value) backdates the start to an event already
+        seen, for integrations that learn a step began only after it did.
+        """
         self._check_open("step")
         self._release_held()
-        return self._begin_step(loader, index)
+        step = self._begin_step(loader, index)
+        if start_ns is not None and start_ns < step.start_ns:
+            step.start_ns = start_ns
+        return step
+
+    def timestamp_ns(self) -> int:
+        """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
+        sync = self.device.synchronize
+        if sync is not None:
+            sync()  # explicit: the run's device_sync choice, as at every phase boundary
+        return perf_counter_ns()
 
     def phase(self, name: str) -> Phase:
         """A training phase of the current step."""

@@ -68,7 +68,12 @@ class SlowStepSpanProcessor(StepViewProcessor):
         median = self._median_ns()
         slow = (self._absolute_ns is not None and d > self._absolute_ns) or (
             median is not None and d > self.factor * median)
-        self._add(d)
+        # the window, inline (this runs on every step)
+        window, ordered = self._window, self._sorted
+        if len(window) >= self._window_steps:
+            del ordered[bisect_left(ordered, window.popleft())]
+        window.append(d)
+        insort(ordered, d)
         if slow:
             self.slow_steps += 1
             view.slow = True
@@ -76,14 +81,6 @@ class SlowStepSpanProcessor(StepViewProcessor):
             text = format_slow_step(view, median)
             self.last_slow = text
             self._warn.warning("slow-step", "%s", text)
-
-    def _add(self, d: int) -> None:
-        window, ordered = self._window, self._sorted
-        if len(window) >= self._window_steps:
-            old = window.popleft()
-            del ordered[bisect_left(ordered, old)]
-        window.append(d)
-        insort(ordered, d)
 
     def _median_ns(self) -> float | None:
         ordered = self._sorted

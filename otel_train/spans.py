@@ -231,6 +231,7 @@ class SpanBuildWorker:
         self._self_cost = self_cost
         self._interval = poll_interval_seconds
         self._stop = threading.Event()
+        self._drain_lock = threading.Lock()
         self._warn = RateLimitedLogger(_log)
         self._thread = threading.Thread(target=self._run, name="otel-train-spans", daemon=True)
         self.spans_built = 0
@@ -248,6 +249,12 @@ class SpanBuildWorker:
 
     def drain(self, deadline_ns: int | None = None) -> int:
         """Build and hand on every queued record (until ``deadline_ns``); return the count."""
+        # One drain at a time: the worker, and the training thread in run.costs()/flush();
+        # processors are never called concurrently.
+        with self._drain_lock:
+            return self._drain_locked(deadline_ns)
+
+    def _drain_locked(self, deadline_ns: int | None) -> int:
         q = self._recorder.queue
         done = 0
         cpu0 = thread_time_ns()
@@ -255,7 +262,10 @@ class SpanBuildWorker:
             while q:
                 if deadline_ns is not None and perf_counter_ns() > deadline_ns:
                     break
-                record = q.popleft()
+                try:
+                    record = q.popleft()
+                except IndexError:
+                    break
                 try:
                     spans = self._builder.build(record)
                 except Exception as exc:

@@ -37,6 +37,9 @@ _log = logging.getLogger("otel_train")
 # A phase, as a tuple (cheaper to build than an object on every span):
 # (name, kind, loader, duration_ns, span_id, parent_span_id)
 P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID = range(6)
+# The contract's names as module constants (a global lookup, not a module attribute, per use)
+_ROOT_NAME, _STEP, _RANK, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.RANK, A.DATALOADER
+_KIND, _MONITOR, _PHASE = A.PHASE_KIND, A.KIND_MONITOR, A.PHASE
 
 
 class StepView:
@@ -46,19 +49,18 @@ class StepView:
                  "start_ns", "end_ns", "duration_ns", "phases", "operations", "monitor_ns",
                  "span", "slow")
 
-    def __init__(self, is_step: bool, name: str, span: ReadableSpan, attrs: Any,
-                 phases: list[tuple[Any, ...]]) -> None:
-        ctx = span.context
+    def __init__(self, is_step: bool, name: str, span: ReadableSpan, ctx: Any, attrs: Any,
+                 start_ns: int, end_ns: int, phases: list[tuple[Any, ...]]) -> None:
         self.is_step = is_step
         self.name = name
-        self.trace_id: int = ctx.trace_id
-        self.root_span_id: int = ctx.span_id
-        self.step: int = attrs.get(A.STEP, -1)
-        self.rank: Any = attrs.get(A.RANK, 0)
-        self.loader: str | None = attrs.get(A.DATALOADER)
-        self.start_ns: int = span.start_time or 0
-        self.end_ns: int = span.end_time or self.start_ns
-        self.duration_ns: int = max(0, self.end_ns - self.start_ns)
+        self.trace_id: int = ctx[0]  # SpanContext is a tuple (trace_id, span_id, ...)
+        self.root_span_id: int = ctx[1]
+        self.step: int = attrs.get(_STEP, -1)
+        self.rank: Any = attrs.get(_RANK, 0)
+        self.loader: str | None = attrs.get(_LOADER)
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.duration_ns: int = end_ns - start_ns if end_ns > start_ns else 0
         self.phases = phases
         # Top-level monitoring operations of this view: (name, duration_ns). A monitor nested
         # in another monitor is part of its parent's time, so it is not listed (not counted twice).
@@ -92,14 +94,8 @@ def set_span_attribute(span: ReadableSpan, key: str, value: Any) -> None:
     span._attributes = new  # type: ignore[attr-defined]
 
 
-def _attributes_of(span: ReadableSpan) -> Any:
-    # The private field avoids building a MappingProxy per span (hot in the background).
-    attrs = getattr(span, "_attributes", None)
-    return attrs if attrs is not None else span.attributes
-
-
 class StepAssembler:
-    """Groups spans by (trace id, rank) until the root arrives; calls back with a StepView.
+    """Groups spans by trace id until the root arrives; calls back with a StepView.
 
     Callbacks run with ``lock`` held, so consumers sharing the lock read consistent state.
     """
@@ -115,7 +111,8 @@ class StepAssembler:
             raise ValueError("max_pending_traces must be >= 1")
         self._on_view = on_view
         self.lock = lock if lock is not None else threading.RLock()
-        self._pending: dict[tuple[int, Any], list[tuple[Any, ...]]] = {}
+        # trace id -> phases so far. One process is one rank, so the trace id alone is a step.
+        self._pending: dict[int, list[tuple[Any, ...]]] = {}
         self._max_pending = max_pending_traces
         self._max_phases = max_phases_per_trace
         self._warn = RateLimitedLogger(_log)
@@ -125,48 +122,60 @@ class StepAssembler:
 
     def add(self, span: ReadableSpan) -> None:
         """Take one finished span."""
-        attrs = _attributes_of(span)
-        ctx = span.context
+        # Hot in the background (every span of every step): read ReadableSpan's fields
+        # directly rather than through its properties, and index SpanContext (a tuple:
+        # trace_id, span_id, is_remote, ...) instead of its named properties.
+        try:
+            attrs = span._attributes  # type: ignore[attr-defined]
+            ctx = span._context  # type: ignore[attr-defined]
+            name = span._name  # type: ignore[attr-defined]
+            parent = span._parent  # type: ignore[attr-defined]
+            start = span._start_time or 0  # type: ignore[attr-defined]
+            end = span._end_time or start  # type: ignore[attr-defined]
+        except AttributeError:  # not an SDK ReadableSpan: the public API
+            attrs, ctx, name, parent = span.attributes, span.context, span.name, span.parent
+            start = span.start_time or 0
+            end = span.end_time or start
         if ctx is None or not attrs:
             self.ignored_spans += 1
             return
-        name = span.name
-        with self.lock:
-            if name == A.STEP_SPAN_NAME and A.STEP in attrs:
-                key = (ctx.trace_id, attrs.get(A.RANK))
-                phases = self._pending.pop(key, None)
-                view = StepView(True, name, span, attrs, phases if phases is not None else [])
-                if phases:
-                    _count_monitoring(view)
+        if name == _ROOT_NAME and _STEP in attrs:
+            phases = self._pending.pop(ctx[0], None)
+            view = StepView(True, name, span, ctx, attrs, start, end,
+                            phases if phases is not None else [])
+            if phases:
+                _count_monitoring(view)
+            with self.lock:
                 self._emit(view)
-                return
-            kind = attrs.get(A.PHASE_KIND)
-            if kind is None:
-                self.ignored_spans += 1
-                return
-            parent = span.parent
-            if parent is None or parent.is_remote:
-                if kind == A.KIND_MONITOR:  # monitoring work between steps: its own root
-                    view = StepView(False, attrs.get(A.PHASE, name), span, attrs, [])
-                    view.operations.append((view.name, view.duration_ns))
-                    view.monitor_ns = view.duration_ns
+            return
+        kind = attrs.get(_KIND)
+        if kind is None:
+            self.ignored_spans += 1
+            return
+        if parent is None or parent[2]:  # no parent, or a remote one: a root of its own
+            if kind == _MONITOR:  # monitoring work between steps
+                view = StepView(False, attrs.get(_PHASE, name), span, ctx, attrs, start, end,
+                                [])
+                view.operations.append((view.name, view.duration_ns))
+                view.monitor_ns = view.duration_ns
+                with self.lock:
                     self._emit(view)
-                else:
-                    self.ignored_spans += 1
-                return
-            key = (ctx.trace_id, attrs.get(A.RANK))
-            phases = self._pending.get(key)
-            if phases is None:
-                if len(self._pending) >= self._max_pending:
-                    self._evict_oldest()
-                phases = self._pending[key] = []
-            elif len(phases) >= self._max_phases:
+            else:
                 self.ignored_spans += 1
-                return
-            start = span.start_time or 0
-            phases.append((name, kind, attrs.get(A.DATALOADER),
-                           max(0, (span.end_time or start) - start), ctx.span_id,
-                           parent.span_id))
+            return
+        # No lock for the phases: one trace's spans come from one thread (a trace is one
+        # step), and single dict/list operations are atomic.
+        pending = self._pending
+        phases = pending.get(ctx[0])
+        if phases is None:
+            if len(pending) >= self._max_pending:
+                self._evict_oldest()
+            phases = pending[ctx[0]] = []
+        elif len(phases) >= self._max_phases:
+            self.ignored_spans += 1
+            return
+        phases.append((name, kind, attrs.get(_LOADER),
+                       end - start if end > start else 0, ctx[1], parent[1]))
 
     def _emit(self, view: StepView) -> None:
         self.views += 1
@@ -174,8 +183,12 @@ class StepAssembler:
 
     def _evict_oldest(self) -> None:
         # dicts keep insertion order: the first key is the trace waiting longest for its root
-        oldest = next(iter(self._pending))
-        del self._pending[oldest]
+        try:
+            oldest = next(iter(self._pending))
+        except (StopIteration, RuntimeError):  # emptied or changed by another thread
+            return
+        if self._pending.pop(oldest, None) is None:
+            return
         self.evicted_traces += 1
         self._warn.warning(
             "evict", "otel-train: a trace's root span never arrived; its phases were left out "
@@ -267,6 +280,10 @@ class SharedStepSpanProcessor(SpanProcessor):
         for proc in self.processors:
             proc._lock = self.lock
         self._assembler = StepAssembler(self._dispatch, self.lock, max_pending_traces)
+        # on_end is the assembler's add itself: one call less per span (this is per span)
+        self.on_end = self._assembler.add  # type: ignore[method-assign]
+        self._on_step = [(p, p.on_step) for p in self.processors]
+        self._on_operation = [(p, p.on_operation) for p in self.processors]
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
@@ -276,9 +293,9 @@ class SharedStepSpanProcessor(SpanProcessor):
         return self._assembler
 
     def _dispatch(self, view: StepView) -> None:
-        for proc in self.processors:
+        for proc, handle in (self._on_step if view.is_step else self._on_operation):
             try:
-                proc.on_view(view)
+                handle(view)
             except Exception as exc:  # one processor's bug must not starve the others
                 self.errors += 1
                 self._warn.warning(f"proc-{type(proc).__name__}",

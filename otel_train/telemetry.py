@@ -63,6 +63,9 @@ class ExportPlan:
     endpoint: str | None = None
     path: Path | None = None
     timeout_seconds: float = _DEFAULT_TIMEOUT_SECONDS
+    # OTLP/HTTP: a generic endpoint (option or OTEL_EXPORTER_OTLP_ENDPOINT) gets /v1/traces
+    # appended; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used exactly as given (the spec).
+    endpoint_is_signal_specific: bool = False
 
     def describe(self) -> str:
         """One line for the start-up banner."""
@@ -93,13 +96,14 @@ def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: in
             warn_once("OTEL_TRACES_EXPORTER",
                       "otel-train: OTEL_TRACES_EXPORTER=%r is not one of otlp, console, none, "
                       "jsonl; using the default", raw)
+    specific = not options.otlp_endpoint and bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     endpoint = options.otlp_endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT")
     if kind in (None, "auto"):
         kind = "otlp" if endpoint else "jsonl"
     if kind == "otlp":
         return ExportPlan("otlp", _protocol(options, env), endpoint or None,
-                          timeout_seconds=_timeout(env))
+                          timeout_seconds=_timeout(env), endpoint_is_signal_specific=specific)
     if kind == "jsonl":
         if options.spans_path:
             path = Path(options.spans_path)
@@ -133,9 +137,9 @@ def _timeout(env: Mapping[str, str]) -> float:
         try:
             value = float(raw)
             if value > 0:
-                # The spec gives milliseconds; SDK 1.x reads seconds. Accept both sensibly:
-                # values above 1000 are surely milliseconds.
-                return value / 1000.0 if value > 1000 else value
+                # Seconds, as the Python SDK's OTLP exporters read it (the spec says
+                # milliseconds; we follow the SDK the user configures against).
+                return value
         except ValueError:
             pass
         warn_once(var, "otel-train: %s=%r is not a positive number; using %.0f s", var, raw,
@@ -157,9 +161,11 @@ def create_exporter(plan: ExportPlan) -> SpanExporter | None:
             OTLPSpanExporter as HttpOTLPSpanExporter,
         )
         if plan.endpoint:
-            endpoint = plan.endpoint.rstrip("/")
-            if not endpoint.endswith("/v1/traces"):
-                endpoint += "/v1/traces"
+            endpoint = plan.endpoint
+            if not plan.endpoint_is_signal_specific:
+                endpoint = endpoint.rstrip("/")
+                if not endpoint.endswith("/v1/traces"):
+                    endpoint += "/v1/traces"
             kwargs["endpoint"] = endpoint
         return HttpOTLPSpanExporter(**kwargs)
     if plan.kind == "jsonl":

@@ -1,0 +1,143 @@
+"""CPU cost per step of the derived-metrics processors and Prometheus metrics.
+
+Builds realistic steps with the library's own recorder and span builder (data, forward,
+backward, optimizer; every 10th step also inference and val_loss with 4 validation batches),
+then feeds the spans to the pipeline's processors exactly as the span worker does, timing
+the feeding thread's CPU (``time.thread_time_ns``). Scrapes are not per step and not counted
+here; one scrape's cost is printed separately. The hot-path figure (the training thread's
+cost of recording one such step) is printed beside it. One run, a table, no assertions.
+
+Usage::
+
+    /work/venv/bin/python benchmarks/bench_processors.py [--steps 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from time import thread_time_ns
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_train.accounting import DropCounter, SelfCostMeter
+from otel_train.identity import RunIdentity
+from otel_train.options import RunOptions
+from otel_train.pipeline import DerivedPipeline
+from otel_train.recorder import Recorder, Step
+from otel_train.spans import StepSpanBuilder, epoch_offset_ns
+
+
+def record_step(rec: Recorder, index: int, eval_step: bool) -> Step:
+    """One step as a training loop records it (the hot path)."""
+    step = Step(rec, index, "train")
+    for name in ("data", "forward", "backward", "optimizer"):
+        with step.phase(name):
+            pass
+    if eval_step:
+        with step.monitor("inference"):
+            pass
+        with step.monitor("val_loss"):
+            for _ in step.iter_data(range(4), loader="val"):
+                pass
+    step._finish(None)
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3, help="best of N (a shared machine)")
+    args = parser.parse_args(argv)
+    logging.getLogger("otel_train").setLevel(logging.ERROR)  # slow-step warnings etc.
+    n = args.steps
+    drops = DropCounter()
+    ident = RunIdentity("bench", 0, 1, 0, "option")
+
+    # Hot path: recording the steps (training thread CPU).
+    rec = Recorder(n + 1, drops, None)
+    t0 = thread_time_ns()
+    for i in range(n):
+        record_step(rec, i, i % 10 == 0)
+    hot_ns = (thread_time_ns() - t0) / n
+    steps = list(rec.queue)
+
+    builder = StepSpanBuilder(ident, Resource.create({}), InstrumentationScope("bench"),
+                              False, "cpu", lambda t: True, epoch_offset_ns())
+    built = [builder.build(s) for s in steps]
+    spans_per_step = sum(len(b) for b in built) / n
+
+    rows: list[tuple[str, float]] = [("hot path: record one step (training thread)", hot_ns)]
+    build_ns = min(_loop(builder, steps, ()) for _ in range(args.rounds))
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, console, prometheus in (
+            ("processors + metrics (console off)", False, 0),
+            ("processors + metrics + console report", True, 0),
+        ):
+            opts = RunOptions.resolve(environ={}, console=console, prometheus_port=prometheus,
+                                      status_dir=tmp, costs_interval_seconds=3600.0)
+            pipe = DerivedPipeline(opts, ident, Path(tmp), Recorder(1, drops, None), drops,
+                                   SelfCostMeter())
+            if pipe.console is not None:
+                pipe.console._stream = io.StringIO()  # measure formatting, not the terminal
+            procs = pipe.processors
+            # As the span worker does: build spans, then feed them, a few steps at a time
+            # (warm in cache, as in a run). Only the feeding is timed, per chunk of steps (a
+            # thread-CPU clock read is a syscall: too costly to bracket every step). On a
+            # shared machine the median chunk is the figure; the mean is printed beside it.
+            per_chunk = _feed_chunks(builder, steps, procs, chunk=50)
+            per_chunk.sort()
+            rows.append((label + " [median]", per_chunk[len(per_chunk) // 2]))
+            rows.append((label + " [mean]", sum(per_chunk) / len(per_chunk)))
+            t0 = thread_time_ns()
+            body = b"".join(m.name.encode() for m in pipe.metrics.registry.collect())
+            scrape_ns = thread_time_ns() - t0
+            rows.append(("  one scrape (collect all families; not per step)", scrape_ns))
+            assert body
+            pipe.shutdown(0.5)
+    rows.append(("span building (spans.py, for reference)", build_ns / n))
+
+    print(f"{n} steps, {spans_per_step:.1f} spans/step on average "
+          "(every 10th step: inference + val_loss with 4 val batches)")
+    print(f"{'what':<60} {'CPU per step':>14}")
+    print("-" * 75)
+    for label, ns in rows:
+        print(f"{label:<60} {ns / 1000:>11.2f} µs")
+    print("target: processors + metrics <= 15 µs per step")
+    return 0
+
+
+def _feed_chunks(builder: StepSpanBuilder, steps: list[Step], procs: Any,
+                 chunk: int) -> list[float]:
+    """Thread CPU ns per step of feeding ``procs``, one figure per chunk of steps."""
+    out: list[float] = []
+    for i in range(0, len(steps) - chunk + 1, chunk):
+        built = [builder.build(r) for r in steps[i:i + chunk]]
+        t0 = thread_time_ns()
+        for spans in built:
+            for span in spans:
+                for proc in procs:
+                    proc.on_end(span)
+        out.append((thread_time_ns() - t0) / chunk)
+    return out
+
+
+def _loop(builder: StepSpanBuilder, steps: list[Step], procs: Any) -> int:
+    """Thread CPU ns to build every step's spans and feed them to ``procs``."""
+    t0 = thread_time_ns()
+    for record in steps:
+        for span in builder.build(record):
+            for proc in procs:
+                proc.on_end(span)
+    return thread_time_ns() - t0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Two-tier console report, as the field notes printed by hand (to stderr).
+
+- Fast log, every ``log_every`` steps: one line with the step time and its phases::
+
+      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s) | monitoring 0.8% recent, 1.2% total [ok]
+
+- Full breakdown, on every step that ran monitoring: each top-level phase with its share of
+  the step, the monitoring share, the budget status, and red flags when a share crosses its
+  threshold (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%:
+  validation set too large? time in no phase > 20%: overhead around the phases)::
+
+      ⏱️  TIMING BREAKDOWN (Step 2,800):
+         Total:          8.234s
+         inference:      6.123s (74.4%)  [monitor]
+         ...
+
+Usage::
+
+    console = ConsoleReportSpanProcessor(log_every=10, overhead=overhead, budget=budget)
+    provider.add_span_processor(console)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import TextIO
+
+from otel_train import attributes as A
+from otel_train.budget import BudgetSpanProcessor
+from otel_train.overhead import OverheadSpanProcessor
+from otel_train.steps_view import (
+    P_DURATION, P_KIND, P_LOADER, P_NAME, P_PARENT_ID, StepView, StepViewProcessor,
+)
+
+OTHER = "other"  # time of the step in no phase
+# Share of a step above which a phase is a red flag (seed 000's "red flags").
+DEFAULT_RED_FLAGS: Mapping[str, float] = {
+    A.PHASE_INFERENCE: 0.90,  # model generation is probably hanging (check its timeout)
+    A.PHASE_VAL_LOSS: 0.50,   # validation set too large, or inefficient
+    OTHER: 0.20,              # time outside any phase: inefficient status/display logic
+}
+_WHY = {
+    A.PHASE_INFERENCE: "generation may be hanging (check its timeout)",
+    A.PHASE_VAL_LOSS: "validation set too large or inefficient",
+    OTHER: "time outside any phase (status updates, display, untimed work)",
+}
+
+
+class ConsoleReportSpanProcessor(StepViewProcessor):
+    """Prints the fast log and the full timing breakdown; reads overhead and budget."""
+
+    def __init__(
+        self,
+        log_every: int = 10,
+        overhead: OverheadSpanProcessor | None = None,
+        budget: BudgetSpanProcessor | None = None,
+        stream: TextIO | None = None,
+        red_flags: Mapping[str, float] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(log_every, int) or log_every < 1:
+            raise ValueError("log_every must be an integer >= 1")
+        self.log_every = log_every
+        self.overhead = overhead
+        self.budget = budget
+        self._stream = stream
+        self.red_flags = dict(DEFAULT_RED_FLAGS if red_flags is None else red_flags)
+        self.lines_written = 0
+
+    def on_step(self, view: StepView) -> None:
+        """Full breakdown on monitoring steps; a fast line every ``log_every`` steps."""
+        if view.operations:
+            self._write(self.format_breakdown(view))
+        elif view.step % self.log_every == 0 or view.slow:
+            self._write(self.format_fast(view))
+
+    def on_operation(self, view: StepView) -> None:
+        """Monitoring between steps: one line with its cost."""
+        self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
+                    f"{view.duration_ns / 1e9:.3f}s{self._overhead_suffix()}")
+
+    # -- formatting ---------------------------------------------------------------------
+    def format_fast(self, view: StepView) -> str:
+        """The one-line fast log."""
+        parts = [f"{label} {dur / 1e9:.3f}s" for label, _, dur in _phase_rows(view)]
+        other = _other_ns(view)
+        parts.append(f"{OTHER} {other / 1e9:.3f}s")
+        slow = "  🚩 slow step" if view.slow else ""
+        return (f"⏱️  step {view.step}: {view.duration_ns / 1e9:.3f}s ({', '.join(parts)})"
+                f"{self._overhead_suffix()}{slow}")
+
+    def format_breakdown(self, view: StepView) -> str:
+        """The full timing breakdown with percentages and red flags."""
+        total = view.duration_ns
+        rows = _phase_rows(view)
+        other = _other_ns(view)
+        width = max([len(label) for label, _, _ in rows] + [len(OTHER), 6]) + 1
+        lines = [f"⏱️  TIMING BREAKDOWN (Step {view.step:,}):",
+                 f"   {'Total:':<{width}}  {total / 1e9:9.3f}s"]
+        for label, kind, dur in rows:
+            tag = "  [monitor]" if kind == A.KIND_MONITOR else ""
+            lines.append(f"   {label + ':':<{width}}  {dur / 1e9:9.3f}s ({_pct(dur, total)}){tag}")
+        lines.append(f"   {OTHER + ':':<{width}}  {other / 1e9:9.3f}s ({_pct(other, total)})")
+        loaders = _nested_data_by_loader(view)
+        for loader, dur in loaders.items():
+            lines.append(f"   (data[{loader}] inside monitoring: {dur / 1e9:.3f}s)")
+        lines.append(f"   monitoring: {_pct(view.monitor_ns, total)} of this step"
+                     f"{self._overhead_suffix()}")
+        for flag in self.red_flags_of(view):
+            lines.append(f"   🚩 {flag}")
+        return "\n".join(lines)
+
+    def red_flags_of(self, view: StepView) -> list[str]:
+        """Red flags: shares over their threshold, slow step, budget breached."""
+        total = view.duration_ns
+        flags: list[str] = []
+        if total <= 0:
+            return flags
+        shares: dict[str, int] = {}
+        for ph in view.top_level_phases():
+            shares[ph[P_NAME]] = shares.get(ph[P_NAME], 0) + ph[P_DURATION]
+        shares[OTHER] = _other_ns(view)
+        for name, limit in self.red_flags.items():
+            share = shares.get(name, 0) / total
+            if share > limit:
+                why = _WHY.get(name, "over its threshold")
+                flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
+        if view.slow:
+            flags.append("slow step (far above the rolling median)")
+        if self.budget is not None:
+            status = self.budget.status()
+            if status != "ok":
+                flags.append(f"monitoring budget {status}: {self._cumulative():.1%} of training "
+                             f"time so far (budget {self.budget.budget:.0%})")
+        return flags
+
+    # -- internals ----------------------------------------------------------------------
+    def _cumulative(self) -> float:
+        return self.overhead.cumulative_ratio() if self.overhead is not None else 0.0
+
+    def _overhead_suffix(self) -> str:
+        if self.overhead is None:
+            return ""
+        recent, cumulative = self.overhead.ratios()
+        status = f" [{self.budget.status()}]" if self.budget is not None else ""
+        return f" | monitoring {recent:.1%} recent, {cumulative:.1%} total{status}"
+
+    def _write(self, text: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            print(text, file=stream, flush=True)
+            self.lines_written += 1
+        except Exception:  # a closed stream must not break the pipeline
+            pass
+
+
+def _phase_rows(view: StepView) -> list[tuple[str, str, int]]:
+    """Top-level phases summed by (label, kind) in first-seen order; data carries its loader."""
+    acc: dict[tuple[str, str], int] = {}
+    for ph in view.top_level_phases():
+        name = ph[P_NAME]
+        label = f"{name}[{ph[P_LOADER]}]" if name == A.PHASE_DATA and ph[P_LOADER] else name
+        key = (label, ph[P_KIND])
+        acc[key] = acc.get(key, 0) + ph[P_DURATION]
+    return [(label, kind, dur) for (label, kind), dur in acc.items()]
+
+
+def _other_ns(view: StepView) -> int:
+    return max(0, view.duration_ns - sum(ph[P_DURATION] for ph in view.top_level_phases()))
+
+
+def _nested_data_by_loader(view: StepView) -> dict[str, int]:
+    """Validation loaders: data phases inside monitoring (not top-level), by loader."""
+    root = view.root_span_id
+    out: dict[str, int] = {}
+    for ph in view.phases:
+        if ph[P_NAME] == A.PHASE_DATA and ph[P_KIND] == A.KIND_MONITOR and ph[P_PARENT_ID] != root:
+            loader = ph[P_LOADER] or "?"
+            out[loader] = out.get(loader, 0) + ph[P_DURATION]
+    return out
+
+
+def _pct(part: int, total: int) -> str:
+    return f"{100.0 * part / total:.1f}%" if total else "-"

@@ -1,0 +1,235 @@
+"""What monitoring cost: ``run.costs()``, ``monitoring_costs.json``, and its table.
+
+The report (schema ``otel-train/monitoring-costs/v1``) holds, per monitoring operation,
+calls / total / mean / max seconds and share of training time, then the total share, the
+budget status and the advisor's projections. Shares are ratios 0..1; ``total_percentage``
+and ``budget_status`` keep the field notes' names so old jq one-liners still work.
+
+The file is written atomically (a temporary file, then ``os.replace``) from a background
+thread every ``interval_seconds`` and at shutdown, never on the training thread.
+``otel-train costs PATH`` prints it as a table (``main_costs``), replacing the jq commands.
+
+Usage::
+
+    data = build_costs(overhead.snapshot(), budget, slow_steps=3, run_id="r1")
+    write_json_atomic(Path("status/monitoring_costs.json"), data)
+    print(format_costs_table(data))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from otel_train.accounting import RateLimitedLogger
+from otel_train.budget import advise, budget_status
+from otel_train.overhead import OverheadSnapshot
+
+_log = logging.getLogger("otel_train")
+SCHEMA = "otel-train/monitoring-costs/v1"
+
+
+def build_costs(
+    snapshot: OverheadSnapshot,
+    budget: float,
+    critical: float = 0.10,
+    *,
+    slow_steps: int = 0,
+    slow_operations: dict[str, int] | None = None,
+    run_id: str | None = None,
+) -> dict[str, Any]:
+    """The report, JSON-ready."""
+    ops: dict[str, Any] = {}
+    for name, op in sorted(snapshot.operations.items(), key=lambda kv: -kv[1].total_seconds):
+        ops[name] = {
+            "calls": op.calls,
+            "total_seconds": round(op.total_seconds, 6),
+            "mean_seconds": round(op.mean_seconds, 6),
+            "max_seconds": round(op.max_seconds, 6),
+            "share": op.share,
+            "first_step": op.first_step,
+            "last_step": op.last_step,
+        }
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "rank": snapshot.rank,
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "steps": snapshot.steps,
+        "training_time_seconds": round(snapshot.wall_seconds, 6),
+        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
+        "total_share": snapshot.cumulative_ratio,
+        "total_percentage": round(snapshot.cumulative_ratio * 100.0, 4),
+        "recent_share": snapshot.recent_ratio,
+        "budget": budget,
+        "critical": critical,
+        "budget_status": budget_status(snapshot.cumulative_ratio, budget, critical),
+        "instrumentation_overhead_ratio": snapshot.instrumentation_ratio,
+        "slow_steps": slow_steps,
+        "slow_operations": dict(slow_operations or {}),
+        "operations": ops,
+        "advisor": [a.as_dict() for a in advise(snapshot, budget)],
+    }
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def format_costs_table(data: dict[str, Any]) -> str:
+    """A readable table of a costs report (``run.costs()`` or monitoring_costs.json)."""
+    status = str(data.get("budget_status", "?"))
+    budget = float(data.get("budget") or 0.0)
+    head = (f"run {data.get('run_id') or '?'} rank {data.get('rank', '?')}: "
+            f"{data.get('steps', 0)} steps, {_secs(data.get('training_time_seconds'))} "
+            f"training time, updated {data.get('updated_at', '?')}")
+    lines = [head,
+             f"monitoring: {_share(data.get('total_share'))} of training time "
+             f"(recent {_share(data.get('recent_share'))}); budget {budget:.1%}: "
+             f"{status.upper()}", ""]
+    ops = data.get("operations") or {}
+    cols = ("operation", "calls", "total", "mean", "max", "share")
+    rows = [cols]
+    for name, op in ops.items():
+        rows.append((str(name), str(op.get("calls", 0)), _secs(op.get("total_seconds")),
+                     _secs(op.get("mean_seconds")), _secs(op.get("max_seconds")),
+                     _share(op.get("share"))))
+    rows.append(("TOTAL", str(sum(int(o.get("calls", 0)) for o in ops.values())),
+                 _secs(data.get("monitoring_time_seconds")), "", "",
+                 _share(data.get("total_share"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0 or n == len(rows) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    if not ops:
+        lines.append("(no monitoring operation recorded)")
+    advice = data.get("advisor") or []
+    if advice:
+        lines += ["", "advisor:"]
+        lines += [f"  {'ok ' if a.get('within_budget') else '!! '}{a.get('advice', '')}"
+                  for a in advice]
+    slow = data.get("slow_operations") or {}
+    if slow:
+        lines += ["", "calls over slow_operation_seconds: "
+                  + ", ".join(f"{k} x{v}" for k, v in slow.items())]
+    if data.get("slow_steps"):
+        lines.append(f"slow steps: {data['slow_steps']}")
+    return "\n".join(lines)
+
+
+def main_costs(argv: Sequence[str] | None = None) -> int:
+    """``otel-train costs PATH``: print a costs file (or a status directory's) as a table."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    paths = [a for a in args if a != "--json"]
+    if len(paths) != 1:
+        print("usage: otel-train costs [--json] PATH  (monitoring_costs.json or its directory)",
+              file=sys.stderr)
+        return 2
+    path = Path(paths[0])
+    if path.is_dir():
+        found = sorted(path.glob("monitoring_costs*.json"))
+        if not found:
+            print(f"otel-train costs: no monitoring_costs*.json in {path}", file=sys.stderr)
+            return 1
+    else:
+        found = [path]
+    status = 0
+    for n, p in enumerate(found):
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"otel-train costs: cannot read {p}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if n:
+            print()
+        print(json.dumps(data, indent=2) if as_json else format_costs_table(data))
+    return status
+
+
+class CostsFileWriter:
+    """Writes ``build()`` to ``path`` every ``interval_seconds`` and once at stop."""
+
+    def __init__(self, path: Path, build: Callable[[], dict[str, Any]],
+                 interval_seconds: float = 10.0) -> None:
+        if not interval_seconds > 0:
+            raise ValueError("interval_seconds must be > 0")
+        self.path = path
+        self._build = build
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warn = RateLimitedLogger(_log)
+        self.writes = 0
+        self.failures = 0
+
+    def write_now(self) -> bool:
+        """Write once; False (logged, counted) on failure. Never raises."""
+        try:
+            write_json_atomic(self.path, self._build())
+            self.writes += 1
+            return True
+        except Exception as exc:
+            self.failures += 1
+            self._warn.warning("costs-write", "otel-train: could not write %s: %r",
+                               self.path, exc)
+            return False
+
+    def start(self) -> None:
+        """Start the periodic writer thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="otel-train-costs",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.write_now()
+
+    def stop(self, timeout_seconds: float = 1.0, final_write: bool = True) -> None:
+        """Stop the thread (bounded) and write the final report."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(max(0.0, timeout_seconds))
+        if final_write:
+            self.write_now()
+
+
+def _secs(v: Any) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if v >= 100:
+        return f"{v:.0f}s"
+    if v >= 1:
+        return f"{v:.2f}s"
+    return f"{v * 1000:.1f}ms"
+
+
+def _share(v: Any) -> str:
+    return "-" if v is None else f"{float(v) * 100:.2f}%"

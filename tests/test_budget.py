@@ -1,0 +1,103 @@
+"""BudgetSpanProcessor status and warnings, and the advisor's projections."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from otel_train.budget import BudgetSpanProcessor, advise, budget_status
+from otel_train.overhead import OverheadSpanProcessor
+from otel_train.steps_view import SharedStepSpanProcessor
+from span_trees import feed, train_step
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def make(**kw: object) -> tuple[SharedStepSpanProcessor, OverheadSpanProcessor,
+                                BudgetSpanProcessor]:
+    ov = OverheadSpanProcessor()
+    budget = BudgetSpanProcessor(ov, **kw)  # type: ignore[arg-type]
+    return SharedStepSpanProcessor([ov, budget]), ov, budget
+
+
+def test_status_is_ok_up_to_the_budget_then_warning_then_critical() -> None:
+    assert budget_status(0.05, 0.05, 0.10) == "ok"
+    assert budget_status(0.06, 0.05, 0.10) == "warning"
+    assert budget_status(0.11, 0.05, 0.10) == "critical"
+
+
+def test_one_warning_when_the_budget_is_crossed_not_one_per_step(
+        caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=1)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(50):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=7))  # 7%: warning
+    msgs = [r.getMessage() for r in caplog.records if "monitoring WARNING" in r.getMessage()]
+    assert len(msgs) == 1 and "7.0%" in msgs[0]
+    assert budget.status() == "warning"
+
+
+def test_going_critical_warns_again(caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=1)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(5):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=7))
+        for i in range(5, 30):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=30))
+    text = caplog.text
+    assert "monitoring WARNING" in text and "monitoring CRITICAL" in text
+    assert budget.status() == "critical"
+
+
+def test_no_status_warning_before_min_steps(caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=10)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        feed(shared, train_step(0, step_ms=100, monitor_ms=90))  # eval at step 0
+    assert "monitoring" not in caplog.text
+    assert budget.status() == "critical"  # the status itself is still the truth
+
+
+def test_a_single_slow_operation_warns_once_and_is_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(slow_operation_seconds=0.05)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3):
+            feed(shared, train_step(i, step_ms=1000, monitor_ms=60))
+    msgs = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(msgs) == 1 and "'inference'" in msgs[0] and "0.1 s" in msgs[0]
+    assert budget.slow_operations == {"inference": 3}
+
+
+def test_advisor_projects_share_and_smallest_interval_within_budget() -> None:
+    ov = OverheadSpanProcessor()
+    # 2 s steps of training; a 1 s operation every 10 steps
+    for i in range(21):
+        feed(ov, train_step(i, step_ms=3000 if i % 10 == 0 else 2000,
+                            monitor_ms=1000 if i % 10 == 0 else 0))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.operation == "inference"
+    assert adv.interval_steps == 10
+    assert adv.mean_seconds == pytest.approx(1.0)
+    assert adv.projected_share == pytest.approx(1 / (10 * 2 + 1))
+    # c(1-b)/(b s) = 1 * 0.95 / (0.05 * 2) = 9.5 -> every >= 10 steps
+    assert adv.min_interval_steps == math.ceil(9.5)
+    assert adv.within_budget
+    assert "every >= 10 steps" in adv.advice
+
+
+def test_advisor_says_to_run_an_expensive_operation_less_often() -> None:
+    ov = OverheadSpanProcessor()
+    for i in range(11):  # 180 s snapshot every 5 steps of 3.5 s (the field notes' case)
+        feed(ov, train_step(i, step_ms=3500 + (180_000 if i % 5 == 0 else 0),
+                            monitor_ms=180_000 if i % 5 == 0 else 0, monitor="evolution"))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert not adv.within_budget
+    assert adv.min_interval_steps == math.ceil(180 * 0.95 / (0.05 * 3.5))
+    assert "over the 5% budget" in adv.advice
+
+
+def test_budget_must_be_below_critical() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        BudgetSpanProcessor(OverheadSpanProcessor(), budget=0.2, critical=0.1)

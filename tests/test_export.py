@@ -1,0 +1,233 @@
+"""Export: the bounded batch processor (bounds, drop counting, bounded shutdown) and the
+JSON-lines span file that is the default when there is no collector."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
+
+import otel_train
+from otel_train.accounting import DropCounter
+from otel_train.export import BoundedBatchSpanProcessor, JsonLinesSpanExporter, read_spans_jsonl
+from train_helpers import clean_env, one, read_file_spans  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _spans(n: int, sampled: bool = True) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(n):
+        with tracer.start_as_current_span(f"s{i}"):
+            pass
+    spans = list(memory.get_finished_spans())
+    if not sampled:
+        spans = [ReadableSpan(name=s.name, context=SpanContext(
+            s.context.trace_id, s.context.span_id, False, TraceFlags(TraceFlags.DEFAULT)))
+            for s in spans]
+    return spans
+
+
+class Recording(SpanExporter):
+    """Records batches; can fail, raise, or block until released."""
+
+    def __init__(self, result: SpanExportResult = SpanExportResult.SUCCESS,
+                 raises: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.result = result
+        self.raises = raises
+        self.release = threading.Event()
+        self.release.set()
+        self.entered = threading.Event()
+        self.shut = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        if self.raises:
+            raise ConnectionError("collector exploded")
+        self.batches.append([s.name for s in spans])
+        return self.result
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_spans_are_exported_in_bounded_batches():
+    exporter = Recording()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=100, max_batch_size=4,
+                                     interval_seconds=0.05)
+    for span in _spans(10):
+        proc.on_end(span)
+    assert proc.force_flush(5000)
+    proc.shutdown(2.0)
+    assert sum(len(b) for b in exporter.batches) == 10
+    assert max(len(b) for b in exporter.batches) <= 4
+    assert proc.exported == 10
+    assert drops.total == 0
+    assert exporter.shut
+
+
+def test_unsampled_spans_are_not_exported():
+    exporter = Recording()
+    proc = BoundedBatchSpanProcessor(exporter, DropCounter(), interval_seconds=0.05)
+    for span in _spans(3, sampled=False):
+        proc.on_end(span)
+    assert proc.force_flush(2000)
+    proc.shutdown(1.0)
+    assert exporter.batches == []
+
+
+def test_a_full_queue_drops_and_counts_with_one_warning(caplog):
+    exporter = Recording()
+    exporter.release.clear()  # the exporter is stuck
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=5, max_batch_size=2,
+                                     interval_seconds=0.05)
+    spans = _spans(20)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        proc.on_end(spans[0])
+        assert exporter.entered.wait(5)  # one span is in flight, stuck
+        for span in spans[1:]:
+            proc.on_end(span)
+    assert drops.counts() == {"export_queue_full": 14}  # 1 in flight + 5 queued
+    assert len([r for r in caplog.records if "queue full" in r.getMessage()]) == 1
+    exporter.release.set()
+    proc.shutdown(2.0)
+    assert proc.exported == 6
+
+
+def test_failed_and_raising_exports_are_counted_and_warned_once(caplog):
+    drops = DropCounter()
+    failing = BoundedBatchSpanProcessor(Recording(SpanExportResult.FAILURE), drops,
+                                        max_batch_size=2, interval_seconds=0.02)
+    raising = BoundedBatchSpanProcessor(Recording(raises=True), drops,
+                                        max_batch_size=2, interval_seconds=0.02)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for span in _spans(10):
+            failing.on_end(span)
+            raising.on_end(span)
+            time.sleep(0.005)
+        failing.force_flush(2000)
+        raising.force_flush(2000)
+    failing.shutdown(1.0)
+    raising.shutdown(1.0)
+    assert drops.counts() == {"export_failed": 20}  # every span counted exactly once
+    assert failing.export_failures >= 1
+    assert failing.exported == 0
+    failed_msgs = [r for r in caplog.records if "export failed" in r.getMessage()]
+    assert 1 <= len(failed_msgs) <= 2  # one per processor at most, not one per batch
+
+
+def test_shutdown_is_bounded_when_the_exporter_hangs_and_counts_the_rest():
+    exporter = Recording()
+    exporter.release.clear()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_batch_size=2, interval_seconds=0.02)
+    for span in _spans(6):
+        proc.on_end(span)
+    assert exporter.entered.wait(5)
+    t0 = time.monotonic()
+    proc.shutdown(0.3)
+    elapsed = time.monotonic() - t0
+    assert 0.3 <= elapsed < 0.3 + 0.5
+    assert drops.counts() == {"shutdown_timeout": 6}
+    proc.on_end(_spans(1)[0])  # after shutdown: counted, not queued
+    assert drops.counts() == {"shutdown_timeout": 7}
+    exporter.release.set()
+
+
+def test_jsonl_exporter_appends_one_json_object_per_span(tmp_path):
+    path = tmp_path / "sub" / "spans.jsonl"
+    exporter = JsonLinesSpanExporter(path)
+    spans = _spans(3)
+    assert exporter.export(spans[:2]) is SpanExportResult.SUCCESS
+    assert exporter.export(spans[2:]) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # closed
+    assert len(path.read_text().splitlines()) == 3
+    rows = read_spans_jsonl(path)
+    assert [r["name"] for r in rows] == ["s0", "s1", "s2"]
+    assert rows[0]["context"]["trace_id"] == f"0x{spans[0].context.trace_id:032x}"
+
+
+# -- exporter choice in a whole run ---------------------------------------------------------
+
+def _one_step(run: otel_train.Run) -> None:
+    for step in run.steps([0]):
+        with step.phase("forward"):
+            pass
+
+
+def test_without_endpoint_or_exporter_spans_go_to_the_status_dir_file(tmp_path, capsys):
+    with otel_train.start_run(prometheus_port=None, console=True, status_dir=str(tmp_path),
+                              run_id="file-run") as run:
+        _one_step(run)
+    path = tmp_path / "spans.jsonl"
+    assert run.spans_path == path
+    spans = read_file_spans(path)
+    assert sorted(s.name for s in spans) == ["data", "forward", "train.step"]
+    assert one(spans, "train.step").attributes["train.run.id"] == "file-run"
+    captured = capsys.readouterr()
+    assert (captured.out + captured.err).count(str(path)) == 1
+
+
+def test_the_default_status_dir_is_per_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with otel_train.start_run(prometheus_port=None, console=False, run_id="cwd-run") as run:
+        _one_step(run)
+    expected = tmp_path / "otel-train-runs" / "cwd-run" / "spans.jsonl"
+    assert run.spans_path.resolve() == expected
+    assert len(read_file_spans(expected)) == 3
+
+
+def test_otel_traces_exporter_none_writes_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    with otel_train.start_run(prometheus_port=None, console=False,
+                              status_dir=str(tmp_path)) as run:
+        _one_step(run)
+    assert run.export_plan.kind == "none"
+    assert run.spans_path is None
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_otel_sdk_disabled_exports_nothing_but_training_works(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    from opentelemetry import trace
+    seen = []
+    with otel_train.start_run(prometheus_port=None, console=False,
+                              status_dir=str(tmp_path)) as run:
+        for step in run.steps([1, 2, 3]):
+            with step.phase("forward"):
+                with trace.get_tracer("u").start_as_current_span("user") as s:
+                    assert not s.is_recording()
+                seen.append(step.batch)
+        with run.monitor("eval"):
+            pass
+    assert seen == [1, 2, 3]
+    assert run.export_plan.kind == "none"
+    assert not list(tmp_path.glob("*.jsonl"))
+    assert run.dropped_spans() == {}
+
+
+def test_an_always_off_sampler_exports_nothing_but_training_works(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(tmp_path),
+                              export_interval_seconds=0.1) as run:
+        for step in run.steps([0, 1]):
+            with step.phase("forward"):
+                pass
+    assert run.spans_path is not None
+    assert not run.spans_path.exists() or read_file_spans(run.spans_path) == []
+    assert run.dropped_spans() == {}

@@ -1,0 +1,84 @@
+"""The real Lightning Trainer on a tiny model, traced by the callback."""
+
+from __future__ import annotations
+
+import pytest
+
+L = pytest.importorskip("lightning")
+
+import torch  # noqa: E402
+from integration_support import children, monitor_roots, receiver_run, step_roots  # noqa: E402
+from otlp_receivers import GrpcOtlpReceiver  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from otel_train.integrations.lightning import LightningStepTraceCallback  # noqa: E402
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201, D102
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):  # noqa: ANN001, ANN201, D102
+        x, y = batch
+        self.log("val", F.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):  # noqa: ANN201, D102
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader(n: int) -> torch.utils.data.DataLoader:
+    ds = torch.utils.data.TensorDataset(torch.randn(n, 8), torch.randn(n, 1))
+    return torch.utils.data.DataLoader(ds, batch_size=4)
+
+
+def _fit(tmp_path, accumulate: int, val: dict | list, **callback_kwargs):
+    with GrpcOtlpReceiver() as recv:
+        run = receiver_run(recv, tmp_path)
+        trainer = L.Trainer(
+            max_steps=4, accumulate_grad_batches=accumulate, val_check_interval=2 * accumulate,
+            limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu", logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[LightningStepTraceCallback(run=run, **callback_kwargs)])
+        trainer.fit(Tiny(), _loader(64), val)
+        run.shutdown()
+        return recv.spans()
+
+
+def test_each_optimizer_step_has_data_forward_backward_optimizer(tmp_path) -> None:
+    spans = _fit(tmp_path, 1, [_loader(8)])
+    roots = step_roots(spans)
+    assert sorted(roots) == [0, 1, 2, 3]
+    for root in roots.values():
+        kids = children(spans, root)
+        assert [s.name for s in kids] == ["data", "forward", "backward", "optimizer"]
+        for a, b in zip(kids, kids[1:]):
+            assert a.end_time_unix_nano <= b.start_time_unix_nano
+        assert all(s.attributes["train.dataloader"] == "train" for s in kids)
+
+
+def test_accumulated_batches_are_micro_steps_of_one_step(tmp_path) -> None:
+    spans = _fit(tmp_path, 2, [_loader(8)])
+    roots = step_roots(spans)
+    assert sorted(roots) == [0, 1, 2, 3]
+    for root in roots.values():
+        kids = children(spans, root)
+        assert [s.name for s in kids] == ["micro_step", "micro_step", "optimizer"]
+        assert [s.attributes["train.micro_step"] for s in kids[:2]] == [0, 1]
+        for micro in kids[:2]:
+            assert [s.name for s in children(spans, micro)] == ["data", "forward", "backward"]
+
+
+def test_validation_is_monitoring_per_named_dataloader(tmp_path) -> None:
+    spans = _fit(tmp_path, 1, [_loader(8), _loader(8)], val_loader_names=["clean", "noisy"])
+    val = monitor_roots(spans, "val_loss")
+    assert [s.attributes["train.dataloader"] for s in val] == ["clean", "noisy"] * 2
+    assert all(s.attributes["train.phase.kind"] == "monitor" for s in val)
+    assert [s.attributes["train.step"] for s in val] == [1, 1, 3, 3]
+    roots = step_roots(spans)
+    # Validation after step 1 is not counted as step 2's data fetch.
+    assert val[1].end_time_unix_nano <= children(spans, roots[2])[0].start_time_unix_nano

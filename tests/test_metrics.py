@@ -1,0 +1,112 @@
+"""PrometheusMetrics: the contract's names and labels, exemplars, and its own server."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_train.accounting import DropCounter
+from otel_train.gpu import GpuSample
+from otel_train.overhead import OverheadSpanProcessor
+from otel_train.slow_steps import SlowStepSpanProcessor
+from otel_train.metrics import PrometheusMetrics
+from otel_train.steps_view import SharedStepSpanProcessor
+from span_trees import feed, monitor_span, step_spans, train_step
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def samples(metrics: PrometheusMetrics) -> dict[tuple[str, tuple], float]:
+    text = generate_latest(metrics.registry).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def fed() -> tuple[PrometheusMetrics, list]:
+    drops = DropCounter()
+    drops.add("export_failed", 3)
+    ov = OverheadSpanProcessor()
+    metrics = PrometheusMetrics(rank=0, budget=0.05, overhead=ov,
+                                progress=lambda: (12.5, 1_700_000_000.0), drops=drops)
+    shared = SharedStepSpanProcessor([SlowStepSpanProcessor(), ov, metrics])
+    roots = []
+    for i in range(10):
+        spans = train_step(i, step_ms=100, monitor_ms=10)
+        feed(shared, spans)
+        roots.append(spans[-1])
+    feed(shared, step_spans(10, [("forward", "train", 0, 900),
+                                 ("data", "monitor", 900, 950, None, "val")], 1000))
+    shared.on_end(monitor_span("checkpoint", after_step=10, duration_ms=40))
+    return metrics, roots
+
+
+def test_contract_metrics_have_their_names_labels_and_values() -> None:
+    metrics, _ = fed()
+    s = samples(metrics)
+    r = (("rank", "0"),)
+    assert s[("otel_train_steps_total", r)] == 11
+    assert s[("otel_train_slow_steps_total", r)] == 1
+    assert s[("otel_train_step_duration_seconds_count", r)] == 11
+    assert s[("otel_train_step_duration_seconds_sum", r)] == pytest.approx(2.0)
+    assert s[("otel_train_step_duration_seconds_bucket", (("le", "0.1"), ("rank", "0")))] == 10
+    fwd = (("kind", "train"), ("loader", "train"), ("phase", "forward"), ("rank", "0"))
+    assert s[("otel_train_phase_duration_seconds_count", fwd)] == 11
+    val = (("kind", "monitor"), ("loader", "val"), ("phase", "data"), ("rank", "0"))
+    assert s[("otel_train_phase_duration_seconds_count", val)] == 1
+    ckpt = (("kind", "monitor"), ("loader", ""), ("phase", "checkpoint"), ("rank", "0"))
+    assert s[("otel_train_phase_duration_seconds_sum", ckpt)] == pytest.approx(0.04)
+    cum = (("rank", "0"), ("window", "cumulative"))
+    assert s[("otel_train_monitoring_overhead_ratio", cum)] == pytest.approx(0.19 / 2.04)  # 10 x 10 ms + 50 ms + 40 ms
+    op = (("operation", "inference"), ("rank", "0"))
+    assert s[("otel_train_operation_overhead_ratio", op)] == pytest.approx(0.1 / 2.04)
+    assert s[("otel_train_monitoring_budget_ratio", ())] == 0.05
+    assert s[("otel_train_step_in_progress_seconds", r)] == 12.5
+    assert s[("otel_train_last_step_timestamp_seconds", r)] >= 1_700_000_000.0
+    assert s[("otel_train_spans_dropped_total", (("reason", "export_failed"),))] == 3
+
+
+def test_step_duration_buckets_carry_the_trace_id_as_an_openmetrics_exemplar() -> None:
+    metrics, roots = fed()
+    text = generate_openmetrics(metrics.registry).decode()
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith('otel_train_step_duration_seconds_bucket{le="0.1"'))
+    trace_hex = format(roots[-1].context.trace_id, "032x")
+    assert f'# {{trace_id="{trace_hex}"}} 0.1' in line
+
+
+def test_gpu_gauges_by_gpu_and_no_utilization_series_when_unsupported() -> None:
+    metrics = PrometheusMetrics()
+    metrics.set_gpu_samples([GpuSample(0, 0.75, 2048, 8192, 1), GpuSample(1, None, 10, 80, 1)])
+    s = samples(metrics)
+    assert s[("otel_train_gpu_utilization_ratio", (("gpu", "0"),))] == 0.75
+    assert ("otel_train_gpu_utilization_ratio", (("gpu", "1"),)) not in s
+    assert s[("otel_train_gpu_memory_used_bytes", (("gpu", "1"),))] == 10
+
+
+def test_the_server_binds_a_free_port_on_localhost_and_serves_metrics() -> None:
+    metrics, _ = fed()
+    url = metrics.start_server("127.0.0.1", 0)
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            assert b"otel_train_steps_total" in resp.read()
+    finally:
+        metrics.stop_server(2.0)
+    metrics.stop_server(1.0)  # idempotent
+
+
+def test_a_port_in_use_raises_oserror() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            PrometheusMetrics().start_server("127.0.0.1", port)

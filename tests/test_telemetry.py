@@ -1,0 +1,250 @@
+"""Wiring to the OTel SDK: the OTEL_* environment, exporter choice, resource, global provider."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpExporter,
+)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_train import telemetry
+from otel_train.export import JsonLinesSpanExporter
+from otel_train.options import RunOptions
+from otel_train.telemetry import (
+    RunScopedTracerProvider, build_resource, create_exporter, plan_export, sdk_disabled,
+)
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _plan(env: dict[str, str], rank: int = 0, world_size: int = 1, **options):
+    return plan_export(RunOptions.resolve(environ={}, **options), Path("/status"), rank,
+                       world_size, env=env)
+
+
+def _warnings(caplog, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage()]
+
+
+def test_no_endpoint_and_no_exporter_means_a_span_file_in_the_status_dir():
+    plan = _plan({})
+    assert (plan.kind, plan.path) == ("jsonl", Path("/status/spans.jsonl"))
+    assert str(plan.path) in plan.describe()
+
+
+def test_each_rank_gets_its_own_span_file():
+    assert _plan({}, rank=3, world_size=4).path == Path("/status/spans-rank3.jsonl")
+
+
+def test_spans_path_option_wins_for_the_file():
+    assert _plan({}, spans_path="/x/y.jsonl").path == Path("/x/y.jsonl")
+
+
+def test_an_otlp_endpoint_in_the_env_means_otlp_http_by_default():
+    plan = _plan({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert (plan.kind, plan.protocol, plan.endpoint) == (
+        "otlp", "http/protobuf", "http://collector:4318")
+    assert plan.timeout_seconds == 10.0
+
+
+def test_signal_specific_endpoint_and_protocol_win_over_the_generic_ones():
+    plan = _plan({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://generic:4318",
+                  "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4317",
+                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+    assert (plan.protocol, plan.endpoint) == ("grpc", "http://traces:4317")
+
+
+def test_options_beat_the_otel_environment():
+    plan = _plan({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                  "OTEL_EXPORTER_OTLP_ENDPOINT": "http://env:4317"},
+                 exporter="otlp", otlp_endpoint="http://opt:4318", otlp_protocol="http/protobuf")
+    assert (plan.kind, plan.protocol, plan.endpoint) == ("otlp", "http/protobuf",
+                                                         "http://opt:4318")
+
+
+@pytest.mark.parametrize("value,kind", [("none", "none"), ("console", "console"),
+                                        ("otlp", "otlp"), ("jsonl", "jsonl")])
+def test_otel_traces_exporter_chooses_the_exporter(value, kind):
+    assert _plan({"OTEL_TRACES_EXPORTER": value}).kind == kind
+
+
+def test_several_exporters_use_the_first_and_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        assert _plan({"OTEL_TRACES_EXPORTER": "console,otlp"}).kind == "console"
+    assert len(_warnings(caplog, "OTEL_TRACES_EXPORTER")) == 1
+
+
+def test_otel_sdk_disabled_means_no_export():
+    assert _plan({"OTEL_SDK_DISABLED": "true",
+                  "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).kind == "none"
+    assert sdk_disabled({"OTEL_SDK_DISABLED": "TRUE"})
+    assert not sdk_disabled({"OTEL_SDK_DISABLED": "false"})
+    assert not sdk_disabled({})
+
+
+def test_a_bogus_traces_exporter_warns_once_and_falls_back(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            assert _plan({"OTEL_TRACES_EXPORTER": "bogus"}).kind == "jsonl"
+    msgs = _warnings(caplog, "OTEL_TRACES_EXPORTER")
+    assert len(msgs) == 1
+    assert "bogus" in msgs[0].getMessage()
+
+
+def test_an_unparsable_otlp_timeout_warns_once_and_uses_ten_seconds(caplog):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "abc"}
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            assert _plan(env).timeout_seconds == 10.0
+    assert len(_warnings(caplog, "OTEL_EXPORTER_OTLP_TIMEOUT")) == 1
+
+
+def test_a_valid_otlp_timeout_is_used():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5"}
+    assert _plan(env).timeout_seconds == 2.5
+    # Seconds, as the Python SDK's OTLP exporters read it (not the spec's milliseconds).
+    env["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] = "5"
+    assert _plan(env).timeout_seconds == 5.0
+
+
+def test_an_unsupported_otlp_protocol_warns_once_and_falls_back_to_http(caplog):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "xml"}
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            assert _plan(env).protocol == "http/protobuf"
+    msgs = _warnings(caplog, "OTEL_EXPORTER_OTLP_PROTOCOL")
+    assert len(msgs) == 1 and "xml" in msgs[0].getMessage()
+
+
+def test_create_exporter_builds_the_planned_exporter(tmp_path):
+    grpc = create_exporter(telemetry.ExportPlan("otlp", "grpc", "http://127.0.0.1:4317"))
+    http = create_exporter(telemetry.ExportPlan("otlp", "http/protobuf", "http://h:4318/"))
+    jsonl = create_exporter(telemetry.ExportPlan("jsonl", path=tmp_path / "s.jsonl"))
+    try:
+        assert isinstance(grpc, GrpcExporter)
+        assert isinstance(http, HttpExporter)
+        assert http._endpoint == "http://h:4318/v1/traces"
+        assert isinstance(jsonl, JsonLinesSpanExporter)
+        assert create_exporter(telemetry.ExportPlan("none")) is None
+    finally:
+        for exporter in (grpc, http, jsonl):
+            exporter.shutdown()
+
+
+def test_the_traces_specific_endpoint_is_used_as_is_over_http():
+    plan = _plan({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://gw:4318/otlp/traces"})
+    exporter = create_exporter(plan)
+    try:
+        assert exporter._endpoint == "http://gw:4318/otlp/traces"
+    finally:
+        exporter.shutdown()
+
+
+def test_resource_service_name_option_beats_env(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "env-svc")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "team=ml,service.name=attr-svc")
+    res = build_resource("opt-svc", {"service.instance.id": "r/rank0"})
+    assert res.attributes["service.name"] == "opt-svc"
+    assert res.attributes["team"] == "ml"
+    assert res.attributes["service.instance.id"] == "r/rank0"
+
+
+def test_resource_service_name_from_env_then_resource_attributes_then_default(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "env-svc")
+    assert build_resource(None, {}).attributes["service.name"] == "env-svc"
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=attr-svc")
+    assert build_resource(None, {}).attributes["service.name"] == "attr-svc"
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
+    assert build_resource(None, {}).attributes["service.name"] == "otel-train"
+
+
+def test_run_scoped_provider_forwards_to_the_active_provider():
+    scoped = RunScopedTracerProvider()
+    tracer = scoped.get_tracer("lib")
+    with tracer.start_as_current_span("nothing-active") as span:
+        assert not span.is_recording()
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    scoped.activate(provider)
+    assert scoped.current is provider
+    with tracer.start_as_current_span("active"):
+        pass
+    tracer.start_span("plain").end()
+    scoped.activate(None)
+    with tracer.start_as_current_span("after"):
+        pass
+    assert [s.name for s in memory.get_finished_spans()] == ["active", "plain"]
+
+
+_APP_PROVIDER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "the-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    trace.set_tracer_provider(provider)
+
+    import otel_train
+    with otel_train.start_run(prometheus_port=None, console=False, status_dir=sys.argv[1],
+                              run_id="app-run") as run:
+        for step in run.steps([0, 1]):
+            with step.phase("forward"):
+                with trace.get_tracer("app").start_as_current_span("app-span"):
+                    pass
+    out = [{"name": s.name, "span_id": s.context.span_id, "trace_id": s.context.trace_id,
+            "parent": s.parent.span_id if s.parent else None,
+            "service": s.resource.attributes.get("service.name"),
+            "step": s.attributes.get("train.step")}
+           for s in memory.get_finished_spans()]
+    print(json.dumps({"mode": run._provider_mode, "plan": run.export_plan.kind,
+                      "global_is_app": trace.get_tracer_provider() is provider,
+                      "spans": out}))
+""")
+
+
+def test_an_application_tracer_provider_is_reused_and_receives_our_spans(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _APP_PROVIDER_SCRIPT, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["mode"] == "app"
+    assert result["global_is_app"] is True
+    spans = result["spans"]
+    names = sorted(s["name"] for s in spans)
+    assert names == sorted(["train.step", "data", "forward", "app-span"] * 2)
+    assert {s["service"] for s in spans} == {"the-app"}  # the application's resource
+    roots = {s["trace_id"]: s for s in spans if s["name"] == "train.step"}
+    assert sorted(r["step"] for r in roots.values()) == [0, 1]
+    for trace_id, root in roots.items():
+        by = {s["name"]: s for s in spans if s["trace_id"] == trace_id}
+        assert set(by) == {"train.step", "data", "forward", "app-span"}
+        assert by["app-span"]["parent"] == by["forward"]["span_id"]
+        assert by["forward"]["parent"] == root["span_id"]
+    assert not list(tmp_path.glob("*.jsonl"))  # the application's pipeline exports, not us

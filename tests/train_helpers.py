@@ -1,0 +1,218 @@
+"""Shared helpers for the core tests: a clean environment, runs that write a span file we can
+read back, slow iterables, and a faithful fake of the ``torch.accelerator`` API.
+
+Import the ``clean_env`` fixture into a test module (``from train_helpers import clean_env``)
+to make it autouse there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import otel_train
+from otel_train import telemetry
+from otel_train.export import read_spans_jsonl
+
+# Environment variables that change what a run does; tests start without any of them.
+_IDENTITY_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID")
+
+# Slack for duration upper bounds: durations are "at least the sleep, at most sleep + slack".
+SLACK_SECONDS = 0.25
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No OTEL_*, OTEL_TRAIN_* or torchrun variables; warn-once memory cleared."""
+    for name in list(os.environ):
+        if name.startswith("OTEL_") or name in _IDENTITY_VARS:
+            monkeypatch.delenv(name, raising=False)
+    telemetry._warned.clear()
+    yield
+    telemetry._warned.clear()
+
+
+def start_test_run(tmp_path: Path, **options: Any) -> otel_train.Run:
+    """start_run with metrics and console off, the status dir in tmp_path, spans to a file."""
+    opts: dict[str, Any] = {
+        "prometheus_port": None,
+        "console": False,
+        "status_dir": str(tmp_path),
+        "exporter": "jsonl",
+        "spans_path": str(tmp_path / "spans.jsonl"),
+        "export_interval_seconds": 0.1,
+    }
+    opts.update(options)
+    return otel_train.start_run(**opts)
+
+
+def _iso_to_ns(text: str) -> int:
+    # ReadableSpan.to_json writes microsecond ISO-8601 in UTC ("...Z").
+    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return int(round(dt.timestamp() * 1e6)) * 1000
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """One span read back from a JSON-lines span file."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    status_code: str  # "UNSET" | "OK" | "ERROR"
+    status_message: str | None
+    resource: dict[str, Any]
+
+    @property
+    def duration_seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_id is None
+
+
+def read_file_spans(path: str | Path) -> list[FileSpan]:
+    """Every span in a span file, decoded."""
+    out = []
+    for d in read_spans_jsonl(path):
+        ctx: dict[str, Any] = d["context"]  # type: ignore[assignment]
+        status: dict[str, Any] = d["status"]  # type: ignore[assignment]
+        parent = d.get("parent_id")
+        out.append(FileSpan(
+            name=str(d["name"]),
+            trace_id=int(ctx["trace_id"], 16),
+            span_id=int(ctx["span_id"], 16),
+            parent_id=int(parent, 16) if parent else None,  # type: ignore[arg-type]
+            start_ns=_iso_to_ns(str(d["start_time"])),
+            end_ns=_iso_to_ns(str(d["end_time"])),
+            attributes=dict(d["attributes"]),  # type: ignore[arg-type]
+            events=[(e["name"], dict(e["attributes"])) for e in d["events"]],  # type: ignore
+            status_code=status["status_code"],
+            status_message=status.get("description"),
+            resource=dict(d["resource"]["attributes"]),  # type: ignore[index]
+        ))
+    return out
+
+
+def run_spans(run: otel_train.Run) -> list[FileSpan]:
+    """The spans a (shut down) run wrote to its span file."""
+    assert run.spans_path is not None
+    if not Path(run.spans_path).exists():
+        return []
+    return read_file_spans(run.spans_path)
+
+
+def one(spans: list[Any], name: str, **attrs: Any) -> Any:
+    """The single span called ``name`` whose attributes include ``attrs``."""
+    found = [s for s in spans if s.name == name
+             and all(s.attributes.get(k) == v for k, v in attrs.items())]
+    assert len(found) == 1, (name, attrs, [(s.name, s.attributes) for s in spans])
+    return found[0]
+
+
+class SlowIterable:
+    """An iterable whose every fetch takes ``seconds`` (like a slow DataLoader)."""
+
+    def __init__(self, items: list[Any], seconds: float) -> None:
+        self.items = list(items)
+        self.seconds = seconds
+        self.fetches = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return _SlowIterator(self)
+
+
+class _SlowIterator:
+    def __init__(self, owner: SlowIterable) -> None:
+        self._owner = owner
+        self._i = 0
+
+    def __iter__(self) -> _SlowIterator:
+        return self
+
+    def __next__(self) -> Any:
+        owner = self._owner
+        owner.fetches += 1
+        time.sleep(owner.seconds)
+        if self._i >= len(owner.items):
+            raise StopIteration
+        self._i += 1
+        return owner.items[self._i - 1]
+
+
+class FakeAccelerator:
+    """A faithful fake of ``torch.accelerator``: one in-order stream of asynchronous work.
+
+    ``launch(seconds)`` returns at once, like a kernel launch; the work completes ``seconds``
+    after the work queued before it. ``synchronize()`` blocks the host until the stream is
+    drained, as ``torch.accelerator.synchronize`` does. ``item()`` stands for a host read of
+    a device value (``loss.item()``): it also waits for the stream, but is not a sync call of
+    the library.
+    """
+
+    def __init__(self, device_type: str = "cuda", available: bool = True) -> None:
+        self.device_type = device_type
+        self.available = available
+        self._lock = threading.Lock()
+        self._busy_until = 0.0  # time.monotonic() at which all launched work has completed
+        self.synchronize_calls = 0
+        self.launches = 0
+
+    # -- the torch.accelerator API surface used by the library ------------------------
+    def is_available(self) -> bool:
+        return self.available
+
+    def current_accelerator(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    def device_count(self) -> int:
+        return 1 if self.available else 0
+
+    def current_device_index(self) -> int:
+        return 0
+
+    def synchronize(self, device: Any = None) -> None:
+        with self._lock:
+            self.synchronize_calls += 1
+        self._wait_idle()
+
+    # -- simulation -----------------------------------------------------------------
+    def launch(self, seconds: float) -> None:
+        """Queue ``seconds`` of device work; returns immediately."""
+        with self._lock:
+            self.launches += 1
+            self._busy_until = max(self._busy_until, time.monotonic()) + seconds
+
+    def item(self) -> float:
+        """A blocking device-to-host read: waits for queued work, like ``tensor.item()``."""
+        self._wait_idle()
+        return 0.0
+
+    @property
+    def pending_seconds(self) -> float:
+        with self._lock:
+            return max(0.0, self._busy_until - time.monotonic())
+
+    def _wait_idle(self) -> None:
+        while True:
+            with self._lock:
+                remaining = self._busy_until - time.monotonic()
+            if remaining <= 0:
+                return
+            time.sleep(remaining)
