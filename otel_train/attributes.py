@@ -8,7 +8,6 @@ from __future__ import annotations
 
 # Span names
 STEP_SPAN_NAME = "train.step"
-MONITOR_SPAN_NAME = "train.monitor"  # root of monitoring work done outside any step (run.monitor)
 PHASE_DATA = "data"
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"

@@ -3,7 +3,7 @@
 Usage::
 
     otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
-    otel-train costs otel-train-runs/<run>/monitoring_costs.json   # readable cost table
+    otel-train costs otel-train-runs/<run>/       # monitoring_costs.json as a readable table
     otel-train version
 """
 
@@ -25,7 +25,7 @@ def _port(raw: str | None) -> Any:
     try:
         return int(raw)
     except ValueError:
-        raise SystemExit(f"otel-train: --prometheus-port {raw!r}: a number, 0, or 'none'")
+        raise SystemExit(f"otel-train: --prometheus-port {raw!r}: a number, 0, or 'none'") from None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -60,20 +60,9 @@ def _costs_text(data: dict[str, Any]) -> str:
 
 
 def _costs(args: argparse.Namespace) -> int:
-    try:
-        with open(args.path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        print(f"otel-train costs: no such file: {args.path}", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError as exc:
-        print(f"otel-train costs: {args.path} is not valid JSON: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(_costs_text(data))
-    return 0
+    from otel_train.costs import main_costs
+
+    return main_costs([args.path, *(["--json"] if args.json else [])])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="train a tiny GPT on CPU with otel-train")
     add_arguments(demo)
     demo.set_defaults(func=_demo)
-    costs = sub.add_parser("costs", help="print a monitoring_costs.json as a table")
-    costs.add_argument("path")
+    costs = sub.add_parser("costs", help="print a monitoring_costs.json (or a status "
+                           "directory's) as a readable table")
+    costs.add_argument("path", help="monitoring_costs.json, or the run's status directory")
     costs.add_argument("--json", action="store_true", help="print the JSON instead")
     costs.set_defaults(func=_costs)
     version = sub.add_parser("version", help="print the version")

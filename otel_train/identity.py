@@ -93,8 +93,13 @@ def resolve_identity(
             dist.broadcast_object_list(box, src=0)
             run_id, source = str(box[0]), "broadcast"
         elif world_size > 1 and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-            # Every rank sees the same rendezvous address: derive a shared id from it.
+            # Every rank sees the same rendezvous address: derive a shared id from it. On one
+            # node the ranks also share their launcher (torchrun's agent) as parent process,
+            # which tells apart successive jobs on the same address and port.
             seed = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+            local_world = _env_int(env, "LOCAL_WORLD_SIZE")
+            if local_world == world_size:
+                seed += f":{os.getppid()}"
             run_id = "rdzv-" + hashlib.blake2b(seed.encode(), digest_size=6).hexdigest()
             source = "rendezvous"
         else:

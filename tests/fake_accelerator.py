@@ -25,11 +25,12 @@ import torch
 class FakeAccelerator:
     """``torch.accelerator``-shaped fake: is_available, current_accelerator, synchronize..."""
 
-    def __init__(self, device_type: str = "cuda") -> None:
+    def __init__(self, device_type: str = "cuda", available: bool = True) -> None:
         self.device_type = device_type
+        self.available = available
         self._lock = threading.Lock()
         self._busy_until = 0.0  # time.monotonic() at which the stream drains
-        self.sync_calls = 0
+        self.synchronize_calls = 0
         self.launches = 0
         self.Event = _make_event_class(self)
 
@@ -41,6 +42,16 @@ class FakeAccelerator:
             self._busy_until = start + seconds
             self.launches += 1
 
+    def item(self) -> float:
+        """A blocking device-to-host read (``tensor.item()``): waits, but is no library sync."""
+        _sleep_until(self.stream_position())
+        return 0.0
+
+    @property
+    def pending_seconds(self) -> float:
+        """Device work still queued."""
+        return max(0.0, self.stream_position() - time.monotonic())
+
     def stream_position(self) -> float:
         """The device time at which work queued now would start."""
         with self._lock:
@@ -48,20 +59,21 @@ class FakeAccelerator:
 
     # -- torch.accelerator API ----------------------------------------------------------
     def is_available(self) -> bool:
-        return True
+        return self.available
 
     def current_accelerator(self) -> torch.device:
         return torch.device(self.device_type)
 
     def device_count(self) -> int:
-        return 1
+        return 1 if self.available else 0
 
     def current_device_index(self) -> int:
         return 0
 
     def synchronize(self, device: Any = None) -> None:
         """Block until every launched kernel has finished."""
-        self.sync_calls += 1
+        with self._lock:
+            self.synchronize_calls += 1
         _sleep_until(self.stream_position())
 
 

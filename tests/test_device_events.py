@@ -53,7 +53,7 @@ def test_sync_mode_charges_async_device_work_to_the_phase_that_launched_it(monke
     assert all(_seconds(s) < 0.1 for s in spans["optimizer"])
     assert all(s["attributes"]["train.device.synced"] is True for s in spans["forward"])
     assert all(s["attributes"]["train.device.type"] == "cuda" for s in spans["train.step"])
-    assert dev.sync_calls >= 2 * 2 * 2  # every boundary of every phase, explicitly
+    assert dev.synchronize_calls >= 2 * 2 * 2  # every boundary of every phase, explicitly
 
 
 def test_off_mode_lets_async_work_land_in_whichever_phase_waits_for_the_device(monkeypatch,
@@ -69,7 +69,7 @@ def test_off_mode_lets_async_work_land_in_whichever_phase_waits_for_the_device(m
     assert _seconds(spans["forward"][0]) < 0.1
     assert _seconds(spans["optimizer"][0]) >= 0.13
     assert spans["forward"][0]["attributes"]["train.device.synced"] is False
-    assert dev.sync_calls == 1  # only the user's own
+    assert dev.synchronize_calls == 1  # only the user's own
 
 
 def test_events_mode_measures_device_time_per_phase_without_stalling_training(monkeypatch,
@@ -85,7 +85,7 @@ def test_events_mode_measures_device_time_per_phase_without_stalling_training(mo
                 dev.launch(0.1)
         host_seconds = time.monotonic() - host_t0
     assert host_seconds < 0.3  # the host never waited for 0.6 s of device work
-    assert dev.sync_calls == 0
+    assert dev.synchronize_calls == 0
     spans = _spans_by_name(run)
     fwd = [s["attributes"]["train.device.duration_seconds"] for s in spans["forward"]]
     bwd = [s["attributes"]["train.device.duration_seconds"] for s in spans["backward"]]

@@ -7,8 +7,9 @@ to make it autouse there.
 
 from __future__ import annotations
 
+from fake_accelerator import FakeAccelerator  # noqa: F401  (re-exported for the tests)
+
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import otel_train
 from otel_train import telemetry
@@ -156,63 +156,3 @@ class _SlowIterator:
         return owner.items[self._i - 1]
 
 
-class FakeAccelerator:
-    """A faithful fake of ``torch.accelerator``: one in-order stream of asynchronous work.
-
-    ``launch(seconds)`` returns at once, like a kernel launch; the work completes ``seconds``
-    after the work queued before it. ``synchronize()`` blocks the host until the stream is
-    drained, as ``torch.accelerator.synchronize`` does. ``item()`` stands for a host read of
-    a device value (``loss.item()``): it also waits for the stream, but is not a sync call of
-    the library.
-    """
-
-    def __init__(self, device_type: str = "cuda", available: bool = True) -> None:
-        self.device_type = device_type
-        self.available = available
-        self._lock = threading.Lock()
-        self._busy_until = 0.0  # time.monotonic() at which all launched work has completed
-        self.synchronize_calls = 0
-        self.launches = 0
-
-    # -- the torch.accelerator API surface used by the library ------------------------
-    def is_available(self) -> bool:
-        return self.available
-
-    def current_accelerator(self) -> torch.device:
-        return torch.device(self.device_type)
-
-    def device_count(self) -> int:
-        return 1 if self.available else 0
-
-    def current_device_index(self) -> int:
-        return 0
-
-    def synchronize(self, device: Any = None) -> None:
-        with self._lock:
-            self.synchronize_calls += 1
-        self._wait_idle()
-
-    # -- simulation -----------------------------------------------------------------
-    def launch(self, seconds: float) -> None:
-        """Queue ``seconds`` of device work; returns immediately."""
-        with self._lock:
-            self.launches += 1
-            self._busy_until = max(self._busy_until, time.monotonic()) + seconds
-
-    def item(self) -> float:
-        """A blocking device-to-host read: waits for queued work, like ``tensor.item()``."""
-        self._wait_idle()
-        return 0.0
-
-    @property
-    def pending_seconds(self) -> float:
-        with self._lock:
-            return max(0.0, self._busy_until - time.monotonic())
-
-    def _wait_idle(self) -> None:
-        while True:
-            with self._lock:
-                remaining = self._busy_until - time.monotonic()
-            if remaining <= 0:
-                return
-            time.sleep(remaining)
