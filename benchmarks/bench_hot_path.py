@@ -4,29 +4,35 @@ Prints, all measured in this one run with ``time.thread_time_ns`` (CPU of the th
 does the work, so background work is neither hidden in nor charged to the hot path):
 
 - floor: six empty context managers that only take two timestamps each;
-- otel-train hot path: ``run.steps`` + 5 phases (data is the 6th), background worker paused
-  so the figure is the training thread's own cost;
-- otel-train hot path with the background worker running concurrently (GIL contention in);
+- otel-train hot path: ``run.steps`` + 5 phases (data is the 6th), the background worker
+  paused so the figure is the training thread's own cost;
 - OTel SDK: ``tracer.start_as_current_span`` for the same 7-span tree (no exporter);
-- background: span building + processors per step, and OTLP protobuf encoding per step;
-- total CPU per exported step (hot path + build + processors + encode).
+- background: span building + derived-metrics processors per step, and the OTLP protobuf
+  encoding per step; total CPU per exported step (hot path + build + processors + encode);
+- otel-train hot path with the background worker running concurrently (GIL contention in).
+
+The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
+in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
+of them alike and the ratios stay true. Between chunks, outside the timing, the paused
+worker's queue is drained: at most CHUNK records wait, as in a real run where the worker
+drains every 50 ms and a step takes milliseconds.
 
 Usage::
 
-    python benchmarks/bench_hot_path.py [--steps 20000]
+    python benchmarks/bench_hot_path.py [--rounds 400]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import tempfile
 from time import perf_counter_ns, thread_time_ns
+from typing import Any
 
-PHASES = ("forward", "backward", "optimizer")
-MONITORS = ("inference", "val_loss")
+CHUNK = 50  # steps per timed chunk
+SDK_CHUNK = 5  # the SDK path is ~30x slower: fewer steps keep the rounds balanced
 
 
 class _EmptyTimer:
@@ -40,107 +46,102 @@ class _EmptyTimer:
         perf_counter_ns()
 
 
-def floor_ns(n: int) -> float:
+def _floor_chunk() -> int:
     t0 = thread_time_ns()
-    for _ in range(n):
+    for _ in range(CHUNK):
         for _ in range(6):
             with _EmptyTimer():
                 pass
-    return (thread_time_ns() - t0) / n
+    return thread_time_ns() - t0
 
 
-def otel_train_ns(n: int, paused: bool, chunk: int = 500) -> tuple[float, float, float]:
-    """Hot path per step; with ``paused``, also build+processors and OTLP encoding per step.
-
-    Paused: the worker's draining is done on this thread between chunks of ``chunk`` steps
-    and timed apart, so the queue stays as short as in a real run (a long queue would make
-    the garbage collector, not the hot path, dominate) and each cost is measured alone.
-    """
-    import otel_train
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-    with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
-        exporter="none", prometheus_port=None, console=False, status_dir=tmp,
-        max_queued_steps=n + 10,
-    ) as run:
-        run._worker.paused = paused
-        gen = run.steps(range(n))
-        hot = build = encode = 0
-        encoded_steps = 0
-        for _ in range(n // chunk):
-            t0 = thread_time_ns()
-            for _, step in zip(range(chunk), gen):
-                with step.phase("forward"):
-                    pass
-                with step.phase("backward"):
-                    pass
-                with step.phase("optimizer"):
-                    pass
-                with step.monitor("inference"):
-                    pass
-                with step.monitor("val_loss"):
-                    pass
-            hot += thread_time_ns() - t0
-            if not paused:
-                continue
-            sample = list(run._recorder.queue)[:50]
-            t1 = thread_time_ns()
-            run._worker.drain()
-            build += thread_time_ns() - t1
-            # Export encoding: the OTLP protobuf encoding of (a sample of) the same steps.
-            spans = [s for rec in sample for s in run._builder.build(rec)]
-            t2 = thread_time_ns()
-            encode_spans(spans).SerializeToString()
-            encode += thread_time_ns() - t2
-            encoded_steps += len(sample)
-        steps = (n // chunk) * chunk
-        return hot / steps, build / steps, encode / max(1, encoded_steps)
-
-
-def sdk_ns(n: int) -> float:
-    from opentelemetry.sdk.trace import TracerProvider
-
-    tracer = TracerProvider().get_tracer("bench")
+def _ours_chunk(gen: Any) -> int:
     t0 = thread_time_ns()
-    for _ in range(n):
+    for _, step in zip(range(CHUNK), gen):
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+        with step.phase("optimizer"):
+            pass
+        with step.monitor("inference"):
+            pass
+        with step.monitor("val_loss"):
+            pass
+    return thread_time_ns() - t0
+
+
+def _sdk_chunk(tracer: Any) -> int:
+    t0 = thread_time_ns()
+    for _ in range(SDK_CHUNK):
         with tracer.start_as_current_span("train.step"):
-            for name in ("data", *PHASES, *MONITORS):
+            for name in ("data", "forward", "backward", "optimizer", "inference", "val_loss"):
                 with tracer.start_as_current_span(name):
                     pass
-    return (thread_time_ns() - t0) / n
+    return thread_time_ns() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=400)
     args = ap.parse_args(argv)
-    n = args.steps
-    gc.collect()
-    floors, hots, hots_bg, builds, encodes, sdks = [], [], [], [], [], []
-    for _ in range(args.repeats):  # interleaved, medians: one noisy moment moves nothing
-        floors.append(floor_ns(n))
-        hot, build, encode = otel_train_ns(n, paused=True)
-        hots.append(hot)
-        builds.append(build)
-        encodes.append(encode)
-        hots_bg.append(otel_train_ns(n, paused=False)[0])
-        sdks.append(sdk_ns(max(1000, n // 5)))
-    med = statistics.median
-    floor, hot, hot_bg = med(floors), med(hots), med(hots_bg)
-    build, encode, sdk = med(builds), med(encodes), med(sdks)
+
+    import otel_train
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("bench")
+    floor = ours = sdk = build = encode = 0
+    encoded_steps = 0
+    rounds = args.rounds
+    with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
+        exporter="none", prometheus_port=None, console=False, status_dir=tmp,
+        max_queued_steps=10 * CHUNK,
+    ) as run:
+        run._worker.paused = True
+        gen = run.steps(range(rounds * CHUNK + 1))
+        for r in range(10):  # warm-up: caches, dict growth, first-use paths
+            _floor_chunk(), _ours_chunk(gen), _sdk_chunk(tracer)
+            run._worker.drain()
+        gc.collect()
+        for r in range(rounds - 10):
+            floor += _floor_chunk()
+            ours += _ours_chunk(gen)
+            sdk += _sdk_chunk(tracer)
+            sample = list(run._recorder.queue)[:5]
+            t1 = thread_time_ns()
+            run._worker.drain()  # build spans + run the derived-metrics processors
+            build += thread_time_ns() - t1
+            spans = [s for rec in sample for s in run._builder.build(rec)]
+            t2 = thread_time_ns()
+            encode_spans(spans).SerializeToString()  # what the OTLP exporter does per batch
+            encode += thread_time_ns() - t2
+            encoded_steps += len(sample)
+    steps = (rounds - 10) * CHUNK
+    floor, ours, build = floor / steps, ours / steps, build / steps
+    sdk /= (rounds - 10) * SDK_CHUNK
+    encode /= max(1, encoded_steps)
+
+    # The same hot path with the worker building spans concurrently (the GIL is shared).
+    with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
+        exporter="none", prometheus_port=None, console=False, status_dir=tmp,
+    ) as run:
+        gen = run.steps(range(rounds * CHUNK))
+        gc.collect()
+        concurrent = sum(_ours_chunk(gen) for _ in range(rounds)) / (rounds * CHUNK)
+
     us = 1000.0
-    print(f"per step, 7 spans (root + data + 5 phases); median of {args.repeats} x {n} steps")
-    print(f"{'floor: 6 empty timestamp context managers':<58}{floor / us:8.2f} us")
-    print(f"{'otel-train hot path (training thread CPU)':<58}{hot / us:8.2f} us"
-          f"   ({hot / floor:.2f}x floor; target <= 7 us)")
-    print(f"{'otel-train hot path, background worker running':<58}{hot_bg / us:8.2f} us")
-    print(f"{'OTel SDK start_as_current_span, same tree':<58}{sdk / us:8.2f} us")
-    print(f"{'ratio SDK / otel-train hot path':<58}{sdk / hot:8.1f} x   (target >= 30x)")
-    print(f"{'background: build spans + processors':<58}{build / us:8.2f} us")
-    print(f"{'background: OTLP protobuf encoding':<58}{encode / us:8.2f} us")
-    total = hot + build + encode
-    print(f"{'total CPU per exported step (all threads)':<58}{total / us:8.2f} us")
+    print(f"per step, 7 spans (root + data + 5 phases); {steps} steps, interleaved chunks")
+    print(f"{'floor: 6 empty timestamp context managers':<54}{floor / us:8.2f} us")
+    print(f"{'otel-train hot path (training thread CPU)':<54}{ours / us:8.2f} us   "
+          f"= {ours / floor:.2f} x floor (target <= 7 us where the floor is ~4.7 us)")
+    print(f"{'OTel SDK start_as_current_span, same tree':<54}{sdk / us:8.2f} us")
+    print(f"{'ratio SDK / otel-train hot path':<54}{sdk / ours:8.1f} x    (target >= 30x)")
+    print(f"{'background: build spans + derived-metrics processors':<54}{build / us:8.2f} us")
+    print(f"{'background: OTLP protobuf encoding (SDK encoder)':<54}{encode / us:8.2f} us")
+    total = ours + build + encode
+    print(f"{'total CPU per exported step (all threads)':<54}{total / us:8.2f} us")
+    print(f"{'hot path with the background worker running':<54}{concurrent / us:8.2f} us")
     return 0
 
 

@@ -42,23 +42,22 @@ class Phase:
 
     def __enter__(self) -> Phase:
         try:
-            ev = self._rec.current.ev  # type: ignore[union-attr]
+            # rec.ev is the current step's event list, None between steps.
+            self._rec.ev.extend((self, perf_counter_ns()))  # type: ignore[union-attr]
         except AttributeError:
             raise _outside(self.name) from None
-        ev.append(self)
-        ev.append(perf_counter_ns())
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         now = perf_counter_ns()
-        step = self._rec.current
-        if step is None:
+        try:
+            self._rec.ev.extend((now, exc))  # type: ignore[union-attr]
+        except AttributeError:
             return False  # the step was ended inside this phase (e.g. by shutdown)
-        ev = step.ev
-        ev.append(now)
-        ev.append(exc)
-        if exc is not None and step.error is None:
-            step.error = exc
+        if exc is not None:
+            step = self._rec.current
+            if step is not None and step.error is None:
+                step.error = exc
         return False  # never swallow: the exception propagates unchanged
 
     def set_attribute(self, key: str, value: Any) -> None:
@@ -76,13 +75,11 @@ class SyncedPhase(Phase):
 
     def __enter__(self) -> Phase:
         rec = self._rec
-        try:
-            ev = rec.current.ev  # type: ignore[union-attr]
-        except AttributeError:
-            raise _outside(self.name) from None
+        ev = rec.ev
+        if ev is None:
+            raise _outside(self.name)
         rec.synchronize()  # explicit: drain device work from before this phase
-        ev.append(self)
-        ev.append(perf_counter_ns())
+        ev.extend((self, perf_counter_ns()))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -101,14 +98,12 @@ class EventPhase(Phase):
 
     def __enter__(self) -> Phase:
         rec = self._rec
-        try:
-            step = rec.current
-            ev = step.ev  # type: ignore[union-attr]
-        except AttributeError:
-            raise _outside(self.name) from None
-        step.dev[len(ev)] = rec.make_event()  # type: ignore[union-attr, index, misc]
-        ev.append(self)
-        ev.append(perf_counter_ns())
+        step = rec.current
+        if step is None:
+            raise _outside(self.name)
+        ev = step.ev
+        step.dev[len(ev)] = rec.make_event()  # type: ignore[index, misc]
+        ev.extend((self, perf_counter_ns()))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -183,17 +178,21 @@ class Recorder:
         self.drops = drops
         self.synchronize = synchronize
         self.current: Step | None = None  # the step in progress (read by watchdog and proxy)
+        self.ev: list[Any] | None = None  # current.ev, one attribute away for the hot path
         self.closed = False
         self.next_index = 0
-        self.steps_recorded = 0
-        self.last_step_end_ns = 0
+        self.last_step_end_ns = 0  # perf_counter_ns of the last step's end (0: none yet)
         # A step closed by GeneratorExit is held back until the next event, so that an
         # exception escaping the loop body (seen later by Run.__exit__) can still mark it.
         self.held: Step | None = None
         self.make_event = make_event
+        self.plain = synchronize is None and make_event is None  # host clock only
         self._phase_cls = (SyncedPhase if synchronize is not None
                            else EventPhase if make_event is not None else Phase)
         self._phases: dict[tuple[str, str, str | None], Phase] = {}
+        # The common lookups, by name alone (Step.phase / Step.monitor on the hot path).
+        self.train_phases: dict[str, Phase] = {}
+        self.monitor_phases: dict[str, Phase] = {}
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
@@ -201,6 +200,9 @@ class Recorder:
         p = self._phases.get(key)
         if p is None:
             p = self._phases[key] = self._phase_cls(self, name, kind, loader)
+            if loader is None:
+                by_name = self.train_phases if kind == KIND_TRAIN else self.monitor_phases
+                by_name[name] = p
         return p
 
     def submit(self, record: Step | MonitorRecord) -> None:
@@ -239,42 +241,52 @@ class Step:
     the background never keeps a batch (and its device memory) alive.
     """
 
-    __slots__ = ("index", "batch", "loader", "start_ns", "end_ns", "ev", "error", "attrs",
-                 "phase_attrs", "span_ids", "trace_id", "dev", "_recorder")
+    # Defaults live on the class: a step sets only what every step has, and the rare
+    # fields (attributes, errors, span ids asked for by user spans, device events) are
+    # written when used. Half the stores of a slotted init, on the hot path.
+    batch: Any = None
+    error: BaseException | None = None
+    attrs: dict[str, Any] | None = None
+    phase_attrs: dict[int, dict[str, Any]] | None = None
+    span_ids: dict[int, int] | None = None  # ordinal (-1: root) -> id, drawn lazily
+    trace_id = 0
+    dev: dict[int, Any] | None = None  # events mode: boundary position -> event; -1/-2 step
+    end_ns = 0
 
-    def __init__(self, recorder: Recorder, index: int, loader: str | None) -> None:
+    def __init__(self, recorder: Recorder, index: int, loader: str | None,
+                 first_phase: Phase | None = None) -> None:
         self.index = index
-        self.batch: Any = None
         self.loader = loader
-        self.ev: list[Any] = []
-        self.error: BaseException | None = None
-        self.attrs: dict[str, Any] | None = None
-        self.phase_attrs: dict[int, dict[str, Any]] | None = None
-        self.span_ids: dict[int, int] | None = None  # ordinal (-1: root) -> id, drawn lazily
-        self.trace_id = 0
-        self.end_ns = 0
         self._recorder = recorder
-        # Device timing events (events mode): boundary position -> event; -1 start, -2 end.
-        self.dev: dict[int, Any] | None = None
-        if recorder.synchronize is not None:
-            recorder.synchronize()  # explicit: the step starts when the device is idle
-        elif recorder.make_event is not None:
-            self.dev = {-1: recorder.make_event()}
-        self.start_ns = perf_counter_ns()
+        if not recorder.plain:
+            if recorder.synchronize is not None:
+                recorder.synchronize()  # explicit: the step starts when the device is idle
+            elif recorder.make_event is not None:
+                self.dev = {-1: recorder.make_event()}
+        self.start_ns = t = perf_counter_ns()
+        # ``first_phase`` opens with the step, at the same instant (run.steps' data fetch).
+        self.ev: list[Any] = [first_phase, t] if first_phase is not None else []
         recorder.current = self
+        recorder.ev = self.ev
 
     # -- the public API ------------------------------------------------------------------
     def phase(self, name: str) -> Phase:
         """A training phase (forward, backward, optimizer, or your own name)."""
         if self.end_ns:
             raise _ended(self, name)
-        return self._recorder.phase(name, KIND_TRAIN)
+        try:
+            return self._recorder.train_phases[name]
+        except KeyError:
+            return self._recorder.phase(name, KIND_TRAIN)
 
     def monitor(self, name: str) -> Phase:
         """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
         if self.end_ns:
             raise _ended(self, name)
-        return self._recorder.phase(name, KIND_MONITOR)
+        try:
+            return self._recorder.monitor_phases[name]
+        except KeyError:
+            return self._recorder.phase(name, KIND_MONITOR)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
@@ -385,22 +397,26 @@ class Step:
         if self.end_ns:
             return
         rec = self._recorder
-        if rec.synchronize is not None:
-            rec.synchronize()  # explicit: the step ends when its device work has ended
-        elif self.dev is not None:
-            self.dev[-2] = rec.make_event()
-        self.end_ns = perf_counter_ns()
+        if not rec.plain:
+            if rec.synchronize is not None:
+                rec.synchronize()  # explicit: the step ends when its device work has ended
+            elif self.dev is not None:
+                self.dev[-2] = rec.make_event()
+        self.end_ns = end = perf_counter_ns()
         if error is not None and self.error is None:
             self.error = error
-        self.batch = None
+        if self.batch is not None:
+            self.batch = None
         if rec.current is self:
             rec.current = None
-        rec.steps_recorded += 1
-        rec.last_step_end_ns = self.end_ns
+            rec.ev = None
+        rec.last_step_end_ns = end
         if hold:
             rec.held = self
+        elif len(rec.queue) < rec.max_queued:
+            rec.queue.append(self)
         else:
-            rec.submit(self)
+            rec.drops.add("record_queue_full", self.span_count())
 
     def __enter__(self) -> Step:
         return self

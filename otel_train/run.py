@@ -196,33 +196,35 @@ class Run:
         return self._steps(iterable, loader)
 
     def _steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+        # The per-step path of most training loops: kept flat (no helper calls) on purpose.
         rec = self._recorder
         sync = rec.synchronize  # the step's start already synchronized: data starts clean
         data = rec.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
         it = iter(iterable)
         while True:
-            self._release_held()
+            if rec.held is not None:
+                self._release_held()
             if rec.closed:
                 return
-            step = self._begin_step(loader, None)
-            ev = step.ev
-            ev.append(data)
-            ev.append(perf_counter_ns())
+            cur = rec.current
+            if cur is not None and not cur.end_ns:
+                raise _nested(cur)
+            index = rec.next_index
+            rec.next_index = index + 1
+            step = Step(rec, index, loader, data)  # the data phase opens with the step
             try:
                 batch = next(it)
             except StopIteration:
-                rec.current = None  # no batch, no step
-                rec.next_index -= 1
+                rec.current = rec.ev = None  # no batch, no step
+                rec.next_index = index
                 return
             except BaseException as exc:
-                ev.append(perf_counter_ns())
-                ev.append(exc)
+                step.ev.extend((perf_counter_ns(), exc))
                 step._finish(exc)
                 raise
             if sync is not None:
                 sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
-            ev.append(perf_counter_ns())
-            ev.append(None)
+            step.ev.extend((perf_counter_ns(), None))
             step.batch = batch
             try:
                 yield step
@@ -354,8 +356,7 @@ class Run:
         rec = self._recorder
         cur = rec.current
         if cur is not None and not cur.end_ns:
-            raise RuntimeError(
-                f"step {cur.index} is still in progress: steps do not nest (end it first)")
+            raise _nested(cur)
         if index is None:
             index = rec.next_index
         rec.next_index = index + 1
@@ -384,6 +385,11 @@ class Run:
             print(text, file=sys.stderr, flush=True)
         else:
             _log.info(text)
+
+
+def _nested(cur: Step) -> RuntimeError:
+    return RuntimeError(
+        f"step {cur.index} is still in progress: steps do not nest (end it first)")
 
 
 def _sampling_function(sampler: Sampler) -> Any:

@@ -85,7 +85,7 @@ class StallWatchdog:
         if self._stall_s is not None:
             return self._stall_s
         typical = self._typical() if self._typical is not None else None
-        if typical is None or self._recorder.steps_recorded == 0:
+        if typical is None or not self._recorder.last_step_end_ns:
             return 3.0 * self._min_s
         return max(self._min_s, self._factor * typical)
 
