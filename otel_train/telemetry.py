@@ -152,14 +152,13 @@ def create_exporter(plan: ExportPlan) -> SpanExporter | None:
     """The SpanExporter for ``plan`` (None for 'none')."""
     if plan.kind == "otlp":
         kwargs: dict[str, Any] = {"timeout": plan.timeout_seconds}
+        # The SDK's exporters (they read every OTEL_EXPORTER_OTLP_* setting themselves), with
+        # only the protobuf encoding replaced by a 4-5x cheaper one (otlp_encoding.py).
+        from otel_train.otlp_encoding import make_grpc_exporter, make_http_exporter
         if plan.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             if plan.endpoint:
                 kwargs["endpoint"] = plan.endpoint
-            return OTLPSpanExporter(**kwargs)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpOTLPSpanExporter,
-        )
+            return make_grpc_exporter(**kwargs)
         if plan.endpoint:
             endpoint = plan.endpoint
             if not plan.endpoint_is_signal_specific:
@@ -167,7 +166,7 @@ def create_exporter(plan: ExportPlan) -> SpanExporter | None:
                 if not endpoint.endswith("/v1/traces"):
                     endpoint += "/v1/traces"
             kwargs["endpoint"] = endpoint
-        return HttpOTLPSpanExporter(**kwargs)
+        return make_http_exporter(**kwargs)
     if plan.kind == "jsonl":
         from otel_train.export import JsonLinesSpanExporter
         assert plan.path is not None
