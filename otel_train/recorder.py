@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -113,40 +112,47 @@ class EventPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
-@dataclass(frozen=True)
 class PhaseEvent:
     """One phase decoded from a step's event list (see :func:`decode_events`)."""
 
-    ordinal: int  # position among the step's phases, in start order
-    phase: Phase
-    start_ns: int
-    end_ns: int  # 0 while still open
-    parent: int  # ordinal of the enclosing phase, -1 for the root
-    error: BaseException | None
-    start_pos: int = -1  # positions of the boundaries in the step's event list
-    end_pos: int = -1
+    __slots__ = ("ordinal", "phase", "start_ns", "end_ns", "parent", "error", "start_pos",
+                 "end_pos")
+
+    def __init__(self, ordinal: int, phase: Phase, start_ns: int, end_ns: int, parent: int,
+                 error: BaseException | None, start_pos: int = -1, end_pos: int = -1
+                 ) -> None:
+        self.ordinal = ordinal  # position among the step's phases, in start order
+        self.phase = phase
+        self.start_ns = start_ns
+        self.end_ns = end_ns  # 0 while still open
+        self.parent = parent  # ordinal of the enclosing phase, -1 for the root
+        self.error = error
+        self.start_pos = start_pos  # positions of the boundaries in the step's event list
+        self.end_pos = end_pos
+
+    def __repr__(self) -> str:
+        return (f"PhaseEvent({self.ordinal}, {self.phase.name!r}, parent={self.parent}, "
+                f"{self.start_ns}..{self.end_ns})")
 
 
 def decode_events(ev: list[Any]) -> list[PhaseEvent]:
     """Turn a step's flat event list into phases (start order); safe on a live list."""
-    out: list[list[Any]] = []
-    stack: list[int] = []
+    out: list[PhaseEvent] = []
+    stack: list[PhaseEvent] = []
     n = len(ev) - (len(ev) & 1)  # a concurrent reader may see half an event pair
-    i = 0
-    while i < n:
+    for i in range(0, n, 2):
         a = ev[i]
-        b = ev[i + 1]
-        i += 2
         if isinstance(a, Phase):
-            out.append([a, b, 0, stack[-1] if stack else -1, None, i - 2, -1])
-            stack.append(len(out) - 1)
+            ph = PhaseEvent(len(out), a, ev[i + 1], 0, stack[-1].ordinal if stack else -1,
+                            None, i)
+            out.append(ph)
+            stack.append(ph)
         elif stack:
-            rec = out[stack.pop()]
-            rec[2] = a
-            rec[4] = b
-            rec[6] = i - 2
-    return [PhaseEvent(k, r[0], r[1], r[2], r[3], r[4], r[5], r[6])
-            for k, r in enumerate(out)]
+            ph = stack.pop()
+            ph.end_ns = a
+            ph.error = ev[i + 1]
+            ph.end_pos = i
+    return out
 
 
 def _active_ordinal(ev: list[Any]) -> tuple[int, int]:

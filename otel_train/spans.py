@@ -29,6 +29,11 @@ from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_INTERNAL = SpanKind.INTERNAL
+_getrandbits = random.getrandbits
+# Contract names bound once: the builder runs for every step.
+_STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
+_DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 
 
 def new_span_id() -> int:
@@ -71,60 +76,72 @@ class StepSpanBuilder:
     def _build_step(self, step: Step) -> list[ReadableSpan]:
         trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
         flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
-        ids = step.span_ids or {}
-        root_ctx = SpanContext(trace_id, ids.get(-1) or new_span_id(), False, flags)
+        ids = step.span_ids  # ids already handed to user spans (rare): keep them
+        rand = _getrandbits
+        root_ctx = SpanContext(trace_id, (ids and ids.get(-1)) or rand(64) or 1, False, flags)
         phases = decode_events(step.ev)
-        contexts = [SpanContext(trace_id, ids.get(ph.ordinal) or new_span_id(), False, flags)
-                    for ph in phases]
-        base = dict(self._base)
-        base[A.STEP] = step.index
-        off = self._offset
-        step_loader = step.loader
-        phase_attrs = step.phase_attrs or {}
-        device_seconds = _device_durations(step, phases) if step.dev else {}
+        contexts: list[SpanContext] = []
         kinds: list[str] = []
         for ph in phases:
+            span_id = (ids and ids.get(ph.ordinal)) or rand(64) or 1
+            contexts.append(SpanContext(trace_id, span_id, False, flags))
             # Work nested in a monitoring phase is monitoring work (e.g. validation data).
-            parent_kind = kinds[ph.parent] if ph.parent >= 0 else A.KIND_TRAIN
-            kinds.append(A.KIND_MONITOR if parent_kind == A.KIND_MONITOR else ph.phase.kind)
+            parent = ph.parent
+            kinds.append(_MONITOR if parent >= 0 and kinds[parent] == _MONITOR
+                         else ph.phase.kind)
+        base = dict(self._base)
+        base[_STEP] = step.index
+        off = self._offset
+        step_end = step.end_ns
+        step_loader = step.loader
+        phase_attrs = step.phase_attrs
+        device_seconds = _device_durations(step, phases) if step.dev else None
+        resource, scope = self._resource, self._scope
         spans: list[ReadableSpan] = []
         # Children in the order they ended (a nested phase ends before its parent).
-        for ph in sorted(phases, key=lambda p: p.end_ns or step.end_ns):
+        for ph in sorted(phases, key=lambda p: p.end_ns or step_end):
+            phase = ph.phase
+            ordinal = ph.ordinal
             attrs = dict(base)
-            attrs[A.PHASE] = ph.phase.name
-            attrs[A.PHASE_KIND] = kinds[ph.ordinal]
-            loader = ph.phase.loader or step_loader
+            attrs[_PHASE] = phase.name
+            attrs[_PHASE_KIND] = kinds[ordinal]
+            loader = phase.loader or step_loader
             if loader is not None:
-                attrs[A.DATALOADER] = loader
-            dur = device_seconds.get(ph.ordinal)
-            if dur is not None:
-                attrs[A.DEVICE_DURATION] = dur
-            extra = phase_attrs.get(ph.ordinal)
-            if extra:
-                attrs.update(_plain_attributes(extra))
-            parent = contexts[ph.parent] if ph.parent >= 0 else root_ctx
-            end = ph.end_ns or step.end_ns  # a phase left open ends with its step
-            status, events = _status_and_events(ph.error, end + off)
+                attrs[_DATALOADER] = loader
+            if device_seconds:
+                dur = device_seconds.get(ordinal)
+                if dur is not None:
+                    attrs[A.DEVICE_DURATION] = dur
+            if phase_attrs:
+                extra = phase_attrs.get(ordinal)
+                if extra:
+                    attrs.update(_plain_attributes(extra))
+            end = (ph.end_ns or step_end) + off  # a phase left open ends with its step
+            if ph.error is None:
+                status, events = _UNSET, ()
+            else:
+                status, events = _status_and_events(ph.error, end)
             spans.append(ReadableSpan(
-                name=ph.phase.name, context=contexts[ph.ordinal], parent=parent,
-                resource=self._resource, attributes=attrs, events=events,
-                kind=SpanKind.INTERNAL, status=status, start_time=ph.start_ns + off,
-                end_time=end + off, instrumentation_scope=self._scope,
+                name=phase.name, context=contexts[ordinal],
+                parent=contexts[ph.parent] if ph.parent >= 0 else root_ctx,
+                resource=resource, attributes=attrs, events=events, kind=_INTERNAL,
+                status=status, start_time=ph.start_ns + off, end_time=end,
+                instrumentation_scope=scope,
             ))
         root_attrs = base
         if step_loader is not None:
-            root_attrs[A.DATALOADER] = step_loader
-        root_attrs[A.SLOW] = False  # the slow-step processor turns this on
-        if -1 in device_seconds:
+            root_attrs[_DATALOADER] = step_loader
+        root_attrs[_SLOW] = False  # the slow-step processor turns this on
+        if device_seconds and -1 in device_seconds:
             root_attrs[A.DEVICE_DURATION] = device_seconds[-1]
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs))
-        status, events = _status_and_events(step.error, step.end_ns + off)
+        status, events = _status_and_events(step.error, step_end + off)
         spans.append(ReadableSpan(
-            name=A.STEP_SPAN_NAME, context=root_ctx, parent=None, resource=self._resource,
-            attributes=root_attrs, events=events, kind=SpanKind.INTERNAL, status=status,
-            start_time=step.start_ns + off, end_time=step.end_ns + off,
-            instrumentation_scope=self._scope,
+            name=A.STEP_SPAN_NAME, context=root_ctx, parent=None, resource=resource,
+            attributes=root_attrs, events=events, kind=_INTERNAL, status=status,
+            start_time=step.start_ns + off, end_time=step_end + off,
+            instrumentation_scope=scope,
         ))
         return spans
 
@@ -171,11 +188,14 @@ def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
     return out
 
 
+_UNSET = Status(StatusCode.UNSET)  # immutable: one shared instance for every healthy span
+
+
 def _status_and_events(
     error: BaseException | None, at_ns: int
 ) -> tuple[Status, Sequence[Event]]:
     if error is None:
-        return Status(StatusCode.UNSET), ()
+        return _UNSET, ()
     stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     event = Event("exception", {
         "exception.type": type(error).__qualname__,
