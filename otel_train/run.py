@@ -199,6 +199,8 @@ class Run:
         # The per-step path of most training loops: kept flat (no helper calls) on purpose.
         rec = self._recorder
         sync = rec.synchronize  # the step's start already synchronized: data starts clean
+        plain = rec.plain
+        queue = rec.queue
         data = rec.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
         it = iter(iterable)
         while True:
@@ -236,7 +238,15 @@ class Run:
             except BaseException as exc:
                 step._finish(exc)
                 raise
-            step._finish(None)
+            if plain and not step.end_ns and rec.current is step and len(queue) < rec.max_queued:
+                # Step._finish's common case, inlined: host clock, no error, room in the queue.
+                step.end_ns = end = perf_counter_ns()
+                step.batch = None
+                rec.current = rec.ev = None
+                rec.last_step_end_ns = end
+                queue.append(step)
+            else:
+                step._finish(None)
 
     def step(self, loader: str | None = None, index: int | None = None,
              start_ns: int | None = None) -> Step:
