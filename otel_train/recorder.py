@@ -39,16 +39,18 @@ class Phase:
         self.kind = kind
         self.loader = loader
 
-    def __enter__(self) -> Phase:
+    # ``_clock`` is bound as a default argument: a local, not a global lookup, on every use.
+    def __enter__(self, _clock: Callable[[], int] = perf_counter_ns) -> Phase:
         try:
             # rec.ev is the current step's event list, None between steps.
-            self._rec.ev.extend((self, perf_counter_ns()))  # type: ignore[union-attr]
+            self._rec.ev.extend((self, _clock()))  # type: ignore[union-attr]
         except AttributeError:
             raise _outside(self.name) from None
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        now = perf_counter_ns()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any,
+                 _clock: Callable[[], int] = perf_counter_ns) -> bool:
+        now = _clock()
         try:
             self._rec.ev.extend((now, exc))  # type: ignore[union-attr]
         except AttributeError:
@@ -169,6 +171,18 @@ def _active_ordinal(ev: list[Any]) -> tuple[int, int]:
     return (stack[-1] if stack else -1), count
 
 
+class _PhaseTable(dict):  # type: ignore[type-arg]
+    """name -> reusable Phase of one kind; a missing name creates its Phase on first use."""
+
+    def __init__(self, recorder: Recorder, kind: str) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._kind = kind
+
+    def __missing__(self, name: str) -> Phase:
+        return self._recorder.phase(name, self._kind)
+
+
 class Recorder:
     """Where finished steps go: a bounded queue, plus what the watchdog needs to see."""
 
@@ -196,9 +210,12 @@ class Recorder:
         self._phase_cls = (SyncedPhase if synchronize is not None
                            else EventPhase if make_event is not None else Phase)
         self._phases: dict[tuple[str, str, str | None], Phase] = {}
-        # The common lookups, by name alone (Step.phase / Step.monitor on the hot path).
-        self.train_phases: dict[str, Phase] = {}
-        self.monitor_phases: dict[str, Phase] = {}
+        # The common lookups, by name alone: each running step's ``phase`` / ``monitor`` is
+        # the bound ``__getitem__`` of these tables (a C call, no Python frame per phase).
+        self.train_phases = _PhaseTable(self, KIND_TRAIN)
+        self.monitor_phases = _PhaseTable(self, KIND_MONITOR)
+        self.phase_lookup = self.train_phases.__getitem__
+        self.monitor_lookup = self.monitor_phases.__getitem__
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
@@ -264,6 +281,10 @@ class Step:
         self.index = index
         self.loader = loader
         self._recorder = recorder
+        # While the step runs, step.phase(name) / step.monitor(name) are table lookups done in
+        # C; when it ends they fall back to the methods below, which refuse (_finish).
+        self.phase = recorder.phase_lookup  # type: ignore[method-assign]
+        self.monitor = recorder.monitor_lookup  # type: ignore[method-assign]
         if not recorder.plain:
             if recorder.synchronize is not None:
                 recorder.synchronize()  # explicit: the step starts when the device is idle
@@ -280,19 +301,14 @@ class Step:
         """A training phase (forward, backward, optimizer, or your own name)."""
         if self.end_ns:
             raise _ended(self, name)
-        try:
-            return self._recorder.train_phases[name]
-        except KeyError:
-            return self._recorder.phase(name, KIND_TRAIN)
+        return self._recorder.train_phases[name]
 
     def monitor(self, name: str) -> Phase:
         """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
         if self.end_ns:
             raise _ended(self, name)
-        try:
-            return self._recorder.monitor_phases[name]
-        except KeyError:
-            return self._recorder.phase(name, KIND_MONITOR)
+        return self._recorder.monitor_phases[name]
+
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
@@ -409,6 +425,7 @@ class Step:
             elif self.dev is not None:
                 self.dev[-2] = rec.make_event()
         self.end_ns = end = perf_counter_ns()
+        del self.phase, self.monitor  # back to the methods that refuse an ended step
         if error is not None and self.error is None:
             self.error = error
         if self.batch is not None:

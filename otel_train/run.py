@@ -241,6 +241,7 @@ class Run:
             if plain and not step.end_ns and rec.current is step and len(queue) < rec.max_queued:
                 # Step._finish's common case, inlined: host clock, no error, room in the queue.
                 step.end_ns = end = perf_counter_ns()
+                del step.phase, step.monitor  # back to the methods that refuse an ended step
                 step.batch = None
                 rec.current = rec.ev = None
                 rec.last_step_end_ns = end

@@ -248,6 +248,21 @@ def test_a_phase_on_an_ended_step_raises(tmp_path):
             step.monitor("inference")
 
 
+def test_a_kept_step_cannot_open_phases_in_the_step_that_follows_it(tmp_path):
+    with start_test_run(tmp_path) as run:
+        kept = None
+        for step in run.steps(range(2)):
+            if kept is None:
+                kept = step
+                continue
+            with pytest.raises(RuntimeError, match="step 0, which has already ended"):
+                kept.phase("forward")
+            with pytest.raises(RuntimeError, match="already ended"):
+                kept.monitor("inference")
+    spans = run_spans(run)
+    assert not [s for s in spans if s.name in ("forward", "inference")]
+
+
 def test_run_step_context_manager_with_its_own_data_phase(tmp_path):
     with start_test_run(tmp_path) as run:
         for _ in range(2):
