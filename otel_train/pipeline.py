@@ -67,7 +67,8 @@ class DerivedPipeline:
                                           options.slow_operation_seconds)
         self.watchdog = StallWatchdog(
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
-            options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds)
+            options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
+            slow_operation_seconds=options.slow_operation_seconds)
         self.metrics = PrometheusMetrics(identity.rank, options.budget, self.overhead,
                                          progress=self.watchdog.progress, drops=drops)
         self.gpu_steps = GpuStepAttributeProcessor(on_latest=self.metrics.set_gpu_samples)

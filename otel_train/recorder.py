@@ -198,6 +198,7 @@ class Recorder:
         self.drops = drops
         self.synchronize = synchronize
         self.current: Step | None = None  # the step in progress (read by watchdog and proxy)
+        self.open_record: MonitorRecord | None = None  # run.monitor() running between steps
         self.ev: list[Any] | None = None  # current.ev, one attribute away for the hot path
         self.closed = False
         self.next_index = 0
@@ -244,6 +245,23 @@ class Recorder:
             if error is not None and held.error is None:
                 held.error = error
             self.submit(held)
+
+    def open_monitoring(self) -> tuple[int, str, int] | None:
+        """(step index, name, start ns) of the outermost monitoring operation running now.
+
+        A monitoring phase of the current step, or a ``run.monitor`` between steps; any
+        thread (the watchdog warns while one runs too long, not only once it has ended).
+        """
+        record = self.open_record
+        if record is not None and not record.end_ns:
+            return record.after_step, record.name, record.start_ns
+        step = self.current
+        if step is None or step.end_ns:
+            return None
+        for ph in decode_events(list(step.ev)):
+            if not ph.end_ns and ph.phase.kind == KIND_MONITOR:
+                return step.index, ph.phase.name, ph.start_ns
+        return None
 
     def in_progress(self) -> tuple[int, int, str | None, int] | None:
         """(step index, step start ns, active phase name, phase start ns) or None; any thread."""
@@ -474,6 +492,7 @@ class MonitorRecord:
                 sync()  # explicit: measure only this operation's device work
             start_ns = perf_counter_ns()
         self.start_ns = start_ns
+        self._recorder.open_record = self
         return self
 
     def end(self, end_ns: int | None = None, error: BaseException | None = None) -> None:
@@ -487,7 +506,10 @@ class MonitorRecord:
             end_ns = perf_counter_ns()
         self.end_ns = end_ns
         self.error = error
-        self._recorder.submit(self)
+        rec = self._recorder
+        if rec.open_record is self:
+            rec.open_record = None
+        rec.submit(self)
 
     def __enter__(self) -> MonitorRecord:
         return self.start()

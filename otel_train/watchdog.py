@@ -8,6 +8,11 @@ instead: ``progress()`` gives ``otel_train_step_in_progress_seconds`` and
 
     otel-train: step 1234 looks stalled: running for 612.0 s, in phase 'inference' for 600.2 s (a step usually takes 3.5 s)
 
+The same thread names a monitoring operation (a monitoring phase, or ``run.monitor`` between
+steps) once it has run longer than ``slow_operation_seconds``, while it still runs::
+
+    otel-train: monitoring operation 'val_loss' at step 12 has been running for 31.0 s (over slow_operation_seconds=30); training waits for it
+
 Stall threshold: ``stall_seconds`` when set; otherwise ``stall_factor`` (10) x the typical
 step time, at least ``stall_min_seconds`` (300), and 3 x that before any step completed
 (first steps compile and warm up). The warning repeats only when the stall doubles.
@@ -46,6 +51,7 @@ class StallWatchdog:
         typical_step_seconds: Callable[[], float | None] | None = None,
         clock_ns: Callable[[], int] = perf_counter_ns,
         logger: logging.Logger | None = None,
+        slow_operation_seconds: float | None = None,
     ) -> None:
         if not interval_seconds > 0:
             raise ValueError("watchdog_interval_seconds must be > 0")
@@ -68,6 +74,9 @@ class StallWatchdog:
         self._warned_at_s = 0.0
         self.stalls_warned = 0
         self.last_warning: str | None = None
+        self._slow_op_s = slow_operation_seconds
+        self._warned_op: tuple[int, str, int] | None = None
+        self.slow_operations_warned = 0
 
     # -- reading (any thread) -----------------------------------------------------------
     def progress(self) -> tuple[float, float]:
@@ -125,9 +134,34 @@ class StallWatchdog:
                                         daemon=True)
         self._thread.start()
 
+    def check_operation(self) -> str | None:
+        """Warn once while a monitoring operation runs longer than slow_operation_seconds.
+
+        The field notes' eval hook froze training for 20 minutes: say so at 30 s, while it
+        still runs, not when it finally ends (the budget processor reports its final time).
+        """
+        if self._slow_op_s is None:
+            return None
+        op = self._recorder.open_monitoring()
+        if op is None or op == self._warned_op:
+            return None
+        index, name, start = op
+        running = (self._clock() - start) / 1e9
+        if running <= self._slow_op_s:
+            return None
+        self._warned_op = op
+        text = (f"otel-train: monitoring operation {name!r} at step {index} has been running "
+                f"for {running:.1f} s (over slow_operation_seconds={self._slow_op_s:g}); "
+                "training waits for it")
+        self.last_warning = text
+        if self._warn.warning(f"slow-op-{name}", "%s", text):
+            self.slow_operations_warned += 1
+        return text
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
+                self.check_operation()
                 self.check()
             except Exception as exc:  # never raise out of the thread
                 self._warn.warning("watchdog-error", "otel-train: watchdog check failed: %r",

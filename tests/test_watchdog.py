@@ -67,6 +67,45 @@ def test_a_stall_warning_names_the_running_phase_and_for_how_long(
     assert caplog.text.count("looks stalled") == 1
 
 
+def test_a_monitoring_operation_past_its_limit_is_named_while_it_still_runs(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rec = Recorder(10, DropCounter(), None)
+    clock = Clock()
+    dog = StallWatchdog(rec, clock_ns=clock, slow_operation_seconds=30.0)
+    step = Step(rec, 12, None)
+    step.monitor("val_loss").__enter__()
+    data = step.phase("data")  # a validation fetch nested inside the operation
+    data.__enter__()
+    op = rec.open_monitoring()
+    assert op is not None and op[:2] == (12, "val_loss")
+    clock.now = op[2] + 29 * S
+    assert dog.check_operation() is None
+    clock.now = op[2] + 31 * S
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        text = dog.check_operation()
+        again = dog.check_operation()  # the same call: said once
+    assert text is not None and again is None
+    assert "'val_loss' at step 12 has been running for 31.0 s" in text
+    assert caplog.text.count("has been running") == 1
+    data.__exit__(None, None, None)
+    step.monitor("val_loss").__exit__(None, None, None)
+    assert rec.open_monitoring() is None
+
+
+def test_monitoring_between_steps_is_watched_too() -> None:
+    from otel_train.recorder import MonitorRecord
+
+    rec = Recorder(10, DropCounter(), None)
+    clock = Clock()
+    dog = StallWatchdog(rec, clock_ns=clock, slow_operation_seconds=30.0)
+    record = MonitorRecord(rec, "evolution_snapshot").start()
+    clock.now = record.start_ns + 120 * S
+    text = dog.check_operation()
+    assert text is not None and "'evolution_snapshot'" in text
+    record.end()
+    assert rec.open_monitoring() is None
+
+
 def test_the_default_threshold_follows_the_typical_step_with_a_floor() -> None:
     rec = Recorder(10, DropCounter(), None)
     typical = [None]
