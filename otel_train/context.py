@@ -4,11 +4,13 @@ One ``ActivePhaseSpan`` is attached to the OpenTelemetry context once, when the 
 It is a non-recording span whose ``SpanContext`` is resolved only when someone asks for it
 (a user's ``tracer.start_as_current_span(...)`` inside a phase): then the active phase of
 the current step gets its span id drawn (once) and the user's span becomes its child.
-Outside a step it reports an invalid context, so user spans start their own traces.
+Between steps it resolves to a running ``run.monitor(...)`` operation, if any; otherwise it
+reports an invalid context, so user spans start their own traces.
 """
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
@@ -42,9 +44,17 @@ class ActivePhaseSpan(NonRecordingSpan):
 
     def get_span_context(self) -> SpanContext:
         """The active phase's context, drawing its span id now if nobody asked before."""
-        step = self._recorder.current
+        rec = self._recorder
+        step = rec.current
         if step is None or step.end_ns:
-            return INVALID_SPAN_CONTEXT
+            record = rec.open_record  # run.monitor() between steps: nest under it
+            if record is None or record.end_ns:
+                return INVALID_SPAN_CONTEXT
+            if not record.trace_id:
+                record.trace_id = random.getrandbits(128) or 1
+                record.span_id = self._new_span_id()
+            flags = _SAMPLED if self._is_sampled(record.trace_id) else _NOT_SAMPLED
+            return SpanContext(record.trace_id, record.span_id, False, flags)
         if not step.trace_id:
             step.trace_id = step_trace_id(self._run_id, step.index)
         ordinal = step._active_span_ordinal()  # -1: no phase open, the root

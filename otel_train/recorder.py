@@ -473,7 +473,8 @@ class Step:
 class MonitorRecord:
     """Monitoring work done outside any step (``run.monitor``): one root span."""
 
-    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "_recorder")
+    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
+                 "span_id", "_recorder")
 
     def __init__(self, recorder: Recorder, name: str) -> None:
         self.name = name
@@ -482,6 +483,8 @@ class MonitorRecord:
         self.attrs: dict[str, Any] | None = None
         self.start_ns = 0
         self.end_ns = 0
+        self.trace_id = 0  # drawn when a user span inside asks for it, else when built
+        self.span_id = 0
         self._recorder = recorder
 
     def start(self, start_ns: int | None = None) -> MonitorRecord:

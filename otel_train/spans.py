@@ -146,7 +146,7 @@ class StepSpanBuilder:
         return spans
 
     def _build_monitor(self, rec: MonitorRecord) -> ReadableSpan:
-        trace_id = random.getrandbits(128) or 1
+        trace_id = rec.trace_id or random.getrandbits(128) or 1
         flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
         attrs = dict(self._base)
         attrs[A.STEP] = rec.after_step
@@ -157,7 +157,8 @@ class StepSpanBuilder:
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return ReadableSpan(
-            name=rec.name, context=SpanContext(trace_id, new_span_id(), False, flags),
+            name=rec.name, context=SpanContext(trace_id, rec.span_id or new_span_id(), False,
+                                               flags),
             parent=None, resource=self._resource, attributes=attrs, events=events,
             kind=SpanKind.INTERNAL, status=status, start_time=rec.start_ns + off,
             end_time=rec.end_ns + off, instrumentation_scope=self._scope,

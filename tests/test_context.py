@@ -93,6 +93,22 @@ def test_a_user_span_outside_any_step_starts_its_own_trace(tmp_path):
     assert setup.trace_id != one(spans, "train.step").trace_id
 
 
+def test_a_user_span_inside_monitoring_between_steps_nests_under_that_operation(tmp_path):
+    with start_test_run(tmp_path) as run:
+        for _step in run.steps([0]):
+            pass
+        with run.monitor("checkpoint"):
+            with trace.get_tracer("user.lib").start_as_current_span("write_shards"):
+                pass
+        with trace.get_tracer("user.lib").start_as_current_span("after"):
+            pass
+    spans = run_spans(run)
+    op, inner = one(spans, "checkpoint"), one(spans, "write_shards")
+    assert op.is_root
+    assert inner.parent_id == op.span_id and inner.trace_id == op.trace_id
+    assert one(spans, "after").is_root  # the operation ended: back to no parent
+
+
 def test_tracers_obtained_earlier_follow_the_active_run(tmp_path):
     tracer = trace.get_tracer("long.lived")
     with start_test_run(tmp_path / "a") as first:
