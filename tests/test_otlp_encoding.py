@@ -114,3 +114,32 @@ def test_the_fast_encoder_is_several_times_cheaper_than_the_sdk_encoder(tmp_path
     # A loose bound (the benchmark prints the real ratio): it only fails if the fast path
     # stopped being fast at all.
     assert ours * 2 < sdk, (ours, sdk)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_exporters_send_our_encoding_not_the_sdks(protocol, monkeypatch, tmp_path):
+    """With the SDK's encoder broken, export still works: the fast path is the one in use."""
+    from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver
+
+    from otel_train.otlp_encoding import make_grpc_exporter, make_http_exporter
+
+    def broken(*args, **kwargs):
+        raise AssertionError("the SDK's encoder was used")
+
+    monkeypatch.setattr(
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter.encode_spans", broken)
+    monkeypatch.setattr(
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter.encode_spans", broken)
+    spans = _sdk_spans()
+    receiver_cls = GrpcOtlpReceiver if protocol == "grpc" else HttpOtlpReceiver
+    with receiver_cls() as receiver:
+        if protocol == "grpc":
+            exporter = make_grpc_exporter(endpoint=receiver.endpoint, insecure=True, timeout=5)
+        else:
+            exporter = make_http_exporter(endpoint=receiver.traces_endpoint, timeout=5)
+        try:
+            assert exporter.export(spans).name == "SUCCESS"
+            got = receiver.wait_for_spans(len(spans), timeout_seconds=10)
+        finally:
+            exporter.shutdown()
+    assert sorted(s.name for s in got) == sorted(s.name for s in spans)
