@@ -459,6 +459,10 @@ class Step:
         else:
             rec.drops.add("record_queue_full", self.span_count())
 
+    def end(self, error: BaseException | None = None) -> None:
+        """End the step now (phases still open end with it), failed if ``error``."""
+        self._finish(error)
+
     def __enter__(self) -> Step:
         return self
 

@@ -27,9 +27,7 @@ from otel_train.attributes import (
     KIND_MONITOR, KIND_TRAIN, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD, PHASE_INFERENCE,
     PHASE_OPTIMIZER,
 )
-from otel_train.integrations.timeline import (
-    add_phase, attach_backward_probe, begin_step, close_phase, end_step, open_phase, stamp,
-)
+from otel_train.integrations.timeline import attach_backward_probe
 from otel_train.run import Run
 
 _log = logging.getLogger("otel_train")
@@ -84,7 +82,7 @@ class HookEngine:
     def _ensure_step(self, loader: str | None, start_ns: int | None) -> Any:
         step = self.step
         if step is None or step.end_ns:
-            step = self.step = begin_step(self._ensure_run(), None, loader, start_ns)
+            step = self.step = self._ensure_run().step(loader=loader, start_ns=start_ns)
             self._forward = self._backward = self._optimizer = False
             self._eval = None
         return step
@@ -94,7 +92,7 @@ class HookEngine:
         self._close_eval()
         step = self.step
         if step is not None and not step.end_ns:
-            end_step(step)
+            step.end()
         self.step = None
 
     # -- events ---------------------------------------------------------------------------
@@ -104,12 +102,12 @@ class HookEngine:
         if self._eval is not None:
             step = self.step
             if self._eval is _IN_STEP and step is not None and not step.end_ns:
-                add_phase(step, PHASE_DATA, KIND_MONITOR, t0, t1, loader or PHASE_EVAL)
+                step.record_phase(PHASE_DATA, t0, t1, KIND_MONITOR, loader or PHASE_EVAL)
             return
         loader = loader or "train"
         fresh = self.step is None or self.step.end_ns
         step = self._ensure_step(loader, t0)
-        add_phase(step, PHASE_DATA, KIND_TRAIN, t0, t1, None if fresh else loader)
+        step.record_phase(PHASE_DATA, t0, t1, KIND_TRAIN, None if fresh else loader)
 
     @property
     def backward_open(self) -> bool:
@@ -141,7 +139,7 @@ class HookEngine:
             self._close_eval()
         run = self._ensure_run()
         step = self._ensure_step(None, None)
-        open_phase(step, PHASE_FORWARD, KIND_TRAIN, stamp(run))
+        step.open_phase(PHASE_FORWARD, KIND_TRAIN, run.timestamp_ns())
         self._forward = True
 
     @_guarded
@@ -150,7 +148,7 @@ class HookEngine:
         if not self._forward:
             return
         self._forward = False
-        close_phase(self.step, stamp(self.run))
+        self.step.close_phase(self.run.timestamp_ns())
         if is_grad_enabled():
             attach_backward_probe(output, self._backward_start, self._backward_end)
 
@@ -158,7 +156,7 @@ class HookEngine:
     def _backward_start(self) -> None:
         step = self.step
         if step is not None and not step.end_ns and not self._backward:
-            open_phase(step, PHASE_BACKWARD, KIND_TRAIN, stamp(self.run))
+            step.open_phase(PHASE_BACKWARD, KIND_TRAIN, self.run.timestamp_ns())
             self._backward = True
 
     @_guarded
@@ -167,7 +165,7 @@ class HookEngine:
             self._backward = False
             step = self.step
             if step is not None and not step.end_ns:
-                close_phase(step, stamp(self.run))
+                step.close_phase(self.run.timestamp_ns())
 
     @_guarded
     def optimizer_pre(self, optimizer: Any) -> None:
@@ -178,7 +176,7 @@ class HookEngine:
             self._close_eval()
         run = self._ensure_run()
         step = self._ensure_step(None, None)
-        open_phase(step, PHASE_OPTIMIZER, KIND_TRAIN, stamp(run))
+        step.open_phase(PHASE_OPTIMIZER, KIND_TRAIN, run.timestamp_ns())
         self._optimizer = True
 
     @_guarded
@@ -188,11 +186,11 @@ class HookEngine:
         if not self._optimizer or step is None:
             return
         self._optimizer = False
-        close_phase(step, stamp(self.run))
+        step.close_phase(self.run.timestamp_ns())
         if self.step_optimizer() is optimizer:
             if self._eval is _IN_STEP:
                 self._eval = None  # ends with its step
-            end_step(step)
+            step.end()
             self.step = None
 
     @_guarded
@@ -207,7 +205,7 @@ class HookEngine:
         run = self._ensure_run()
         step = self.step
         if step is not None and not step.end_ns:
-            open_phase(step, name, KIND_MONITOR, stamp(run))
+            step.open_phase(name, KIND_MONITOR, run.timestamp_ns())
             self._eval = _IN_STEP
         else:
             rec = run.monitor(name)
@@ -222,7 +220,7 @@ class HookEngine:
         if mon is _IN_STEP:
             step = self.step
             if step is not None and not step.end_ns:
-                close_phase(step, stamp(self.run))
+                step.close_phase(self.run.timestamp_ns())
         else:
             mon.__exit__(None, None, None)
 

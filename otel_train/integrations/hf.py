@@ -45,9 +45,7 @@ from otel_train.attributes import (
     KIND_MONITOR, KIND_TRAIN, MICRO_STEP, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD,
     PHASE_INFERENCE, PHASE_OPTIMIZER, PHASE_VAL_LOSS,
 )
-from otel_train.integrations.timeline import (
-    add_phase, attach_backward_probe, begin_step, close_phase, end_step, open_phase, stamp,
-)
+from otel_train.integrations.timeline import attach_backward_probe
 from otel_train.run import Run, start_run
 
 PHASE_MICRO_STEP = "micro_step"
@@ -113,29 +111,29 @@ class TrainerStepTraceCallback(TrainerCallback):
         step = self._step
         if not module.training:
             if not self._eval_first_ns:
-                self._eval_first_ns = stamp(self.run)  # a standalone evaluate() may follow
+                self._eval_first_ns = self.run.timestamp_ns()  # a standalone evaluate() may follow
             return
         if step is not None and not self._post and not self._backward:
-            open_phase(step, PHASE_FORWARD, KIND_TRAIN, stamp(self.run))
+            step.open_phase(PHASE_FORWARD, KIND_TRAIN, self.run.timestamp_ns())
             self._forward = True
 
     def _forward_post(self, output: Any) -> None:
         if not self._forward:
             return
         self._forward = False
-        close_phase(self._step, stamp(self.run))
+        self._step.close_phase(self.run.timestamp_ns())
         attach_backward_probe(output, self._backward_start, self._backward_end)
 
     def _backward_start(self) -> None:
         if self._step is not None and not self._backward:
-            open_phase(self._step, PHASE_BACKWARD, KIND_TRAIN, stamp(self.run))
+            self._step.open_phase(PHASE_BACKWARD, KIND_TRAIN, self.run.timestamp_ns())
             self._backward = True
 
     def _backward_end(self) -> None:
         if self._backward and self._step is not None:
             self._backward = False
-            self._last_backward_end = t = stamp(self.run)
-            close_phase(self._step, t)
+            self._last_backward_end = t = self.run.timestamp_ns()
+            self._step.close_phase(t)
 
     @contextlib.contextmanager
     def _generation(self) -> Iterator[None]:
@@ -160,7 +158,7 @@ class TrainerStepTraceCallback(TrainerCallback):
             return
         with run.monitor(name):
             yield
-        self._mark = stamp(run)  # it was not the next step's data fetch
+        self._mark = run.timestamp_ns()  # it was not the next step's data fetch
 
     # -- the Trainer's events -------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
@@ -172,29 +170,29 @@ class TrainerStepTraceCallback(TrainerCallback):
         self._accumulation = max(1, int(args.gradient_accumulation_steps))
         if model is not None and not self._undo:
             self._hook_model(model)
-        self._mark = stamp(self.run)
+        self._mark = self.run.timestamp_ns()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The epoch's first fetch starts here."""
         if self._step is None and self.run is not None:
-            self._mark = stamp(self.run)
+            self._mark = self.run.timestamp_ns()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Open the step, backdated to the end of the previous one: the gap is data."""
         run = self.run
         if run is None:
             return
-        t = stamp(run)
+        t = run.timestamp_ns()
         if self._step is not None:
             self._end_step()  # a flagged event never came: close what is open
             self._mark = t
-        step = self._step = begin_step(run, state.global_step, self._loader, self._mark)
-        add_phase(step, PHASE_DATA, KIND_TRAIN, self._mark, t)
+        step = self._step = run.step(self._loader, state.global_step, self._mark)
+        step.record_phase(PHASE_DATA, self._mark, t, KIND_TRAIN)
         self._micro_index = 0
         self._last_backward_end = 0
         self._eval_first_ns = 0
         if self._accumulation > 1:
-            open_phase(step, PHASE_MICRO_STEP, KIND_TRAIN, t, attrs={MICRO_STEP: 0})
+            step.open_phase(PHASE_MICRO_STEP, KIND_TRAIN, t, attributes={MICRO_STEP: 0})
             self._micro = True
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -202,11 +200,11 @@ class TrainerStepTraceCallback(TrainerCallback):
         step = self._step
         if step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         if self._micro:
-            close_phase(step, t)
+            step.close_phase(t)
         self._micro_index += 1
-        open_phase(step, PHASE_MICRO_STEP, KIND_TRAIN, t, attrs={MICRO_STEP: self._micro_index})
+        step.open_phase(PHASE_MICRO_STEP, KIND_TRAIN, t, attributes={MICRO_STEP: self._micro_index})
         self._micro = True
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any
@@ -215,10 +213,10 @@ class TrainerStepTraceCallback(TrainerCallback):
         step = self._step
         if step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         start = self._last_backward_end or t
         if self._micro:
-            close_phase(step, start)
+            step.close_phase(start)
             self._micro = False
         self._optimizer_start = start
 
@@ -227,8 +225,8 @@ class TrainerStepTraceCallback(TrainerCallback):
         step = self._step
         if step is None:
             return
-        t = stamp(self.run)
-        add_phase(step, PHASE_OPTIMIZER, KIND_TRAIN, self._optimizer_start or t, t)
+        t = self.run.timestamp_ns()
+        step.record_phase(PHASE_OPTIMIZER, self._optimizer_start or t, t, KIND_TRAIN)
         self._optimizer_start = 0
         self._expect_post(control, t)
 
@@ -265,7 +263,7 @@ class TrainerStepTraceCallback(TrainerCallback):
             return
         if self._step is not None:
             self._end_step()
-        self._expect_post(control, stamp(self.run))
+        self._expect_post(control, self.run.timestamp_ns())
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Close what is open and export what was recorded (hooks stay for evaluate())."""
@@ -299,7 +297,7 @@ class TrainerStepTraceCallback(TrainerCallback):
     def _open_post(self, name: str, t: int) -> None:
         step = self._step
         if step is not None:
-            open_phase(step, name, KIND_MONITOR, t)
+            step.open_phase(name, KIND_MONITOR, t)
             self._post_open = _IN_STEP
         else:
             rec = self.run.monitor(name)
@@ -308,9 +306,9 @@ class TrainerStepTraceCallback(TrainerCallback):
 
     def _close_post(self) -> int:
         mon, self._post_open = self._post_open, None
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         if mon is _IN_STEP:
-            close_phase(self._step, t)
+            self._step.close_phase(t)
         elif mon is not None:
             mon.__exit__(None, None, None)
         return t
@@ -342,4 +340,4 @@ class TrainerStepTraceCallback(TrainerCallback):
             self._post_open = None  # ends with its step
         self._post = []
         self._micro = self._forward = self._backward = False
-        end_step(step)
+        step.end()

@@ -36,9 +36,6 @@ from otel_train.attributes import (
     DATALOADER, KIND_TRAIN, MICRO_STEP, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD,
     PHASE_OPTIMIZER, PHASE_VAL_LOSS,
 )
-from otel_train.integrations.timeline import (
-    add_phase, begin_step, close_phase, end_step, open_phase, stamp,
-)
 from otel_train.run import Run, start_run
 
 PHASE_MICRO_STEP = "micro_step"
@@ -63,7 +60,7 @@ class LightningStepTraceCallback(Callback):
 
     # -- helpers --------------------------------------------------------------------------
     def _open_phase(self, name: str, t: int, attrs: dict[str, Any] | None = None) -> None:
-        open_phase(self._step, name, KIND_TRAIN, t, attrs=attrs)
+        self._step.open_phase(name, KIND_TRAIN, t, attributes=attrs)
         self._open.append(name)
 
     def _close_until(self, name: str, t: int) -> None:
@@ -72,7 +69,7 @@ class LightningStepTraceCallback(Callback):
             return
         while self._open:
             closed = self._open.pop()
-            close_phase(self._step, t)
+            self._step.close_phase(t)
             if closed == name:
                 return
 
@@ -93,7 +90,7 @@ class LightningStepTraceCallback(Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """The epoch's first fetch starts here."""
         if self._step is None and self.run is not None:
-            self._mark = stamp(self.run)
+            self._mark = self.run.timestamp_ns()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
                              ) -> None:
@@ -101,29 +98,29 @@ class LightningStepTraceCallback(Callback):
         run = self.run
         if run is None:
             return
-        t = stamp(run)
+        t = run.timestamp_ns()
         mark = self._mark or t
         if self._step is None:
             self._global_step = trainer.global_step
-            self._step = begin_step(run, trainer.global_step, self._loader, mark)
+            self._step = run.step(loader=self._loader, index=trainer.global_step, start_ns=mark)
             self._micro_index = 0
         else:
             self._micro_index += 1
         if trainer.accumulate_grad_batches > 1:  # a micro-step holds its own fetch
             self._open_phase(PHASE_MICRO_STEP, mark, {MICRO_STEP: self._micro_index})
-        add_phase(self._step, PHASE_DATA, KIND_TRAIN, mark, t)
+        self._step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)
         self._open_phase(PHASE_FORWARD, t)
 
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """``training_step`` returned (zero_grad runs before backward)."""
         if self._step is not None:
-            self._close_until(PHASE_FORWARD, stamp(self.run))
+            self._close_until(PHASE_FORWARD, self.run.timestamp_ns())
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """The backward starts."""
         if self._step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         self._close_until(PHASE_FORWARD, t)
         self._open_phase(PHASE_BACKWARD, t)
 
@@ -131,7 +128,7 @@ class LightningStepTraceCallback(Callback):
         """The backward ended (and with it the micro-step)."""
         if self._step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         self._close_until(PHASE_BACKWARD, t)
         self._close_until(PHASE_MICRO_STEP, t)
 
@@ -139,7 +136,7 @@ class LightningStepTraceCallback(Callback):
         """The optimizer step starts (clipping, then the update)."""
         if self._step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         self._close_until(PHASE_MICRO_STEP, t)
         self._open_phase(PHASE_OPTIMIZER, t)
 
@@ -148,7 +145,7 @@ class LightningStepTraceCallback(Callback):
         """The batch ended; the step ends with it when an optimizer step ran."""
         if self._step is None:
             return
-        t = stamp(self.run)
+        t = self.run.timestamp_ns()
         if self._open:
             self._close_until(self._open[0], t)
         if trainer.global_step != self._global_step:
@@ -165,7 +162,7 @@ class LightningStepTraceCallback(Callback):
     def _end_step(self) -> None:
         step, self._step = self._step, None
         self._open = []
-        end_step(step)
+        step.end()
 
     # -- validation: monitoring ------------------------------------------------------------
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -196,4 +193,4 @@ class LightningStepTraceCallback(Callback):
         if rec is not None:
             rec.__exit__(None, None, None)
         if self.run is not None:
-            self._mark = stamp(self.run)
+            self._mark = self.run.timestamp_ns()
