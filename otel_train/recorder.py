@@ -454,10 +454,8 @@ class Step:
         rec.last_step_end_ns = end
         if hold:
             rec.held = self
-        elif len(rec.queue) < rec.max_queued:
-            rec.queue.append(self)
         else:
-            rec.drops.add("record_queue_full", self.span_count())
+            rec.submit(self)
 
     def end(self, error: BaseException | None = None) -> None:
         """End the step now (phases still open end with it), failed if ``error``."""

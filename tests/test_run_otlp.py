@@ -209,16 +209,20 @@ def test_an_unavailable_collector_never_stops_training_and_drops_are_counted(
     assert 1 <= len(ours) <= 3, [r.getMessage() for r in ours]
 
 
+def _three_steps_stuck_in_the_collector(run, receiver) -> None:
+    for step in run.steps(range(3)):
+        with step.phase("forward"):
+            pass
+    deadline = time.monotonic() + 5
+    while receiver.requests_count == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the first export is now stuck in the collector
+    assert receiver.requests_count >= 1
+
+
 def test_a_hanging_collector_cannot_hold_shutdown_beyond_its_timeout(tmp_path):
     with GrpcOtlpReceiver(mode="hang", hang_seconds=10) as receiver:
         with _start(tmp_path, "grpc", receiver) as run:
-            for step in run.steps(range(3)):
-                with step.phase("forward"):
-                    pass
-            deadline = time.monotonic() + 5
-            while receiver.requests_count == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)  # the first export is now stuck in the collector
-            assert receiver.requests_count >= 1
+            _three_steps_stuck_in_the_collector(run, receiver)
             t0 = time.monotonic()
             run.shutdown(timeout=1.0)
             elapsed = time.monotonic() - t0
@@ -231,12 +235,7 @@ def test_a_hanging_collector_cannot_hold_shutdown_beyond_its_timeout(tmp_path):
 def test_after_a_hanging_shutdown_every_span_is_counted_exactly_once(tmp_path):
     with GrpcOtlpReceiver(mode="hang", hang_seconds=10) as receiver:
         with _start(tmp_path, "grpc", receiver) as run:
-            for step in run.steps(range(3)):
-                with step.phase("forward"):
-                    pass
-            deadline = time.monotonic() + 5
-            while receiver.requests_count == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            _three_steps_stuck_in_the_collector(run, receiver)
             run.shutdown(timeout=0.5)
     run._export._thread.join(5)  # the stuck export has returned, one way or the other
     assert not run._export._thread.is_alive()
