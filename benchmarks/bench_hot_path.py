@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=400)
     args = ap.parse_args(argv)
 
-    import otel_train
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
 
+    import otel_train
     from otel_train.otlp_encoding import _Encoder
 
     tracer = TracerProvider().get_tracer("bench")

@@ -26,12 +26,13 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train.accounting import DropCounter, SelfCostMeter
+from otel_train.derived_metrics import DerivedMetricsStage
+from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity
 from otel_train.options import RunOptions
-from otel_train.pipeline import DerivedPipeline
 from otel_train.recorder import Recorder, Step
-from otel_train.spans import StepSpanBuilder, epoch_offset_ns
+from otel_train.self_cost import SelfCostMeter
+from otel_train.span_builder import StepSpanBuilder, epoch_offset_ns
 
 
 def record_step(rec: Recorder, index: int, eval_step: bool) -> Step:
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             opts = RunOptions.resolve(environ={}, console=console, prometheus_port=prometheus,
                                       status_dir=tmp, costs_interval_seconds=3600.0)
-            pipe = DerivedPipeline(opts, ident, Path(tmp), Recorder(1, drops, None), drops,
+            pipe = DerivedMetricsStage(opts, ident, Path(tmp), Recorder(1, drops, None), drops,
                                    SelfCostMeter())
             if pipe.console is not None:
                 pipe.console._stream = io.StringIO()  # measure formatting, not the terminal
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("  one scrape (collect all families; not per step)", scrape_ns))
             assert body
             pipe.shutdown(0.5)
-    rows.append(("span building (spans.py, for reference)", build_ns / n))
+    rows.append(("span building (span_builder.py, for reference)", build_ns / n))
 
     print(f"{n} steps, {spans_per_step:.1f} spans/step on average "
           "(every 10th step: inference + val_loss with 4 val batches)")

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from otel_train.budget import BudgetSpanProcessor  # noqa: E402
 from otel_train.console import ConsoleReportSpanProcessor  # noqa: E402
 from otel_train.export import BoundedBatchSpanProcessor, JsonLinesSpanExporter  # noqa: E402
-from otel_train.metrics import PrometheusMetrics  # noqa: E402
 from otel_train.options import RunOptions  # noqa: E402
 from otel_train.overhead import OverheadSpanProcessor  # noqa: E402
+from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor  # noqa: E402
 from otel_train.recorder import MonitorRecord, Phase, Step  # noqa: E402
 from otel_train.run import Run, start_run  # noqa: E402
 from otel_train.slow_steps import SlowStepSpanProcessor  # noqa: E402
 from otel_train.steps_view import SharedStepSpanProcessor, StepView  # noqa: E402
+from otel_train.version import __version__
 
 __all__ = [
     "BoundedBatchSpanProcessor",
@@ -43,7 +42,7 @@ __all__ = [
     "MonitorRecord",
     "OverheadSpanProcessor",
     "Phase",
-    "PrometheusMetrics",
+    "PrometheusMetricsSpanProcessor",
     "Run",
     "RunOptions",
     "SharedStepSpanProcessor",

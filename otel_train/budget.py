@@ -26,8 +26,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from otel_train.accounting import RateLimitedLogger
 from otel_train.overhead import OverheadSnapshot, OverheadSpanProcessor
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.steps_view import StepView, StepViewProcessor
 
 _log = logging.getLogger("otel_train")

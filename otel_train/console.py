@@ -30,7 +30,13 @@ from otel_train import attributes as A
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.steps_view import (
-    P_DURATION, P_KIND, P_LOADER, P_NAME, P_PARENT_ID, StepView, StepViewProcessor,
+    P_DURATION,
+    P_KIND,
+    P_LOADER,
+    P_NAME,
+    P_PARENT_ID,
+    StepView,
+    StepViewProcessor,
 )
 
 OTHER = "other"  # time of the step in no phase

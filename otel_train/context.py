@@ -13,7 +13,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+)
 
 from otel_train.identity import step_trace_id
 

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_train.accounting import RateLimitedLogger
 from otel_train.budget import advise, budget_status
 from otel_train.overhead import OverheadSnapshot
+from otel_train.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
 SCHEMA = "otel-train/monitoring-costs/v1"

@@ -28,7 +28,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_train.accounting import DropCounter, RateLimitedLogger
+from otel_train.drop_counter import DropCounter
+from otel_train.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
 

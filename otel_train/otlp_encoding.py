@@ -234,7 +234,7 @@ def _flags(parent: Any) -> int:
 
 
 def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
-    """Serialized ``ExportTraceServiceRequest`` for ``spans`` (a one-off encoder)."""
+    """Serialized ``ExportTraceServiceRequest`` for ``span_builder`` (a one-off encoder)."""
     return _Encoder().request(spans)
 
 

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_train.accounting import SelfCostMeter
+from otel_train.self_cost import SelfCostMeter
 from otel_train.steps_view import StepView, StepViewProcessor
 
 

@@ -2,7 +2,7 @@
 
 Nothing here creates OpenTelemetry SDK objects, nor even a record per phase. A step keeps one
 flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appends
-``(end_ns, exception_or_None)``; the background (``spans.py``) turns that stream into the
+``(end_ns, exception_or_None)``; the background (``span_builder.py``) turns that stream into the
 span tree. A finished step goes to a bounded deque the background drains. Timestamps are
 ``perf_counter_ns``; the builder converts them to epoch nanoseconds with one offset.
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from otel_train.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
 
 if TYPE_CHECKING:
-    from otel_train.accounting import DropCounter
+    from otel_train.drop_counter import DropCounter
 
 
 class Phase:
@@ -88,7 +88,7 @@ class SyncedPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
-class EventPhase(Phase):
+class DeviceEventPhase(Phase):
     """A phase that also records a device timing event at each boundary (``events`` mode).
 
     Events are kept in ``step.dev`` keyed by the position of their boundary in the event
@@ -114,7 +114,7 @@ class EventPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
-class PhaseEvent:
+class DecodedPhase:
     """One phase decoded from a step's event list (see :func:`decode_events`)."""
 
     __slots__ = ("ordinal", "phase", "start_ns", "end_ns", "parent", "error", "start_pos",
@@ -133,19 +133,19 @@ class PhaseEvent:
         self.end_pos = end_pos
 
     def __repr__(self) -> str:
-        return (f"PhaseEvent({self.ordinal}, {self.phase.name!r}, parent={self.parent}, "
+        return (f"DecodedPhase({self.ordinal}, {self.phase.name!r}, parent={self.parent}, "
                 f"{self.start_ns}..{self.end_ns})")
 
 
-def decode_events(ev: list[Any]) -> list[PhaseEvent]:
+def decode_events(ev: list[Any]) -> list[DecodedPhase]:
     """Turn a step's flat event list into phases (start order); safe on a live list."""
-    out: list[PhaseEvent] = []
-    stack: list[PhaseEvent] = []
+    out: list[DecodedPhase] = []
+    stack: list[DecodedPhase] = []
     n = len(ev) - (len(ev) & 1)  # a concurrent reader may see half an event pair
     for i in range(0, n, 2):
         a = ev[i]
         if isinstance(a, Phase):
-            ph = PhaseEvent(len(out), a, ev[i + 1], 0, stack[-1].ordinal if stack else -1,
+            ph = DecodedPhase(len(out), a, ev[i + 1], 0, stack[-1].ordinal if stack else -1,
                             None, i)
             out.append(ph)
             stack.append(ph)
@@ -209,7 +209,7 @@ class Recorder:
         self.make_event = make_event
         self.plain = synchronize is None and make_event is None  # host clock only
         self._phase_cls = (SyncedPhase if synchronize is not None
-                           else EventPhase if make_event is not None else Phase)
+                           else DeviceEventPhase if make_event is not None else Phase)
         self._phases: dict[tuple[str, str, str | None], Phase] = {}
         # The common lookups, by name alone: each running step's ``phase`` / ``monitor`` is
         # the bound ``__getitem__`` of these tables (a C call, no Python frame per phase).

@@ -37,20 +37,31 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train import __version__
-from otel_train.accounting import DropCounter, SelfCostMeter
 from otel_train.attributes import INSTRUMENTATION_SCOPE, KIND_TRAIN, PHASE_DATA
 from otel_train.context import ActivePhaseSpan
 from otel_train.device import DeviceTiming, resolve_device_timing
+from otel_train.drop_counter import DropCounter
 from otel_train.export import BoundedBatchSpanProcessor
+from otel_train.global_provider import global_provider_for_run
 from otel_train.identity import RunIdentity, resolve_identity
 from otel_train.options import RunOptions
 from otel_train.recorder import MonitorRecord, Phase, Recorder, Step
-from otel_train.spans import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns, new_span_id
-from otel_train.telemetry import (
-    ExportPlan, build_resource, build_sampler, create_exporter, global_provider_for_run,
-    plan_export, sdk_disabled,
+from otel_train.sdk_config import (
+    ExportPlan,
+    build_resource,
+    build_sampler,
+    create_exporter,
+    plan_export,
+    sdk_disabled,
 )
+from otel_train.self_cost import SelfCostMeter
+from otel_train.span_builder import (
+    SpanBuildWorker,
+    StepSpanBuilder,
+    epoch_offset_ns,
+    new_span_id,
+)
+from otel_train.version import __version__
 
 _log = logging.getLogger("otel_train")
 _HELD_STEP_GRACE_NS = 1_000_000_000
@@ -127,8 +138,8 @@ class Run:
         is_sampled = _sampling_function(sampler)
 
         # -- derived metrics (overhead, budget, slow steps, console, Prometheus) ----------
-        from otel_train.pipeline import DerivedPipeline
-        self._pipeline = DerivedPipeline(
+        from otel_train.derived_metrics import DerivedMetricsStage
+        self._pipeline = DerivedMetricsStage(
             options, ident, self.status_dir, self._recorder, self.drops, self.self_cost)
         sinks: list[SpanProcessor] = list(self._pipeline.processors)
         if self._export is not None:
@@ -421,7 +432,7 @@ def _calibrate_hot_path_ns_per_span(rounds: int = 200) -> float:
     """Measure this machine's CPU cost of one recorded phase (for the self-cost gauge)."""
     from time import thread_time_ns
 
-    from otel_train.accounting import DropCounter as _DC
+    from otel_train.drop_counter import DropCounter as _DC
     rec = Recorder(rounds + 1, _DC(), None)
     t0 = thread_time_ns()
     for i in range(rounds):

@@ -25,9 +25,14 @@ from bisect import bisect_left, insort
 from collections import deque
 
 from otel_train import attributes as A
-from otel_train.accounting import RateLimitedLogger
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.steps_view import (
-    P_DURATION, P_KIND, P_NAME, StepView, StepViewProcessor, set_span_attribute,
+    P_DURATION,
+    P_KIND,
+    P_NAME,
+    StepView,
+    StepViewProcessor,
+    set_span_attribute,
 )
 
 _log = logging.getLogger("otel_train")

@@ -30,7 +30,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_train import attributes as A
-from otel_train.accounting import RateLimitedLogger
+from otel_train.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
 

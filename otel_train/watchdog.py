@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from time import perf_counter_ns, time_ns
 
-from otel_train.accounting import RateLimitedLogger
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.recorder import Recorder
 
 _log = logging.getLogger("otel_train")

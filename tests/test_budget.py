@@ -6,11 +6,11 @@ import logging
 import math
 
 import pytest
+from span_trees import feed, train_step
 
 from otel_train.budget import BudgetSpanProcessor, advise, budget_status
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.steps_view import SharedStepSpanProcessor
-from span_trees import feed, train_step
 
 pytestmark = pytest.mark.timeout(30)
 

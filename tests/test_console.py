@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 
 import pytest
+from span_trees import feed, monitor_span, step_spans, train_step
 
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.slow_steps import SlowStepSpanProcessor
 from otel_train.steps_view import SharedStepSpanProcessor
-from span_trees import feed, monitor_span, step_spans, train_step
 
 pytestmark = pytest.mark.timeout(30)
 

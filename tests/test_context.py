@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
+from train_helpers import clean_env, one, run_spans, start_test_run  # noqa: F401
 
-from otel_train.accounting import DropCounter
 from otel_train.context import ActivePhaseSpan
+from otel_train.drop_counter import DropCounter
+from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.identity import step_trace_id
 from otel_train.recorder import Recorder, Step
-from otel_train.telemetry import RunScopedTracerProvider
-from train_helpers import clean_env, one, run_spans, start_test_run  # noqa: F401
 
 pytestmark = pytest.mark.timeout(30)
 

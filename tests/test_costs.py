@@ -7,12 +7,16 @@ import os
 from pathlib import Path
 
 import pytest
+from span_trees import feed, monitor_span, train_step
 
 from otel_train.costs import (
-    CostsFileWriter, build_costs, format_costs_table, main_costs, write_json_atomic,
+    CostsFileWriter,
+    build_costs,
+    format_costs_table,
+    main_costs,
+    write_json_atomic,
 )
 from otel_train.overhead import OverheadSpanProcessor
-from span_trees import feed, monitor_span, train_step
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,13 +11,18 @@ import time
 import types
 
 import pytest
+from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
+    SLACK_SECONDS,
+    FakeAccelerator,
+    clean_env,
+    one,
+    run_spans,
+    start_test_run,
+)
 
 import otel_train.run
 from otel_train import device as device_mod
 from otel_train.device import resolve_device_timing
-from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
-    SLACK_SECONDS, FakeAccelerator, clean_env, one, run_spans, start_test_run,
-)
 
 pytestmark = pytest.mark.timeout(60)
 

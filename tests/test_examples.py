@@ -12,7 +12,12 @@ from collections import Counter
 
 import pytest
 from integration_support import (
-    EXAMPLES, PYTHON, children, monitor_roots, step_roots, subprocess_env,
+    EXAMPLES,
+    PYTHON,
+    children,
+    monitor_roots,
+    step_roots,
+    subprocess_env,
 )
 from otlp_receivers import GrpcOtlpReceiver
 

@@ -10,14 +10,22 @@ from collections.abc import Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
+from train_helpers import clean_env, one, read_file_spans  # noqa: F401
 
 import otel_train
-from otel_train.accounting import DropCounter
-from otel_train.export import BoundedBatchSpanProcessor, JsonLinesSpanExporter, read_spans_jsonl
-from train_helpers import clean_env, one, read_file_spans  # noqa: F401
+from otel_train.drop_counter import DropCounter
+from otel_train.export import (
+    BoundedBatchSpanProcessor,
+    JsonLinesSpanExporter,
+    read_spans_jsonl,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
 from otel_train.identity import resolve_identity, step_trace_id
-from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.timeout(30)
 

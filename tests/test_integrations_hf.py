@@ -10,7 +10,11 @@ import torch  # noqa: E402
 from integration_support import children, monitor_roots, receiver_run, step_roots  # noqa: E402
 from otlp_receivers import GrpcOtlpReceiver  # noqa: E402
 from transformers import (  # noqa: E402
-    GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments,
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
 )
 
 from otel_train.integrations.hf import TrainerStepTraceCallback  # noqa: E402

@@ -7,7 +7,14 @@ import subprocess
 from importlib.metadata import entry_points
 
 import torch
-from integration_support import BIN, EXAMPLES, PYTHON, children, step_roots, subprocess_env
+from integration_support import (
+    BIN,
+    EXAMPLES,
+    PYTHON,
+    children,
+    step_roots,
+    subprocess_env,
+)
 from otlp_receivers import GrpcOtlpReceiver
 from torch.utils.data import DataLoader
 

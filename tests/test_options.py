@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
 import otel_train
 from otel_train.options import DEFAULT, RunOptions
-from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.timeout(30)
 

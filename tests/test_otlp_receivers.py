@@ -23,7 +23,6 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, Status, StatusCode
-
 from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver, ReceivedSpan
 
 pytestmark = pytest.mark.timeout(30)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from otel_train.accounting import SelfCostMeter
-from otel_train.overhead import OverheadSpanProcessor
 from span_trees import feed, monitor_span, step_spans, train_step
+
+from otel_train.overhead import OverheadSpanProcessor
+from otel_train.self_cost import SelfCostMeter
 
 pytestmark = pytest.mark.timeout(30)
 

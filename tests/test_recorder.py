@@ -9,13 +9,18 @@ import time
 
 import pytest
 import torch
-
-from otel_train.accounting import DropCounter
-from otel_train.attributes import KIND_MONITOR, KIND_TRAIN
-from otel_train.recorder import Phase, Recorder, Step, decode_events
 from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
-    SLACK_SECONDS, SlowIterable, clean_env, one, run_spans, start_test_run,
+    SLACK_SECONDS,
+    SlowIterable,
+    clean_env,
+    one,
+    run_spans,
+    start_test_run,
 )
+
+from otel_train.attributes import KIND_MONITOR, KIND_TRAIN
+from otel_train.drop_counter import DropCounter
+from otel_train.recorder import Phase, Recorder, Step, decode_events
 
 pytestmark = pytest.mark.timeout(60)
 

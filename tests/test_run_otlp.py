@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
+from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver, ReceivedSpan
+from train_helpers import SLACK_SECONDS, SlowIterable, clean_env, one  # noqa: F401
 
 import otel_train
 from otel_train.identity import step_trace_id
-from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver, ReceivedSpan
-from train_helpers import SLACK_SECONDS, SlowIterable, clean_env, one  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 

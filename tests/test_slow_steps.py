@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from span_trees import feed, step_spans, train_step
 
 from otel_train import attributes as A
 from otel_train.slow_steps import SlowStepSpanProcessor
-from span_trees import feed, step_spans, train_step
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,12 +6,16 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import SpanContext, TraceFlags
+from span_trees import MS, feed, monitor_span, step_spans
 
 from otel_train import attributes as A
 from otel_train.steps_view import (
-    SharedStepSpanProcessor, StepAssembler, StepView, StepViewProcessor, set_span_attribute,
+    SharedStepSpanProcessor,
+    StepAssembler,
+    StepView,
+    StepViewProcessor,
+    set_span_attribute,
 )
-from span_trees import MS, feed, monitor_span, step_spans
 
 pytestmark = pytest.mark.timeout(30)
 

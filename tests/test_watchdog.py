@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from otel_train.accounting import DropCounter
+from otel_train.drop_counter import DropCounter
 from otel_train.recorder import Recorder, Step
 from otel_train.watchdog import StallWatchdog
 

@@ -7,8 +7,6 @@ to make it autouse there.
 
 from __future__ import annotations
 
-from fake_accelerator import FakeAccelerator  # noqa: F401  (re-exported for the tests)
-
 import os
 import time
 from collections.abc import Iterator
@@ -18,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_accelerator import FakeAccelerator  # noqa: F401  (re-exported for the tests)
 
 import otel_train
-from otel_train import telemetry
+from otel_train import rate_limited_log
 from otel_train.export import read_spans_jsonl
 
 # Environment variables that change what a run does; tests start without any of them.
@@ -37,9 +36,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):
         if name.startswith("OTEL_") or name in _IDENTITY_VARS:
             monkeypatch.delenv(name, raising=False)
-    telemetry._warned.clear()
+    rate_limited_log._warned.clear()
     yield
-    telemetry._warned.clear()
+    rate_limited_log._warned.clear()
 
 
 def start_test_run(tmp_path: Path, **options: Any) -> otel_train.Run:

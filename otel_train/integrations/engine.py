@@ -22,12 +22,17 @@ from typing import Any
 
 from torch import is_grad_enabled
 
-from otel_train.accounting import RateLimitedLogger
 from otel_train.attributes import (
-    KIND_MONITOR, KIND_TRAIN, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD, PHASE_INFERENCE,
+    KIND_MONITOR,
+    KIND_TRAIN,
+    PHASE_BACKWARD,
+    PHASE_DATA,
+    PHASE_FORWARD,
+    PHASE_INFERENCE,
     PHASE_OPTIMIZER,
 )
 from otel_train.integrations.timeline import attach_backward_probe
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.run import Run
 
 _log = logging.getLogger("otel_train")

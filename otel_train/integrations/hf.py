@@ -42,8 +42,15 @@ from typing import Any
 from transformers import TrainerCallback
 
 from otel_train.attributes import (
-    KIND_MONITOR, KIND_TRAIN, MICRO_STEP, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD,
-    PHASE_INFERENCE, PHASE_OPTIMIZER, PHASE_VAL_LOSS,
+    KIND_MONITOR,
+    KIND_TRAIN,
+    MICRO_STEP,
+    PHASE_BACKWARD,
+    PHASE_DATA,
+    PHASE_FORWARD,
+    PHASE_INFERENCE,
+    PHASE_OPTIMIZER,
+    PHASE_VAL_LOSS,
 )
 from otel_train.integrations.timeline import attach_backward_probe
 from otel_train.run import Run, start_run

@@ -33,8 +33,14 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from otel_train.attributes import (
-    DATALOADER, KIND_TRAIN, MICRO_STEP, PHASE_BACKWARD, PHASE_DATA, PHASE_FORWARD,
-    PHASE_OPTIMIZER, PHASE_VAL_LOSS,
+    DATALOADER,
+    KIND_TRAIN,
+    MICRO_STEP,
+    PHASE_BACKWARD,
+    PHASE_DATA,
+    PHASE_FORWARD,
+    PHASE_OPTIMIZER,
+    PHASE_VAL_LOSS,
 )
 from otel_train.run import Run, start_run
 

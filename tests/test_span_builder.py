@@ -12,12 +12,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
-from otel_train.accounting import DropCounter, SelfCostMeter
+from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.recorder import MonitorRecord, Recorder, Step
-from otel_train.spans import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns
-from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+from otel_train.self_cost import SelfCostMeter
+from otel_train.span_builder import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,7 @@ interval still gets one). Without NVML or a GPU, no sample ever comes and nothin
 
 Usage::
 
-    gpu_steps = GpuStepAttributeProcessor(on_latest=metrics.set_gpu_samples)
+    gpu_steps = GpuStepAttributeSpanProcessor(on_latest=metrics.set_gpu_samples)
     sampler = NvmlGpuSampler(5.0, on_sample=gpu_steps.on_samples)
     sampler.start()
 """
@@ -25,7 +25,7 @@ from otel_train import attributes as A
 from otel_train.steps_view import StepView, StepViewProcessor, set_span_attribute
 
 
-class GpuStepAttributeProcessor(StepViewProcessor):
+class GpuStepAttributeSpanProcessor(StepViewProcessor):
     """Sets GPU attributes on the root spans of steps that overlap a GPU sample."""
 
     def __init__(self, on_latest: Callable[[Sequence[Any]], None] | None = None,

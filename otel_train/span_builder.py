@@ -22,9 +22,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_train import attributes as A
-from otel_train.accounting import DropCounter, RateLimitedLogger, SelfCostMeter
+from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
+from otel_train.self_cost import SelfCostMeter
 
 _log = logging.getLogger("otel_train")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

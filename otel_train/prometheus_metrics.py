@@ -11,7 +11,7 @@ Never the global registry: every run has its own ``CollectorRegistry``.
 
 Usage::
 
-    metrics = PrometheusMetrics(rank=0, budget=0.05, overhead=overhead)
+    metrics = PrometheusMetricsSpanProcessor(rank=0, budget=0.05, overhead=overhead)
     provider.add_span_processor(metrics)
     url = metrics.start_server("127.0.0.1", 0)      # "http://127.0.0.1:PORT"
     ...
@@ -27,16 +27,21 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import (
-    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from otel_train import attributes as A
-from otel_train.accounting import DropCounter
+from otel_train.drop_counter import DROP_REASONS, DropCounter
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.steps_view import (
-    P_DURATION, StepView, StepViewProcessor,
+    P_DURATION,
+    StepView,
+    StepViewProcessor,
 )
 
 # Seconds. 30 must be a bound: the "one monitoring call > 30 s" alert reads le="30".
@@ -44,10 +49,6 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0, 1800.0,
 )
-
-# The reasons accounting.DropCounter documents (exported at 0 until they happen).
-DROP_REASONS = ("record_queue_full", "export_queue_full", "export_failed", "shutdown_timeout",
-                "build_error")
 
 # (in-progress seconds, last step end as unix seconds); from the watchdog
 ProgressSource = Callable[[], tuple[float, float]]
@@ -65,7 +66,7 @@ class _Histogram:
             [None] * (n + 1) if exemplars else None)
 
 
-class PrometheusMetrics(StepViewProcessor):
+class PrometheusMetricsSpanProcessor(StepViewProcessor):
     """Feeds the contract's metrics from step views; serves them on its own registry."""
 
     def __init__(
@@ -291,9 +292,9 @@ def _buckets(h: _Histogram, le: list[str]) -> list[tuple[Any, ...]]:
 
 
 class _Collector:
-    """Adapter: the registry asks it; it asks ``PrometheusMetrics``."""
+    """Adapter: the registry asks it; it asks ``PrometheusMetricsSpanProcessor``."""
 
-    def __init__(self, metrics: PrometheusMetrics) -> None:
+    def __init__(self, metrics: PrometheusMetricsSpanProcessor) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:

@@ -8,33 +8,20 @@ instead of failing a training run at start-up.
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
 
 from otel_train.options import RunOptions
+from otel_train.rate_limited_log import warn_once
 
-_log = logging.getLogger("otel_train")
-_warned: set[str] = set()
 _DEFAULT_TIMEOUT_SECONDS = 10.0
-
-
-def warn_once(key: str, msg: str, *args: object) -> None:
-    """Log a warning only the first time ``key`` is seen in this process."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    _log.warning(msg, *args)
 
 
 def _bool_env(env: Mapping[str, str], name: str) -> bool:
@@ -192,81 +179,3 @@ def build_resource(service_name: str | None, identity_attrs: Mapping[str, Any],
 def build_sampler() -> Sampler:
     """The sampler OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG describe (SDK rules)."""
     return _get_from_env_or_default()
-
-
-# -- the global TracerProvider ----------------------------------------------------------------
-
-class RunScopedTracerProvider(trace_api.TracerProvider):
-    """The global provider otel-train installs when the application has none.
-
-    ``set_tracer_provider`` works once per process; runs come and go. This provider forwards
-    to the current run's SDK provider, so user spans always reach the run that is active.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current: TracerProvider | None = None
-
-    def activate(self, provider: TracerProvider | None) -> None:
-        """Point at ``provider`` (None: no run active, tracers become no-ops)."""
-        with self._lock:
-            self._current = provider
-
-    @property
-    def current(self) -> TracerProvider | None:
-        """The active run's provider."""
-        return self._current
-
-    def get_tracer(self, instrumenting_module_name: str, *args: Any, **kwargs: Any
-                   ) -> trace_api.Tracer:
-        """A tracer that resolves to the active run's provider at each span start."""
-        return _RunScopedTracer(self, instrumenting_module_name, args, kwargs)
-
-
-class _RunScopedTracer(trace_api.Tracer):
-    def __init__(self, owner: RunScopedTracerProvider, name: str, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
-        self._owner = owner
-        self._name = name
-        self._args = args
-        self._kwargs = kwargs
-        self._cache: tuple[TracerProvider | None, trace_api.Tracer] | None = None
-
-    def _target(self) -> trace_api.Tracer:
-        provider = self._owner.current
-        cache = self._cache
-        if cache is not None and cache[0] is provider:
-            return cache[1]
-        tracer = (provider.get_tracer(self._name, *self._args, **self._kwargs)
-                  if provider is not None else trace_api.NoOpTracer())
-        self._cache = (provider, tracer)
-        return tracer
-
-    def start_span(self, *args: Any, **kwargs: Any) -> trace_api.Span:
-        return self._target().start_span(*args, **kwargs)
-
-    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._target().start_as_current_span(*args, **kwargs)
-
-
-def global_provider_for_run() -> tuple[str, Any]:
-    """('ours', RunScopedTracerProvider) or ('app', the application's SDK provider).
-
-    Installs otel-train's run-scoped provider as the global one when the application has
-    none; reuses the application's SDK provider when it set one.
-    """
-    current = trace_api.get_tracer_provider()
-    if isinstance(current, RunScopedTracerProvider):
-        return "ours", current
-    if isinstance(current, TracerProvider):
-        return "app", current
-    if isinstance(current, trace_api.ProxyTracerProvider):
-        ours = RunScopedTracerProvider()
-        trace_api.set_tracer_provider(ours)
-        if trace_api.get_tracer_provider() is ours:
-            return "ours", ours
-        current = trace_api.get_tracer_provider()
-        if isinstance(current, TracerProvider):
-            return "app", current
-    # Some other API-level provider (a vendor's): leave it alone.
-    return "foreign", current

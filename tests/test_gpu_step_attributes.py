@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from span_trees import BASE_NS, MS, feed, train_step
 
 from otel_train import attributes as A
 from otel_train.gpu import GpuSample
-from otel_train.gpu_steps import GpuStepAttributeProcessor
-from span_trees import BASE_NS, MS, feed, train_step
+from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def test_steps_overlapping_samples_get_the_highest_reading() -> None:
     latest: list[list[GpuSample]] = []
-    gpu = GpuStepAttributeProcessor(on_latest=latest.append)
+    gpu = GpuStepAttributeSpanProcessor(on_latest=latest.append)
     t0 = BASE_NS  # step 0 spans [t0, t0 + 100 ms]
     gpu.on_samples([GpuSample(0, 0.50, 1000, 8000, t0 - 5 * MS),
                     GpuSample(1, 0.40, 3000, 8000, t0 - 5 * MS)])
@@ -29,7 +29,7 @@ def test_steps_overlapping_samples_get_the_highest_reading() -> None:
 
 
 def test_without_samples_no_attribute_is_set() -> None:
-    gpu = GpuStepAttributeProcessor()
+    gpu = GpuStepAttributeSpanProcessor()
     spans = train_step(0)
     feed(gpu, spans)
     assert A.GPU_UTILIZATION not in spans[-1].attributes

@@ -1,4 +1,4 @@
-"""PrometheusMetrics: the contract's names and labels, exemplars, and its own server."""
+"""PrometheusMetricsSpanProcessor: the contract's names and labels, exemplars, and its own server."""
 
 from __future__ import annotations
 
@@ -7,21 +7,23 @@ import urllib.request
 
 import pytest
 from prometheus_client.exposition import generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.exposition import (
+    generate_latest as generate_openmetrics,
+)
 from prometheus_client.parser import text_string_to_metric_families
+from span_trees import feed, monitor_span, step_spans, train_step
 
-from otel_train.accounting import DropCounter
+from otel_train.drop_counter import DropCounter
 from otel_train.gpu import GpuSample
 from otel_train.overhead import OverheadSpanProcessor
+from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.slow_steps import SlowStepSpanProcessor
-from otel_train.metrics import PrometheusMetrics
 from otel_train.steps_view import SharedStepSpanProcessor
-from span_trees import feed, monitor_span, step_spans, train_step
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def samples(metrics: PrometheusMetrics) -> dict[tuple[str, tuple], float]:
+def samples(metrics: PrometheusMetricsSpanProcessor) -> dict[tuple[str, tuple], float]:
     text = generate_latest(metrics.registry).decode()
     out = {}
     for fam in text_string_to_metric_families(text):
@@ -30,11 +32,11 @@ def samples(metrics: PrometheusMetrics) -> dict[tuple[str, tuple], float]:
     return out
 
 
-def fed() -> tuple[PrometheusMetrics, list]:
+def fed() -> tuple[PrometheusMetricsSpanProcessor, list]:
     drops = DropCounter()
     drops.add("export_failed", 3)
     ov = OverheadSpanProcessor()
-    metrics = PrometheusMetrics(rank=0, budget=0.05, overhead=ov,
+    metrics = PrometheusMetricsSpanProcessor(rank=0, budget=0.05, overhead=ov,
                                 progress=lambda: (12.5, 1_700_000_000.0), drops=drops)
     shared = SharedStepSpanProcessor([SlowStepSpanProcessor(), ov, metrics])
     roots = []
@@ -83,7 +85,7 @@ def test_step_duration_buckets_carry_the_trace_id_as_an_openmetrics_exemplar() -
 
 
 def test_gpu_gauges_by_gpu_and_no_utilization_series_when_unsupported() -> None:
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetricsSpanProcessor()
     metrics.set_gpu_samples([GpuSample(0, 0.75, 2048, 8192, 1), GpuSample(1, None, 10, 80, 1)])
     s = samples(metrics)
     assert s[("otel_train_gpu_utilization_ratio", (("gpu", "0"),))] == 0.75
@@ -109,4 +111,4 @@ def test_a_port_in_use_raises_oserror() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(OSError):
-            PrometheusMetrics().start_server("127.0.0.1", port)
+            PrometheusMetricsSpanProcessor().start_server("127.0.0.1", port)

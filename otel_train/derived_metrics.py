@@ -9,7 +9,7 @@ then to the exporter.
 
 Usage::
 
-    pipeline = DerivedPipeline(options, identity, status_dir, recorder, drops, self_cost)
+    pipeline = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
     pipeline.start()               # ValueError when the Prometheus port is taken
     for span in spans: pipeline.processors[0].on_end(span)
     pipeline.costs()               # the content of monitoring_costs.json
@@ -26,17 +26,18 @@ from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_train.accounting import DropCounter, SelfCostMeter
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
 from otel_train.costs import CostsFileWriter, build_costs
+from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
-from otel_train.gpu_steps import GpuStepAttributeProcessor
+from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.identity import RunIdentity
-from otel_train.metrics import PrometheusMetrics
 from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.overhead import OverheadSpanProcessor
+from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.recorder import Recorder
+from otel_train.self_cost import SelfCostMeter
 from otel_train.slow_steps import SlowStepSpanProcessor
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.watchdog import StallWatchdog
@@ -51,7 +52,7 @@ def costs_file_name(identity: RunIdentity) -> str:
     return f"monitoring_costs-rank{identity.rank}.json"
 
 
-class DerivedPipeline:
+class DerivedMetricsStage:
     """Builds, starts and stops the derived-metrics processors of one run."""
 
     def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
@@ -69,9 +70,9 @@ class DerivedPipeline:
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
             slow_operation_seconds=options.slow_operation_seconds)
-        self.metrics = PrometheusMetrics(identity.rank, options.budget, self.overhead,
+        self.metrics = PrometheusMetricsSpanProcessor(identity.rank, options.budget, self.overhead,
                                          progress=self.watchdog.progress, drops=drops)
-        self.gpu_steps = GpuStepAttributeProcessor(on_latest=self.metrics.set_gpu_samples)
+        self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.console: ConsoleReportSpanProcessor | None = None
         chain: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
                                           self.budget, self.metrics]

@@ -1,4 +1,4 @@
-"""DerivedPipeline end to end: a real run, scraped by a real Prometheus, checked with PromQL."""
+"""DerivedMetricsStage end to end: a real run, scraped by a real Prometheus, checked with PromQL."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_server import PrometheusServer
 
 import otel_train
-from prometheus_server import PrometheusServer
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -20,14 +20,18 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from otel_train import telemetry
-from otel_train.export import JsonLinesSpanExporter
-from otel_train.options import RunOptions
-from otel_train.telemetry import (
-    RunScopedTracerProvider, build_resource, create_exporter, plan_export, sdk_disabled,
-)
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+from otel_train.export import JsonLinesSpanExporter
+from otel_train.global_provider import RunScopedTracerProvider
+from otel_train.options import RunOptions
+from otel_train.sdk_config import (
+    ExportPlan,
+    build_resource,
+    create_exporter,
+    plan_export,
+    sdk_disabled,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,15 +139,15 @@ def test_an_unsupported_otlp_protocol_warns_once_and_falls_back_to_http(caplog):
 
 
 def test_create_exporter_builds_the_planned_exporter(tmp_path):
-    grpc = create_exporter(telemetry.ExportPlan("otlp", "grpc", "http://127.0.0.1:4317"))
-    http = create_exporter(telemetry.ExportPlan("otlp", "http/protobuf", "http://h:4318/"))
-    jsonl = create_exporter(telemetry.ExportPlan("jsonl", path=tmp_path / "s.jsonl"))
+    grpc = create_exporter(ExportPlan("otlp", "grpc", "http://127.0.0.1:4317"))
+    http = create_exporter(ExportPlan("otlp", "http/protobuf", "http://h:4318/"))
+    jsonl = create_exporter(ExportPlan("jsonl", path=tmp_path / "s.jsonl"))
     try:
         assert isinstance(grpc, GrpcExporter)
         assert isinstance(http, HttpExporter)
         assert http._endpoint == "http://h:4318/v1/traces"
         assert isinstance(jsonl, JsonLinesSpanExporter)
-        assert create_exporter(telemetry.ExportPlan("none")) is None
+        assert create_exporter(ExportPlan("none")) is None
     finally:
         for exporter in (grpc, http, jsonl):
             exporter.shutdown()
