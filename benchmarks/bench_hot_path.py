@@ -102,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         exporter="none", prometheus_port=None, console=False, status_dir=tmp,
         max_queued_steps=10 * CHUNK,
     ) as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         gen = run.steps(range(rounds * CHUNK + 1))
         for r in range(10):  # warm-up: caches, dict growth, first-use paths
             _floor_chunk(), _ours_chunk(gen), _sdk_chunk(tracer)
-            run._worker.drain()
+            run._telemetry.worker.drain()
         gc.collect()
         for r in range(rounds - 10):
             floor += _floor_chunk()
@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             sdk += _sdk_chunk(tracer)
             sample = list(run._recorder.queue)[:5]
             t1 = thread_time_ns()
-            run._worker.drain()  # build spans + run the derived-metrics processors
+            run._telemetry.worker.drain()  # build spans + run the derived-metrics processors
             build += thread_time_ns() - t1
-            spans = [s for rec in sample for s in run._builder.build(rec)]
+            spans = [s for rec in sample for s in run._telemetry.builder.build(rec)]
             t2 = thread_time_ns()
             encoder.request(spans)  # what otel-train's OTLP exporters do per batch
             t3 = thread_time_ns()

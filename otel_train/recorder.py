@@ -12,9 +12,10 @@ phase boundary (``SyncedPhase``): the one thing here that may wait on the device
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any
 
 from otel_train.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
@@ -206,6 +207,7 @@ class Recorder:
         # A step closed by GeneratorExit is held back until the next event, so that an
         # exception escaping the loop body (seen later by Run.__exit__) can still mark it.
         self.held: Step | None = None
+        self._held_lock = threading.Lock()
         self.make_event = make_event
         self.plain = synchronize is None and make_event is None  # host clock only
         self._phase_cls = (SyncedPhase if synchronize is not None
@@ -229,6 +231,94 @@ class Recorder:
                 by_name[name] = p
         return p
 
+    # -- the step lifecycle: one start routine, one end routine, one loop ------------------
+    def begin_step(self, loader: str | None, index: int | None = None,
+                   first_phase: Phase | None = None) -> Step:
+        """Start the next step (it becomes ``current``); steps never nest."""
+        cur = self.current
+        if cur is not None and not cur.end_ns:
+            raise RuntimeError(
+                f"step {cur.index} is still in progress: steps do not nest (end it first)")
+        if index is None:
+            index = self.next_index
+        self.next_index = index + 1
+        return Step(self, index, loader, first_phase)
+
+    def finish_step(self, step: Step, error: BaseException | None, hold: bool = False,
+                    _clock: Callable[[], int] = perf_counter_ns) -> None:
+        """End ``step`` now (phases still open end with it) and queue it for the background.
+
+        ``hold`` keeps it back until the next run event instead (see ``held``).
+        """
+        if step.end_ns:
+            return
+        if not self.plain:
+            if self.synchronize is not None:
+                self.synchronize()  # explicit: the step ends when its device work has ended
+            elif step.dev is not None:
+                step.dev[-2] = self.make_event()
+        step.end_ns = end = _clock()
+        del step.phase, step.monitor  # back to the methods that refuse an ended step
+        if error is not None and step.error is None:
+            step.error = error
+        if step.batch is not None:
+            step.batch = None  # the background must never keep a batch (or its device memory)
+        if self.current is step:
+            self.current = self.ev = None
+        self.last_step_end_ns = end
+        if hold:
+            self.held = step
+        elif len(self.queue) < self.max_queued:
+            self.queue.append(step)
+        else:
+            self.drops.add("record_queue_full", step.span_count())
+
+    def steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+        """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
+        sync = self.synchronize  # the step's start already synchronized: data starts clean
+        begin = self.begin_step
+        finish = self.finish_step
+        data = self.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
+        it = iter(iterable)
+        while True:
+            if self.held is not None:
+                self.release_held()
+            if self.closed:
+                return
+            step = begin(loader, None, data)  # the data phase opens with the step
+            try:
+                batch = next(it)
+            except StopIteration:
+                self.current = self.ev = None  # no batch, no step
+                self.next_index = step.index
+                return
+            except BaseException as exc:
+                step.ev.extend((perf_counter_ns(), exc))
+                finish(step, exc)
+                raise
+            if sync is not None:
+                sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
+            step.ev.extend((perf_counter_ns(), None))
+            step.batch = batch
+            try:
+                yield step
+            except GeneratorExit:
+                # The loop was left: by ``break`` or by an exception in its body. Hold the
+                # step until the next event so Run.__exit__ can still mark it failed.
+                finish(step, None, True)
+                raise
+            except BaseException as exc:
+                finish(step, exc)
+                raise
+            finish(step, None)
+
+    def timestamp_ns(self) -> int:
+        """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
+        sync = self.synchronize
+        if sync is not None:
+            sync()  # explicit: the run's device_sync choice, as at every phase boundary
+        return perf_counter_ns()
+
     def submit(self, record: Step | MonitorRecord) -> None:
         """Queue a finished record for the background; count it if the queue is full."""
         q = self.queue
@@ -238,13 +328,15 @@ class Recorder:
             self.drops.add("record_queue_full", record.span_count())
 
     def release_held(self, error: BaseException | None = None) -> None:
-        """Submit the held step, marking it failed with ``error`` if given."""
-        held = self.held
-        if held is not None:
+        """Submit the held step, marking it failed with ``error`` if given; any thread."""
+        with self._held_lock:
+            held = self.held
+            if held is None:
+                return
             self.held = None
-            if error is not None and held.error is None:
-                held.error = error
-            self.submit(held)
+        if error is not None and held.error is None:
+            held.error = error
+        self.submit(held)
 
     def open_monitoring(self) -> tuple[int, str, int] | None:
         """(step index, name, start ns) of the outermost monitoring operation running now.
@@ -434,38 +526,17 @@ class Step:
         return _active_ordinal(self.ev)[0]
 
     def _finish(self, error: BaseException | None, hold: bool = False) -> None:
-        if self.end_ns:
-            return
-        rec = self._recorder
-        if not rec.plain:
-            if rec.synchronize is not None:
-                rec.synchronize()  # explicit: the step ends when its device work has ended
-            elif self.dev is not None:
-                self.dev[-2] = rec.make_event()
-        self.end_ns = end = perf_counter_ns()
-        del self.phase, self.monitor  # back to the methods that refuse an ended step
-        if error is not None and self.error is None:
-            self.error = error
-        if self.batch is not None:
-            self.batch = None
-        if rec.current is self:
-            rec.current = None
-            rec.ev = None
-        rec.last_step_end_ns = end
-        if hold:
-            rec.held = self
-        else:
-            rec.submit(self)
+        self._recorder.finish_step(self, error, hold)
 
     def end(self, error: BaseException | None = None) -> None:
         """End the step now (phases still open end with it), failed if ``error``."""
-        self._finish(error)
+        self._recorder.finish_step(self, error)
 
     def __enter__(self) -> Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self._finish(exc)
+        self._recorder.finish_step(self, exc)
         return False
 
     def __repr__(self) -> str:
@@ -507,7 +578,7 @@ class MonitorRecord:
         if end_ns is None:
             sync = self._recorder.synchronize
             if sync is not None:
-                sync()
+                sync()  # explicit: this operation's device work counts in this operation
             end_ns = perf_counter_ns()
         self.end_ns = end_ns
         self.error = error
@@ -550,3 +621,18 @@ def _detach(value: Any) -> Any:
     # Tensors: keep a detached reference (no graph, no sync); the builder reads the value.
     detach = getattr(value, "detach", None)
     return detach() if detach is not None else value
+
+
+def calibrate_ns_per_phase(rounds: int = 200) -> float:
+    """This machine's CPU cost of one recorded phase (for the self-cost gauge)."""
+    from otel_train.drop_counter import DropCounter
+
+    rec = Recorder(rounds + 1, DropCounter(), None)
+    t0 = thread_time_ns()
+    for i in range(rounds):
+        step = rec.begin_step(None, i)
+        with step.phase("a"):
+            pass
+        rec.finish_step(step, None)
+        rec.queue.clear()
+    return max((thread_time_ns() - t0) / (rounds * 2), 0.0)

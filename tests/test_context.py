@@ -11,7 +11,7 @@ from otel_train.context import ActivePhaseSpan
 from otel_train.drop_counter import DropCounter
 from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.identity import step_trace_id
-from otel_train.recorder import Recorder, Step
+from otel_train.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,7 +31,7 @@ def test_outside_a_step_the_proxy_is_an_invalid_context():
 def test_the_proxy_resolves_to_the_active_phase_then_back_to_the_root():
     rec = Recorder(10, DropCounter(), None)
     proxy = _proxy(rec)
-    step = Step(rec, 4, None)
+    step = rec.begin_step(None, 4)
     root_ctx = proxy.get_span_context()
     assert root_ctx.trace_id == step_trace_id("ctx-run", 4)
     assert root_ctx.trace_flags.sampled
@@ -45,14 +45,14 @@ def test_the_proxy_resolves_to_the_active_phase_then_back_to_the_root():
         assert proxy.get_span_context().span_id == fwd.span_id
     assert proxy.get_span_context().span_id == root_ctx.span_id
     assert step.span_ids == {-1: root_ctx.span_id, 0: fwd.span_id, 1: inner.span_id}
-    step._finish(None)
+    rec.finish_step(step, None)
     assert proxy.get_span_context() is INVALID_SPAN_CONTEXT
 
 
 def test_an_unsampled_step_gives_an_unsampled_parent():
     rec = Recorder(10, DropCounter(), None)
     proxy = _proxy(rec, sampled=False)
-    Step(rec, 0, None)
+    rec.begin_step(None, 0)
     assert not proxy.get_span_context().trace_flags.sampled
 
 

@@ -72,7 +72,7 @@ def test_sdk_spans_of_every_shape_encode_exactly_as_the_sdk_encodes_them():
 
 def test_otel_train_step_spans_encode_exactly_as_the_sdk_encodes_them(tmp_path):
     with start_test_run(tmp_path) as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         for step in run.steps(range(3), loader="train"):
             with step.phase("forward"):
                 pass
@@ -86,8 +86,8 @@ def test_otel_train_step_spans_encode_exactly_as_the_sdk_encodes_them(tmp_path):
                     with step.phase("optimizer"):
                         raise RuntimeError("nan loss")
         records = list(run._recorder.queue)
-        spans = [s for r in records for s in run._builder.build(r)]
-        run._worker.paused = False
+        spans = [s for r in records for s in run._telemetry.builder.build(r)]
+        run._telemetry.worker.paused = False
     assert len(spans) >= 10
     _same(spans)
     _same(spans + _sdk_spans())  # several resources and scopes in one batch
@@ -103,12 +103,12 @@ def test_the_attribute_cache_keeps_span_event_and_link_attributes_apart():
 
 def test_the_fast_encoder_is_several_times_cheaper_than_the_sdk_encoder(tmp_path):
     with start_test_run(tmp_path) as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         for step in run.steps(range(50)):
             with step.phase("forward"):
                 pass
-        spans = [s for r in list(run._recorder.queue) for s in run._builder.build(r)]
-        run._worker.paused = False
+        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
+        run._telemetry.worker.paused = False
     enc = _Encoder()
     enc.request(spans)  # warm the cache, as a running exporter is
     ours = sdk = 0

@@ -237,8 +237,8 @@ def test_after_a_hanging_shutdown_every_span_is_counted_exactly_once(tmp_path):
         with _start(tmp_path, "grpc", receiver) as run:
             _three_steps_stuck_in_the_collector(run, receiver)
             run.shutdown(timeout=0.5)
-    run._export._thread.join(5)  # the stuck export has returned, one way or the other
-    assert not run._export._thread.is_alive()
+    run._telemetry.export._thread.join(5)  # the stuck export has returned, one way or the other
+    assert not run._telemetry.export._thread.is_alive()
     delivered = len(receiver.spans())
     assert sum(run.dropped_spans().values()) + delivered == 9
 
@@ -258,7 +258,7 @@ def test_a_collector_slower_than_training_fills_the_bounded_export_queue(tmp_pat
 def test_record_queue_full_is_counted_when_the_builder_falls_behind(tmp_path):
     with HttpOtlpReceiver() as receiver:
         with _start(tmp_path, "http/protobuf", receiver, max_queued_steps=2) as run:
-            run._worker.paused = True
+            run._telemetry.worker.paused = True
             time.sleep(0.1)  # let any drain cycle already under way finish
             for step in run.steps(range(5)):
                 with step.phase("forward"):

@@ -225,7 +225,7 @@ _APP_PROVIDER_SCRIPT = textwrap.dedent("""
             "service": s.resource.attributes.get("service.name"),
             "step": s.attributes.get("train.step")}
            for s in memory.get_finished_spans()]
-    print(json.dumps({"mode": run._provider_mode, "plan": run.export_plan.kind,
+    print(json.dumps({"mode": run._telemetry.provider_mode, "plan": run.export_plan.kind,
                       "global_is_app": trace.get_tracer_provider() is provider,
                       "spans": out}))
 """)

@@ -1,0 +1,203 @@
+"""One assembly step: everything between a run's recorder and the wire.
+
+``assemble_telemetry`` chooses the TracerProvider (otel-train's run-scoped one, or the
+application's own), the resource, the sampler and the exporter, builds the derived-metrics
+stage and the export stage, and wires the background span worker to them. ``Run`` holds the
+public API only and talks to the ``RunTelemetry`` this returns.
+
+Data flow (see docs/architecture.md)::
+
+    Recorder.queue --SpanBuildWorker--> StepSpanBuilder -> ReadableSpans
+        -> DerivedMetricsStage.processors (slow steps, GPU, overhead, budget, Prometheus, console)
+        -> BoundedBatchSpanProcessor -> exporter (OTLP gRPC/HTTP, span file, console)
+        -> (application provider mode) the application's own span processors
+
+Usage::
+
+    telemetry = assemble_telemetry(options, identity, status_dir, recorder, drops, self_cost,
+                                   device)
+    telemetry.start()            # ValueError when the Prometheus port is taken
+    ...
+    telemetry.shutdown(deadline)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_train.attributes import INSTRUMENTATION_SCOPE
+from otel_train.derived_metrics import DerivedMetricsStage
+from otel_train.device import DeviceTiming
+from otel_train.drop_counter import DropCounter
+from otel_train.export import BoundedBatchSpanProcessor
+from otel_train.global_provider import RunScopedTracerProvider, global_provider_for_run
+from otel_train.identity import RunIdentity
+from otel_train.options import RunOptions
+from otel_train.recorder import Recorder
+from otel_train.sdk_config import (
+    ExportPlan,
+    build_resource,
+    build_sampler,
+    create_exporter,
+    plan_export,
+    sdk_disabled,
+)
+from otel_train.self_cost import SelfCostMeter
+from otel_train.span_builder import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns
+from otel_train.version import __version__
+
+_log = logging.getLogger("otel_train")
+
+# provider modes
+MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provider
+MODE_APP = "app"  # the application installed an SDK TracerProvider: our spans join its pipeline
+MODE_FOREIGN = "foreign"  # some other API-level provider: left alone, we export on our own
+MODE_DISABLED = "disabled"  # OTEL_SDK_DISABLED
+
+
+class ApplicationProviderSink(SpanProcessor):
+    """Hands our built spans to an application's TracerProvider pipeline."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self._target = getattr(provider, "_active_span_processor", None)
+
+    def on_end(self, span: Any) -> None:
+        """Forward one finished span."""
+        if self._target is not None:
+            self._target.on_end(span)
+
+
+class RunTelemetry:
+    """The assembled pipeline of one run: provider, derived metrics, export, span worker."""
+
+    def __init__(self, *, export_plan: ExportPlan, provider_mode: str, resource: Any,
+                 sampler: Sampler, is_sampled: Any, global_provider: RunScopedTracerProvider | None,
+                 sdk_provider: TracerProvider | None,
+                 export: BoundedBatchSpanProcessor | None, derived: DerivedMetricsStage,
+                 builder: StepSpanBuilder, worker: SpanBuildWorker) -> None:
+        self.export_plan = export_plan
+        self.provider_mode = provider_mode
+        self.resource = resource
+        self.sampler = sampler
+        self.is_sampled = is_sampled  # trace id -> sampled? (the proxy span asks too)
+        self.global_provider = global_provider
+        self.sdk_provider = sdk_provider
+        self.export = export
+        self.derived = derived
+        self.builder = builder
+        self.worker = worker
+
+    def start(self) -> None:
+        """Start the metrics endpoint and threads, then route the global provider to us."""
+        try:
+            self.derived.start()  # may raise: e.g. the Prometheus port is taken
+        except BaseException:
+            if self.export is not None:
+                self.export.shutdown(0.5)
+            raise
+        self.worker.start()
+        if self.global_provider is not None:
+            self.global_provider.activate(self.sdk_provider)
+
+    def flush(self, timeout_seconds: float) -> bool:
+        """Build everything queued, then flush processors and export; True if all went out."""
+        self.worker.drain()
+        millis = int(timeout_seconds * 1000)
+        ok = True
+        for proc in self.derived.processors:
+            ok = proc.force_flush(millis) and ok
+        if self.export is not None:
+            ok = self.export.force_flush(millis) and ok
+        return ok
+
+    def shutdown(self, deadline: float) -> None:
+        """Stop everything by ``deadline`` (``time.monotonic()``): build, metrics, export."""
+        def left(share: float) -> float:
+            return max(0.0, (deadline - time.monotonic()) * share)
+
+        # Build what is queued (most of the budget), then final metrics, then export.
+        self.worker.stop(left(0.5))
+        try:
+            self.derived.shutdown(max(0.05, left(0.3)))
+        except Exception as exc:
+            _log.warning("otel-train: metrics shutdown failed: %r", exc)
+        if self.export is not None:
+            self.export.shutdown(left(1.0))
+        gp = self.global_provider
+        if gp is not None and gp.current is self.sdk_provider:
+            gp.activate(None)
+
+
+def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: Path,
+                       recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
+                       device: DeviceTiming) -> RunTelemetry:
+    """Build (not start) the whole telemetry pipeline of a run from its options."""
+    plan = plan_export(options, status_dir, identity.rank, identity.world_size)
+    if sdk_disabled():
+        mode, provider = MODE_DISABLED, None
+    else:
+        mode, provider = global_provider_for_run()
+    if mode == MODE_APP:
+        resource = provider.resource
+        sampler: Sampler = provider.sampler
+    else:
+        resource = build_resource(
+            options.service_name,
+            {"service.instance.id": f"{identity.run_id}/rank{identity.rank}"})
+        sampler = build_sampler()
+
+    exporter = None
+    if mode != MODE_APP or options.sources.get("exporter"):
+        exporter = create_exporter(plan)
+    elif mode == MODE_APP:
+        plan = ExportPlan("application TracerProvider")
+    export: BoundedBatchSpanProcessor | None = None
+    if exporter is not None:
+        export = BoundedBatchSpanProcessor(
+            exporter, drops, options.max_queued_spans, options.export_batch_size,
+            options.export_interval_seconds)
+    sdk_provider: TracerProvider | None = None
+    if mode == MODE_OURS:
+        # User spans opened with the OTel API go through this provider into our export.
+        sdk_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
+        if export is not None:
+            sdk_provider.add_span_processor(export)
+
+    derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
+    sinks: list[SpanProcessor] = list(derived.processors)
+    if export is not None:
+        sinks.append(export)
+    if mode == MODE_APP:
+        sinks.append(ApplicationProviderSink(provider))
+
+    scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
+    is_sampled = sampling_function(sampler)
+    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
+                              is_sampled, epoch_offset_ns())
+    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost)
+    return RunTelemetry(
+        export_plan=plan, provider_mode=mode, resource=resource, sampler=sampler,
+        is_sampled=is_sampled,
+        global_provider=provider if mode == MODE_OURS else None, sdk_provider=sdk_provider,
+        export=export, derived=derived, builder=builder, worker=worker)
+
+
+def sampling_function(sampler: Sampler) -> Any:
+    """trace id -> sampled? Constant when the sampler always samples (the usual case)."""
+    if sampler is ALWAYS_ON or (isinstance(sampler, ParentBased)
+                                and getattr(sampler, "_root", None) is ALWAYS_ON):
+        return lambda trace_id: True
+
+    def is_sampled(trace_id: int) -> bool:
+        try:
+            return sampler.should_sample(None, trace_id, "train.step").decision.is_sampled()
+        except Exception:
+            return True
+    return is_sampled
