@@ -10,25 +10,21 @@ reports an invalid context, so user spans start their own traces.
 
 from __future__ import annotations
 
-import random
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     SpanContext,
-    TraceFlags,
 )
 
 from otel_train.identity import step_trace_id
+from otel_train.trace_ids import NOT_SAMPLED, SAMPLED, operation_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from otel_train.recorder import Recorder
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 class ActivePhaseSpan(NonRecordingSpan):
@@ -55,11 +51,9 @@ class ActivePhaseSpan(NonRecordingSpan):
             record = rec.open_record  # run.monitor() between steps: nest under it
             if record is None or record.end_ns:
                 return INVALID_SPAN_CONTEXT
-            if not record.trace_id:
-                record.trace_id = random.getrandbits(128) or 1
-                record.span_id = self._new_span_id()
-            flags = _SAMPLED if self._is_sampled(record.trace_id) else _NOT_SAMPLED
-            return SpanContext(record.trace_id, record.span_id, False, flags)
+            trace_id, span_id = operation_ids(record)
+            flags = SAMPLED if self._is_sampled(trace_id) else NOT_SAMPLED
+            return SpanContext(trace_id, span_id, False, flags)
         if not step.trace_id:
             step.trace_id = step_trace_id(self._run_id, step.index)
         ordinal = step._active_span_ordinal()  # -1: no phase open, the root
@@ -69,7 +63,7 @@ class ActivePhaseSpan(NonRecordingSpan):
         span_id = ids.get(ordinal)
         if not span_id:
             span_id = ids[ordinal] = self._new_span_id()
-        flags = _SAMPLED if self._is_sampled(step.trace_id) else _NOT_SAMPLED
+        flags = SAMPLED if self._is_sampled(step.trace_id) else NOT_SAMPLED
         return SpanContext(step.trace_id, span_id, False, flags)
 
     def is_recording(self) -> bool:

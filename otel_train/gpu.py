@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -49,9 +48,9 @@ class GpuSample:
 class NvmlGpuSampler:
     """Samples NVML GPUs on a daemon thread; unavailable NVML/GPU is a clear state, not an error.
 
-    History holds up to ``max_history`` sampling rounds (one round = one sample per device).
-    A round in which every device failed is not recorded, and ``latest()`` keeps the last
-    non-empty round. ``on_sample`` receives each non-empty round's samples, on the sampler thread
+    One round = one sample per device. A round in which every device failed is not passed on,
+    and ``latest()`` keeps the last non-empty round (which readings overlap which step is
+    ``gpu_step_attributes.py``'s business). ``on_sample`` receives each non-empty round's samples, on the sampler thread
     (the first round, taken inside ``start()``, on the caller's thread).
     """
 
@@ -59,19 +58,15 @@ class NvmlGpuSampler:
         self,
         interval_seconds: float = 5.0,
         on_sample: Callable[[list[GpuSample]], None] | None = None,
-        max_history: int = 720,
         device_indices: Sequence[int] | None = None,
     ) -> None:
         """Configure only; NVML is touched in start()."""
         if not interval_seconds > 0:
             raise ValueError("interval_seconds must be > 0")
-        if max_history < 1:
-            raise ValueError("max_history must be >= 1")
         self.interval_seconds = float(interval_seconds)
         self._on_sample = on_sample
         self._device_indices = None if device_indices is None else [int(i) for i in device_indices]
         self._lock = threading.Lock()
-        self._history: deque[tuple[GpuSample, ...]] = deque(maxlen=max_history)
         self._latest: list[GpuSample] = []
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,28 +163,6 @@ class NvmlGpuSampler:
         with self._lock:
             return list(self._latest)
 
-    def samples_between(self, start_ns: int, end_ns: int) -> list[GpuSample]:
-        """Samples with start_ns <= timestamp_ns <= end_ns, plus each device's last one before.
-
-        The sample before start_ns is the one in force when the interval began, so a step shorter
-        than the sampling interval still gets a reading. Sorted by (timestamp_ns, index).
-        """
-        with self._lock:
-            rounds = list(self._history)
-        in_force: dict[int, GpuSample] = {}
-        inside: list[GpuSample] = []
-        for round_samples in rounds:
-            for sample in round_samples:
-                if sample.timestamp_ns < start_ns:
-                    previous = in_force.get(sample.index)
-                    if previous is None or sample.timestamp_ns >= previous.timestamp_ns:
-                        in_force[sample.index] = sample
-                elif sample.timestamp_ns <= end_ns:
-                    inside.append(sample)
-        result = list(in_force.values()) + inside
-        result.sort(key=lambda s: (s.timestamp_ns, s.index))
-        return result
-
     # -- internals -------------------------------------------------------------------------
     def _init_nvml(self) -> str | None:
         """Import pynvml, init NVML, get handles; return a reason string when unusable."""
@@ -266,7 +239,6 @@ class NvmlGpuSampler:
         if not samples or stop_event.is_set():
             return  # nothing read, or stop() already returned: consumers expect no more calls
         with self._lock:
-            self._history.append(tuple(samples))
             self._latest = samples
         if self._on_sample is not None:
             try:

@@ -48,7 +48,7 @@ from otel_train.recorder import (
 )
 from otel_train.sdk_config import ExportPlan
 from otel_train.self_cost import SelfCostMeter
-from otel_train.span_builder import new_span_id
+from otel_train.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
 

@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_train import attributes as A
 from otel_train.drop_counter import DropCounter
@@ -27,20 +27,16 @@ from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
+from otel_train.trace_ids import NOT_SAMPLED as _NOT_SAMPLED
+from otel_train.trace_ids import SAMPLED as _SAMPLED
+from otel_train.trace_ids import operation_ids
 
 _log = logging.getLogger("otel_train")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _INTERNAL = SpanKind.INTERNAL
 _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
 _STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
-
-
-def new_span_id() -> int:
-    """A random non-zero 64-bit span id."""
-    return random.getrandbits(64) or 1
 
 
 class StepSpanBuilder:
@@ -148,7 +144,7 @@ class StepSpanBuilder:
         return spans
 
     def _build_monitor(self, rec: MonitorRecord) -> ReadableSpan:
-        trace_id = rec.trace_id or random.getrandbits(128) or 1
+        trace_id, span_id = operation_ids(rec)
         flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
         attrs = dict(self._base)
         attrs[A.STEP] = rec.after_step
@@ -159,7 +155,7 @@ class StepSpanBuilder:
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return ReadableSpan(
-            name=rec.name, context=SpanContext(trace_id, rec.span_id or new_span_id(), False,
+            name=rec.name, context=SpanContext(trace_id, span_id, False,
                                                flags),
             parent=None, resource=self._resource, attributes=attrs, events=events,
             kind=SpanKind.INTERNAL, status=status, start_time=rec.start_ns + off,

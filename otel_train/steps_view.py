@@ -280,7 +280,8 @@ class SharedStepSpanProcessor(SpanProcessor):
         for proc in self.processors:
             proc._lock = self.lock
         self._assembler = StepAssembler(self._dispatch, self.lock, max_pending_traces)
-        # on_end is the assembler's add itself: one call less per span (this is per span)
+        # on_end (per span) is the assembler's add itself: assemble the span, and dispatch
+        # when its step is complete; one Python call less than a method forwarding to it.
         self.on_end = self._assembler.add  # type: ignore[method-assign]
         self._on_step = [(p, p.on_step) for p in self.processors]
         self._on_operation = [(p, p.on_operation) for p in self.processors]
@@ -304,10 +305,6 @@ class SharedStepSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""
-
-    def on_end(self, span: ReadableSpan) -> None:
-        """Assemble ``span``; dispatch when its step is complete."""
-        self._assembler.add(span)
 
     def shutdown(self) -> None:
         """Shut every processor down."""

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from otel_train import gpu
 from otel_train.gpu import GpuSample, NvmlGpuSampler
 
 pytestmark = pytest.mark.timeout(30)
@@ -287,59 +286,6 @@ def test_utilization_not_supported_keeps_memory(install, sampler_factory, caplog
 
 
 # --------------------------------------------------------------------------------------------
-# samples_between and bounded history, with a controlled clock and no thread involvement
-# --------------------------------------------------------------------------------------------
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Replace time.time_ns as seen by otel_train.gpu only; set clock['now'] to move it."""
-    now = {"now": 0}
-    fake_time = types.SimpleNamespace(time_ns=lambda: now["now"], monotonic=time.monotonic)
-    monkeypatch.setattr(gpu, "time", fake_time)
-    return now
-
-
-def _round_at(sampler: NvmlGpuSampler, clock: dict[str, int], t: int) -> None:
-    """Take one sampling round at clock time t (what the thread does each tick)."""
-    clock["now"] = t
-    sampler._sample_once(sampler._stop_event)
-
-
-def test_samples_between_picks_in_force_and_inside(install, sampler_factory, clock) -> None:
-    lost = NVMLError_GpuIsLost()
-    # GPU 1 fails its memory query on its 2nd call only (the round at t=200).
-    install([FakeGpu(), FakeGpu(used=[GIB, lost, 2 * GIB])])
-    sampler = sampler_factory(interval_seconds=3600)  # the thread never ticks during the test
-    clock["now"] = 100
-    assert sampler.start()  # round at t=100
-    for t in (200, 300, 400):
-        _round_at(sampler, clock, t)
-
-    def picked(start: int, end: int) -> list[tuple[int, int]]:
-        return [(s.timestamp_ns, s.index) for s in sampler.samples_between(start, end)]
-
-    # In force at 250: GPU 0's t=200 sample, GPU 1's t=100 one (its t=200 round failed).
-    assert picked(250, 350) == [(100, 1), (200, 0), (300, 0), (300, 1)]
-    # Bounds are inclusive.
-    assert picked(200, 300) == [(100, 0), (100, 1), (200, 0), (300, 0), (300, 1)]
-    # Before any sample: nothing; after all of them: the last ones, still in force.
-    assert picked(10, 50) == []
-    assert picked(500, 600) == [(400, 0), (400, 1)]
-    assert picked(100, 100) == [(100, 0), (100, 1)]
-    assert sampler.errors_total == 1
-
-
-def test_history_is_bounded(install, sampler_factory, clock) -> None:
-    install([FakeGpu(), FakeGpu()])
-    sampler = sampler_factory(interval_seconds=3600, max_history=3)
-    clock["now"] = 1
-    assert sampler.start()
-    for t in range(2, 11):
-        _round_at(sampler, clock, t)
-    kept = sampler.samples_between(0, 10**9)
-    assert [s.timestamp_ns for s in kept] == [8, 8, 9, 9, 10, 10]  # 3 rounds x 2 GPUs
-
-
-# --------------------------------------------------------------------------------------------
 # Unavailable: clear reason, one info line, no thread
 # --------------------------------------------------------------------------------------------
 def _assert_unavailable(sampler: NvmlGpuSampler, caplog, reason_start: str) -> None:
@@ -351,7 +297,7 @@ def _assert_unavailable(sampler: NvmlGpuSampler, caplog, reason_start: str) -> N
     assert len(infos) == 1 and sampler.unavailable_reason in infos[0].getMessage()
     assert gpu_records(caplog, logging.WARNING) == []
     assert sampler_threads() == []
-    assert sampler.latest() == [] and sampler.samples_between(0, 2**63) == []
+    assert sampler.latest() == []
 
 
 def test_nvml_init_failure(install, sampler_factory, caplog) -> None:
@@ -452,12 +398,13 @@ def test_callback_errors_are_counted_and_survived(install, sampler_factory) -> N
 
 def test_every_device_failing_keeps_last_good_round(install, sampler_factory) -> None:
     install([FakeGpu(used=[GIB, NVMLError_GpuIsLost()])])
-    sampler = sampler_factory(interval_seconds=0.01)
+    rounds: list[list[Any]] = []
+    sampler = sampler_factory(interval_seconds=0.01, on_sample=rounds.append)
     assert sampler.start()
     wait_until(lambda: sampler.errors_total >= 3)
     assert sampler.running
     assert [s.memory_used_bytes for s in sampler.latest()] == [GIB]
-    assert len(sampler.samples_between(0, 2**63)) == 1  # empty rounds are not recorded
+    assert len(rounds) == 1  # empty rounds are not passed on
 
 
 def test_stop_is_idempotent_and_balances_nvml(install, sampler_factory) -> None:
@@ -508,5 +455,3 @@ def test_stop_is_bounded_when_nvml_blocks(install, sampler_factory) -> None:
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
         NvmlGpuSampler(interval_seconds=0)
-    with pytest.raises(ValueError):
-        NvmlGpuSampler(max_history=0)
