@@ -94,6 +94,16 @@ class RunTelemetry:
         self.builder = builder
         self.worker = worker
 
+    @property
+    def prometheus_url(self) -> str | None:
+        """Base URL of the metrics endpoint, or None when off."""
+        return self.derived.prometheus_url
+
+    def costs(self) -> dict[str, Any]:
+        """Fold in the steps still queued, then what monitoring cost so far."""
+        self.worker.drain()
+        return self.derived.costs()
+
     def start(self) -> None:
         """Start the metrics endpoint and threads, then route the global provider to us."""
         try:
@@ -118,21 +128,71 @@ class RunTelemetry:
         return ok
 
     def shutdown(self, deadline: float) -> None:
-        """Stop everything by ``deadline`` (``time.monotonic()``): build, metrics, export."""
+        """Stop everything by ``deadline`` (``time.monotonic()``): build, export, metrics."""
         def left(share: float) -> float:
             return max(0.0, (deadline - time.monotonic()) * share)
 
-        # Build what is queued (most of the budget), then final metrics, then export.
-        self.worker.stop(left(0.5))
+        # Build what is queued, export it, then the final metrics and monitoring_costs.json,
+        # which so count every span the export could not send.
+        self.worker.stop(left(0.45))
+        if self.export is not None:
+            self.export.shutdown(left(0.8))
         try:
-            self.derived.shutdown(max(0.05, left(0.3)))
+            self.derived.shutdown(max(0.05, left(1.0)))
         except Exception as exc:
             _log.warning("otel-train: metrics shutdown failed: %r", exc)
-        if self.export is not None:
-            self.export.shutdown(left(1.0))
         gp = self.global_provider
         if gp is not None and gp.current is self.sdk_provider:
             gp.activate(None)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: drop the parent's pipeline without touching inherited locks."""
+        gp = self.global_provider
+        if gp is not None:
+            gp.after_fork_in_child()  # user spans in the child go nowhere
+        self.derived.after_fork_in_child()
+
+
+class DisabledTelemetry:
+    """A disabled run's pipeline: no thread, no socket, no file; the API still works."""
+
+    provider_mode = MODE_DISABLED
+    prometheus_url = None
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.export_plan = ExportPlan("none")
+
+    @staticmethod
+    def is_sampled(trace_id: int) -> bool:
+        """Nothing is sampled: nothing is recorded."""
+        return False
+
+    def costs(self) -> dict[str, Any]:
+        """A disabled run measured nothing."""
+        return {"enabled": False, "disabled_by": self.reason, "steps": 0, "operations": {}}
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def flush(self, timeout_seconds: float) -> bool:
+        """Nothing is pending."""
+        return True
+
+    def shutdown(self, deadline: float) -> None:
+        """Nothing to stop."""
+
+    def after_fork_in_child(self) -> None:
+        """Nothing was inherited."""
+
+
+def disabled_reason(options: RunOptions) -> str | None:
+    """Why this run records nothing (``enabled=False`` or ``OTEL_SDK_DISABLED``), or None."""
+    if not options.enabled:
+        return options.where("enabled") + "=False"
+    if sdk_disabled():
+        return "OTEL_SDK_DISABLED=true"
+    return None
 
 
 def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: Path,
@@ -140,10 +200,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                        device: DeviceTiming) -> RunTelemetry:
     """Build (not start) the whole telemetry pipeline of a run from its options."""
     plan = plan_export(options, status_dir, identity.rank, identity.world_size)
-    if sdk_disabled():
-        mode, provider = MODE_DISABLED, None
-    else:
-        mode, provider = global_provider_for_run()
+    mode, provider = global_provider_for_run()
     if mode == MODE_APP:
         resource = provider.resource
         sampler: Sampler = provider.sampler

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
-from otel_train.costs import CostsFileWriter, build_costs
+from otel_train.costs import CostsFileWriter, build_costs, write_json_atomic
 from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
 from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor
@@ -43,6 +45,7 @@ from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.watchdog import StallWatchdog
 
 _log = logging.getLogger("otel_train")
+_DEFAULT_PORT_TRIES = 100  # default port taken: try the next ones, then any free port
 
 
 def costs_file_name(identity: RunIdentity) -> str:
@@ -59,6 +62,7 @@ class DerivedMetricsStage:
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter) -> None:
         self.options = options
         self.identity = identity
+        self.drops = drops
         self.status_dir = Path(status_dir)
         window = options.recent_window_steps
         self.slow = SlowStepSpanProcessor(options.slow_step_factor, options.slow_step_seconds,
@@ -85,22 +89,70 @@ class DerivedMetricsStage:
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
                                           on_sample=self.gpu_steps.on_samples)
         self.costs_path = self.status_dir / costs_file_name(identity)
+        # Prometheus's file discovery globs only the last path element, so every run of a
+        # runs root writes into one directory: <runs root>/prometheus-targets/<run>-rank<N>.json
+        # (a copy in the run's own directory says where it was served).
+        safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", identity.run_id)
+        self.targets_paths = (
+            self.status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
+            self.status_dir / f"prometheus_targets-rank{identity.rank}.json")
         self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
                                             options.costs_interval_seconds)
         self.prometheus_url: str | None = None
         self._started = False
 
     def start(self) -> None:
-        """Start the Prometheus endpoint (ValueError if its port is taken), then the threads."""
+        """Start the Prometheus endpoint, then the threads.
+
+        The default port (9464 + local rank) moves to the next free one when taken, with one
+        warning; an explicit port that is taken raises ``ValueError`` (it was asked for).
+        """
         port = self.options.prometheus_port
-        if port is not None:
-            if port is DEFAULT:
-                port = DEFAULT_PROMETHEUS_PORT + self.identity.local_rank
+        if port is DEFAULT:
+            self.prometheus_url = self._serve_default(self.options.prometheus_host)
+        elif port is not None:
             self.prometheus_url = self._serve(self.options.prometheus_host, port)
+        if self.prometheus_url is not None:
+            self._write_targets_file()
         self._started = True
         self.watchdog.start()
         self.gpu_sampler.start()  # False on CPU-only: one info line, no thread
         self.costs_writer.start()
+
+    def _serve_default(self, host: str) -> str:
+        first = DEFAULT_PROMETHEUS_PORT + self.identity.local_rank
+        for port in range(first, first + _DEFAULT_PORT_TRIES):
+            try:
+                url = self.metrics.start_server(host, port)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                return self._serve(host, port)  # not a taken port: the usual clear error
+            if port != first:
+                _log.warning("otel-train: metrics port %d (the default: %d + local rank %d) is "
+                             "taken; serving on %s/metrics instead (the run's targets file "
+                             "tells Prometheus)", first, DEFAULT_PROMETHEUS_PORT,
+                             self.identity.local_rank, url)
+            return url
+        url = self._serve(host, 0)
+        _log.warning("otel-train: metrics ports %d-%d are all taken; serving on %s/metrics",
+                     first, first + _DEFAULT_PORT_TRIES - 1, url)
+        return url
+
+    def _write_targets_file(self) -> None:
+        """Where Prometheus's file-based discovery finds this run (deploy/prometheus)."""
+        host, port = self.metrics.bound_address()
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        shown = f"[{host}]" if ":" in host else host
+        # Only labels that no exposed metric carries: otherwise Prometheus renames ours.
+        entry = {"targets": [f"{shown}:{port}"],
+                 "labels": {"otel_train_run": self.identity.run_id}}
+        for path in self.targets_paths:
+            try:
+                write_json_atomic(path, [entry])
+            except OSError as exc:
+                _log.warning("otel-train: cannot write %s: %r", path, exc)
 
     def _serve(self, host: str, port: int) -> str:
         opts = self.options
@@ -130,7 +182,13 @@ class DerivedMetricsStage:
                            run_id=self.identity.run_id)
         if data["rank"] is None:
             data["rank"] = self.identity.rank
+        data["dropped_spans"] = self.drops.counts()
         return data
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: close the inherited metrics socket; start nothing, join nothing."""
+        self._started = False
+        self.metrics.close_inherited_socket()
 
     def shutdown(self, timeout_seconds: float) -> None:
         """Final monitoring_costs.json, then stop threads and the endpoint, within the bound."""
@@ -147,4 +205,10 @@ class DerivedMetricsStage:
         self.watchdog.stop(left(0.3))
         self.gpu_sampler.stop(left(0.3))
         self.shared.shutdown()
+        if self.prometheus_url is not None:
+            for path in self.targets_paths:
+                try:
+                    path.unlink()  # the run is over: Prometheus stops scraping it
+                except OSError:
+                    pass
         self.metrics.stop_server(left(1.0))

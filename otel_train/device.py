@@ -88,6 +88,10 @@ def resolve_device_timing(mode: str, accelerator: Any | None = None,
     torch = None
     if accelerator is None:
         torch = sys.modules.get("torch")
+        if torch is None and mode == "off":
+            # Host clock only, and the program never imported torch: importing it here would
+            # only cost start-up time (and its teardown in every forked child).
+            return DeviceTiming(mode, "cpu", None)
         if torch is None:
             try:
                 import torch  # noqa: F401  (users bring torch; the demo and integrations need it)

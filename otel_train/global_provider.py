@@ -29,6 +29,11 @@ class RunScopedTracerProvider(trace_api.TracerProvider):
         with self._lock:
             self._current = provider
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's run (its lock may be held by a lost thread)."""
+        self._lock = threading.Lock()
+        self._current = None
+
     @property
     def current(self) -> TracerProvider | None:
         """The active run's provider."""

@@ -46,6 +46,8 @@ class RunOptions:
 
     service_name: str | None = None
     run_id: str | None = None
+    # False (or OTEL_SDK_DISABLED=true): the API works, nothing is recorded or started.
+    enabled: bool = True
     device_sync: str = "auto"
     budget: float = 0.05
     critical: float = 0.10
@@ -138,8 +140,9 @@ class RunOptions:
                 f"{self.where('critical')}={self.critical!r} must be greater than "
                 f"{self.where('budget')}={self.budget!r}"
             )
-        if not isinstance(self.console, bool):
-            self._fail("console", "must be True or False")
+        for name in ("console", "enabled"):
+            if not isinstance(getattr(self, name), bool):
+                self._fail(name, "must be True or False")
         for name in ("log_every", "recent_window_steps", "max_queued_steps", "max_queued_spans",
                      "export_batch_size"):
             v = getattr(self, name)
@@ -215,6 +218,7 @@ def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
 
 _ENV_KINDS = {
     "console": "bool",
+    "enabled": "bool",
     "budget": "float",
     "critical": "float",
     "log_every": "int",

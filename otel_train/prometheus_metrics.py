@@ -163,6 +163,22 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self.url = f"http://{shown}:{bound_port}"
         return self.url
 
+    def bound_address(self) -> tuple[str, int]:
+        """(host, port) the endpoint listens on."""
+        if self._server is None:
+            raise RuntimeError("the metrics endpoint is not serving")
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def close_inherited_socket(self) -> None:
+        """In a forked child: close our copy of the listening socket (the parent serves)."""
+        server, self._server, self._thread = self._server, None, None
+        if server is not None:
+            try:
+                server.socket.close()  # not shutdown(): no serve_forever loop runs here
+            except Exception:
+                pass
+
     def stop_server(self, timeout_seconds: float = 1.0) -> None:
         """Stop serving (bounded); idempotent."""
         server, self._server = self._server, None

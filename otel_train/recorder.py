@@ -207,7 +207,8 @@ class Recorder:
         # A step closed by GeneratorExit is held back until the next event, so that an
         # exception escaping the loop body (seen later by Run.__exit__) can still mark it.
         self.held: Step | None = None
-        self._held_lock = threading.Lock()
+        # Re-entrant: a signal handler may end the run while this thread is inside.
+        self._held_lock = threading.RLock()
         self.make_event = make_event
         self.plain = synchronize is None and make_event is None  # host clock only
         self._phase_cls = (SyncedPhase if synchronize is not None

@@ -33,7 +33,13 @@ from typing import Any
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
-from otel_train.assembly import MODE_DISABLED, RunTelemetry, assemble_telemetry
+from otel_train import process_hooks
+from otel_train.assembly import (
+    DisabledTelemetry,
+    RunTelemetry,
+    assemble_telemetry,
+    disabled_reason,
+)
 from otel_train.context import ActivePhaseSpan
 from otel_train.device import DeviceTiming, resolve_device_timing
 from otel_train.drop_counter import DropCounter
@@ -69,16 +75,32 @@ class Run:
         self.options = options
         self._closed = False
         self._lock = threading.Lock()
-        self.identity: RunIdentity = resolve_identity(
+        self.drops = DropCounter()
+        self.disabled_by = disabled_reason(options)
+        if self.disabled_by is not None:
+            # Disabled means off: no collective, no device sync, no thread, socket or file.
+            self.identity: RunIdentity = RunIdentity(
+                options.run_id or "disabled", options.rank or 0, options.world_size or 1,
+                options.local_rank or 0, "option" if options.run_id else "disabled")
+            self.status_dir = Path(options.status_dir or "otel-train-runs")
+            self.device: DeviceTiming = resolve_device_timing("off")
+            self.self_cost = SelfCostMeter(0.0)
+            # Queue bound 0 and a counter nobody reads: finished steps are simply let go.
+            self._recorder = Recorder(0, DropCounter(), None)
+            self._telemetry: RunTelemetry | DisabledTelemetry = DisabledTelemetry(
+                self.disabled_by)
+            self._context_token = None
+            self._banner()
+            return
+        self.identity = resolve_identity(
             options.run_id, options.rank, options.world_size, options.local_rank)
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
-        self.device: DeviceTiming = resolve_device_timing(options.device_sync)
-        self.drops = DropCounter()
+        self.device = resolve_device_timing(options.device_sync)
         self.self_cost = SelfCostMeter(calibrate_ns_per_phase())
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
                                   self.device.make_event)
-        self._telemetry: RunTelemetry = assemble_telemetry(
+        self._telemetry = assemble_telemetry(
             options, ident, self.status_dir, self._recorder, self.drops, self.self_cost,
             self.device)
         self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
@@ -90,6 +112,7 @@ class Run:
             trace_api.set_span_in_context(self._proxy))
         self._context_thread = threading.get_ident()
         atexit.register(self._atexit)
+        process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
 
     # -- public API ---------------------------------------------------------------------
@@ -111,7 +134,7 @@ class Run:
     @property
     def prometheus_url(self) -> str | None:
         """Base URL of the metrics endpoint (``/metrics`` under it), or None when off."""
-        return self._telemetry.derived.prometheus_url
+        return self._telemetry.prometheus_url
 
     @property
     def export_plan(self) -> ExportPlan:
@@ -170,8 +193,7 @@ class Run:
 
     def costs(self) -> dict[str, Any]:
         """What monitoring cost so far (the content of monitoring_costs.json)."""
-        self._telemetry.worker.drain()  # fold in steps still queued: the answer is current
-        return self._telemetry.derived.costs()
+        return self._telemetry.costs()
 
     def flush(self, timeout_seconds: float = 5.0) -> bool:
         """Build and export everything recorded so far; True when it all went out."""
@@ -197,7 +219,7 @@ class Run:
         rec.release_held()
         rec.closed = True
         self._telemetry.shutdown(deadline)
-        if threading.get_ident() == self._context_thread:
+        if self._context_token is not None and threading.get_ident() == self._context_thread:
             try:
                 context_api.detach(self._context_token)
             except Exception:
@@ -206,6 +228,7 @@ class Run:
             atexit.unregister(self._atexit)
         except Exception:
             pass
+        process_hooks.untrack(self)
         dropped = self.drops.total
         if dropped:
             _log.warning("otel-train: %d span(s) were dropped during this run: %s",
@@ -232,16 +255,52 @@ class Run:
     def _atexit(self) -> None:
         self.shutdown()
 
+    def _interrupt(self, error: BaseException) -> None:
+        """A signal ends the run: the step in progress fails with ``error``, then shutdown."""
+        rec = self._recorder
+        step = rec.current
+        if step is not None and not step.end_ns:
+            rec.finish_step(step, error)
+        rec.release_held(error)
+        self.shutdown()
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: this copy of the run goes inert (the parent exports its data).
+
+        Code still running inside one of its steps keeps working, but records nothing; no
+        inherited lock is ever taken again (a background thread may have held it at fork).
+        """
+        self._lock = threading.Lock()
+        self._closed = True
+        rec = self._recorder
+        rec.closed = True
+        rec.max_queued = 0
+        rec.queue.clear()
+        rec.drops = DropCounter()  # nobody reads it: the child's copy records nothing
+        rec.held = None
+        rec._held_lock = threading.RLock()
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass
+        self._telemetry.after_fork_in_child()
+
     def _banner(self) -> None:
         ident = self.identity
+        if self.disabled_by is not None:
+            text = (f"otel-train: disabled by {self.disabled_by}: steps run untraced; no "
+                    "spans, metrics, threads or files")
+            if self.options.console:
+                print(text, file=sys.stderr, flush=True)
+            else:
+                _log.info(text)
+            return
         lines = [
             f"otel-train: run {ident.run_id} rank {ident.rank}/{ident.world_size}",
             f"  spans   -> {self.export_plan.describe()}",
             f"  metrics -> {self.prometheus_url + '/metrics' if self.prometheus_url else 'off'}",
             f"  timing  -> {self.device.describe()}",
         ]
-        if self._telemetry.provider_mode == MODE_DISABLED:
-            lines.append("  tracing export disabled by OTEL_SDK_DISABLED")
         text = "\n".join(lines)
         if self.options.console:
             print(text, file=sys.stderr, flush=True)

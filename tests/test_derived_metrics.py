@@ -138,3 +138,73 @@ def test_run_costs_matches_the_costs_file_written_at_shutdown(tmp_path: Path) ->
     for key in ("run_id", "steps", "operations", "budget_status", "advisor"):
         assert written[key] == live[key], key
     assert set(written["operations"]) == {"val_loss", "checkpoint"}
+
+
+class _FileSdPrometheus(PrometheusServer):
+    """The real Prometheus, discovering runs through their targets files (file_sd_configs)."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__([], job="unused")
+        self._jobs = {}
+        self._pattern = pattern
+
+    def _config_text(self) -> str:
+        return super()._config_text().replace("scrape_configs:\n", "") + (
+            "scrape_configs:\n"
+            "  - job_name: otel-train\n"
+            "    file_sd_configs:\n"
+            f"      - files: ['{self._pattern}']\n"
+            "        refresh_interval: 1s\n")
+
+
+@pytest.mark.prometheus
+def test_a_taken_default_port_moves_on_and_prometheus_finds_both_runs_by_file_sd(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 9464))  # the default port: taken (by us, or already)
+        held.listen()
+    except OSError:
+        pass
+    runs = []
+    try:
+        with caplog.at_level("WARNING", logger="otel_train"):
+            for name in ("exp-a", "exp-b"):
+                runs.append(otel_train.start_run(
+                    run_id=name, status_dir=str(tmp_path / name), exporter="none",
+                    console=False))
+        urls = [run.prometheus_url for run in runs]
+        assert all(u and not u.endswith(":9464") for u in urls) and len(set(urls)) == 2
+        moved = [r.getMessage() for r in caplog.records if "is taken" in r.getMessage()]
+        assert len(moved) == 2 and all(u in m for u, m in zip(urls, moved)), moved
+        targets = [json.loads((tmp_path / n / "prometheus_targets-rank0.json").read_text())
+                   for n in ("exp-a", "exp-b")]
+        assert targets == [json.loads((tmp_path / "prometheus-targets" / f"{n}-rank0.json")
+                                      .read_text()) for n in ("exp-a", "exp-b")]
+        assert [t[0]["targets"][0] for t in targets] == [u.split("//")[1] for u in urls]
+        for _ in range(3):
+            for run in runs:
+                with run.step() as step, step.phase("forward"):
+                    pass
+        for run in runs:
+            run.flush()
+        with _FileSdPrometheus(str(tmp_path / "prometheus-targets" / "*.json")) as prom:
+            found = prom.wait_for('count(otel_train_steps_total) == 2', timeout=30)
+            assert found
+            per_run = prom.query('sum by (otel_train_run) (otel_train_steps_total)')
+            assert {r["metric"]["otel_train_run"]: float(r["value"][1]) for r in per_run} == {
+                "exp-a": 3.0, "exp-b": 3.0}
+    finally:
+        for run in runs:
+            run.shutdown()
+        held.close()
+    assert not list(tmp_path.glob("**/*targets*.json"))  # ended runs leave discovery
+
+
+def test_an_explicit_port_that_is_taken_still_raises(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ValueError, match="already in use"):
+            otel_train.start_run(prometheus_port=taken.getsockname()[1], exporter="none",
+                                 console=False, status_dir=str(tmp_path))

@@ -1,0 +1,91 @@
+"""Assembly: a disabled run (OTEL_SDK_DISABLED, enabled=False, OTEL_TRAIN_ENABLED=false) has a
+working API and nothing else: no thread, no socket, no file, no crash on a taken port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+import otel_train
+
+
+def _socket_fds() -> int:
+    fd_dir = Path("/proc/self/fd")
+    count = 0
+    for fd in fd_dir.iterdir():
+        try:
+            if os.readlink(fd).startswith("socket:"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def _train(run: otel_train.Run) -> list[int]:
+    seen = []
+    for step in run.steps(range(5)):
+        with step.phase("forward"):
+            seen.append(step.batch)
+        step.set_attribute("train.loss", 0.5)
+        if step.index == 3:
+            with step.monitor("val_loss"):
+                for _ in step.iter_data(range(2), loader="val"):
+                    pass
+    with run.monitor("checkpoint"):
+        pass
+    with run.step() as step, step.phase("data"):
+        pass
+    return seen
+
+
+@pytest.mark.parametrize("how", ["OTEL_SDK_DISABLED", "OTEL_TRAIN_ENABLED", "argument"])
+def test_a_disabled_run_trains_with_no_thread_socket_or_file(tmp_path, monkeypatch, capsys,
+                                                             how):
+    kwargs = {}
+    if how == "OTEL_SDK_DISABLED":
+        monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    elif how == "OTEL_TRAIN_ENABLED":
+        monkeypatch.setenv("OTEL_TRAIN_ENABLED", "false")
+    else:
+        kwargs["enabled"] = False
+    monkeypatch.chdir(tmp_path)
+    threads = {t.ident for t in threading.enumerate()}
+    sockets = _socket_fds()
+    with socket.socket() as taken:  # a taken metrics port must not matter to a disabled run
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with otel_train.start_run(prometheus_port=port, status_dir=str(tmp_path / "run"),
+                                  **kwargs) as run:
+            assert {t.ident for t in threading.enumerate()} == threads
+            assert _socket_fds() == sockets + 1  # only the test's own socket
+            assert _train(run) == [0, 1, 2, 3, 4]
+            assert run.prometheus_url is None and run.spans_path is None
+            assert run.costs()["enabled"] is False
+            assert run.flush() is True
+    assert list(tmp_path.iterdir()) == []  # no status dir, no span file, no costs file
+    assert run.dropped_spans() == {}
+    banner = capsys.readouterr().err
+    assert "disabled" in banner and ("OTEL_" in banner or "enabled" in banner)
+
+
+def test_a_disabled_run_neither_imports_torch_nor_synchronizes(tmp_path):
+    script = textwrap.dedent("""
+        import sys, otel_train
+        with otel_train.start_run(enabled=False, console=False) as run:
+            for step in run.steps(range(3)):
+                with step.phase("forward"):
+                    pass
+        print("torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.stdout.strip() == "False", out.stderr
