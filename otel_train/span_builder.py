@@ -269,9 +269,18 @@ class SpanBuildWorker:
     def drain(self, deadline_ns: int | None = None) -> int:
         """Build and hand on every queued record (until ``deadline_ns``); return the count."""
         # One drain at a time: the worker, and the training thread in run.costs()/flush();
-        # processors are never called concurrently.
-        with self._drain_lock:
+        # processors are never called concurrently. With a deadline (shutdown), never wait
+        # past it: a drain interrupted by a signal on this very thread holds the lock.
+        if deadline_ns is None:
+            with self._drain_lock:
+                return self._drain_locked(deadline_ns)
+        wait = max(0.0, (deadline_ns - perf_counter_ns()) / 1e9)
+        if not self._drain_lock.acquire(timeout=wait):
+            return 0
+        try:
             return self._drain_locked(deadline_ns)
+        finally:
+            self._drain_lock.release()
 
     def _drain_locked(self, deadline_ns: int | None) -> int:
         q = self._recorder.queue

@@ -210,3 +210,49 @@ def test_a_run_started_off_the_main_thread_installs_no_handler(tmp_path: Path) -
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)],
                          capture_output=True, text=True, timeout=60, env={**os.environ})
     assert out.stdout.strip() == "DEFAULT", out.stderr
+
+
+_LOADER_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import otel_train
+
+    def main():
+        endpoint, status_dir, method = sys.argv[1], sys.argv[2], sys.argv[3]
+        data = TensorDataset(torch.arange(32.0).reshape(16, 2))  # 8 batches of 2
+        # spawn/forkserver workers import torch afresh (seconds each): one worker, one epoch
+        forked = method == "fork"
+        loader = DataLoader(data, batch_size=2, num_workers=2 if forked else 1,
+                            multiprocessing_context=method, persistent_workers=False)
+        with otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint, run_id=method,
+                                  prometheus_port=None, console=False,
+                                  status_dir=status_dir) as run:
+            for epoch in range(2 if forked else 1):  # workers start once per epoch
+                for step in run.steps(loader):
+                    with step.phase("forward"):
+                        step.batch[0].sum()
+        print("STEPS", run.costs()["steps"] // (2 if forked else 1), flush=True)
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_dataloader_workers_export_nothing_under_every_start_method(tmp_path: Path, method: str
+                                                                    ) -> None:
+    script = tmp_path / "train_with_workers.py"
+    script.write_text(_LOADER_SCRIPT)
+    with HttpOtlpReceiver() as recv:
+        out = subprocess.run([sys.executable, str(script), recv.endpoint, str(tmp_path), method],
+                             capture_output=True, text=True, timeout=100)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "STEPS 8" in out.stdout, out.stdout
+        epochs = 2 if method == "fork" else 1
+        spans = recv.wait_for_spans(8 * epochs * 3, timeout_seconds=10)
+        time.sleep(0.3)  # anything a worker might (wrongly) send would arrive by now
+        spans = recv.spans()
+    assert len(spans) == 8 * epochs * 3  # root + data + forward per step: the parent's, once
+    assert {s.resource_attributes.get("service.instance.id") for s in spans} == {
+        f"{method}/rank0"}
