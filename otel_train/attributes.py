@@ -14,6 +14,11 @@ PHASE_BACKWARD = "backward"
 PHASE_OPTIMIZER = "optimizer"
 PHASE_INFERENCE = "inference"
 PHASE_VAL_LOSS = "val_loss"
+# Phases the integrations name (extensions)
+PHASE_MICRO_STEP = "micro_step"  # one gradient-accumulation micro-batch (train.micro_step)
+PHASE_EVAL = "eval"  # monitoring: model.eval() .. model.train() under instrument()
+PHASE_LOG = "log"  # monitoring: the HF Trainer computing and emitting logs
+PHASE_CHECKPOINT = "checkpoint"  # monitoring: the HF Trainer saving a checkpoint
 
 # Span attributes
 RUN_ID = "train.run.id"

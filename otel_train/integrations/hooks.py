@@ -1,7 +1,8 @@
 """Zero-code step traces from torch's own hooks: ``otel_train.instrument(model, optimizer)``.
 
 An unmodified loop (``for x, y in loader: loss = model(x); loss.backward(); opt.step()``)
-produces the same ``train.step`` traces as the explicit API:
+produces the same ``train.step`` traces as the explicit API. The hooks installed here feed
+a :class:`~otel_train.integrations.step_tracker.HookStepTracker`, which turns them into steps:
 
 - **step**: from the first training event after the previous step (a training fetch or
   forward) to the end of ``optimizer.step()`` (the optimizer's step post-hook);
@@ -9,8 +10,8 @@ produces the same ``train.step`` traces as the explicit API:
   wrapped while instrumented), named by ``dataloader={"main": dl, ...}`` or ``"train"``;
 - **forward**: the model's forward pre-hook to its forward hook (``always_call``);
 - **backward**: from the first gradient reaching the model's output to the autograd
-  engine's end-of-backward callback (see ``timeline.attach_backward_probe``): two Python
-  calls per backward, no per-parameter hooks;
+  engine's end-of-backward callback (see ``step_tracker.attach_backward_probe``): two
+  Python calls per backward, no per-parameter hooks;
 - **optimizer**: the optimizer's step pre-hook to its post-hook;
 - **eval** (monitoring): ``model.eval()`` to ``model.train()`` (the model's ``train`` method is
   wrapped); inside a step it is a monitoring phase, between steps a monitoring span
@@ -35,11 +36,11 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
 
-from otel_train.integrations.engine import HookEngine
+from otel_train.integrations.step_tracker import HookStepTracker
 from otel_train.run import Run
 
 _log = logging.getLogger("otel_train")
-_ACTIVE: HookEngine | None = None  # one engine at a time: hooks are process-wide state
+_ACTIVE: HookStepTracker | None = None  # one at a time: hooks are process-wide state
 
 
 # -- DataLoader iteration -------------------------------------------------------------------
@@ -47,23 +48,23 @@ _ACTIVE: HookEngine | None = None  # one engine at a time: hooks are process-wid
 class _TimedIterator:
     """A DataLoader iterator whose ``next()`` is timed as the data phase."""
 
-    __slots__ = ("_it", "_engine", "_name")
+    __slots__ = ("_it", "_tracker", "_name")
 
-    def __init__(self, it: Any, engine: HookEngine, name: str | None) -> None:
+    def __init__(self, it: Any, tracker: HookStepTracker, name: str | None) -> None:
         self._it = it
-        self._engine = engine
+        self._tracker = tracker
         self._name = name
 
     def __iter__(self) -> _TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        engine = self._engine
-        if engine.run is None:
-            engine.prepare()  # start a lazy run before timing, not inside the first fetch
+        tracker = self._tracker
+        if tracker.run is None:
+            tracker.prepare()  # start a lazy run before timing, not inside the first fetch
         t0 = perf_counter_ns()
         item = next(self._it)  # StopIteration ends the loop, and records nothing
-        engine.fetched(self._name, t0, perf_counter_ns())
+        tracker.fetched(self._name, t0, perf_counter_ns())
         return item
 
     def __len__(self) -> int:
@@ -87,13 +88,13 @@ def _patch_dataloader() -> None:
     @functools.wraps(original)
     def __iter__(self: Any) -> Any:  # noqa: N807 (the patched dunder)
         it = original(self)
-        engine = _ACTIVE
-        if engine is None:
+        tracker = _ACTIVE
+        if tracker is None:
             return it
-        name = engine.loader_names.get(self)
-        if name is None and engine.only_named_loaders:
+        name = tracker.loader_names.get(self)
+        if name is None and tracker.only_named_loaders:
             return it
-        return _TimedIterator(it, engine, name)
+        return _TimedIterator(it, tracker, name)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
 
@@ -107,59 +108,28 @@ def _unpatch_dataloader() -> None:
         _ORIGINAL_ITER = None
 
 
-# -- per-model hooks (shared with the instrumentor) -----------------------------------------
+# -- optimizer hooks and the process's one active tracker -----------------------------------
 
-def hook_model(engine: HookEngine, model: Any) -> list[Callable[[], None]]:
-    """Forward hooks, ``train``/``generate`` wrappers on ``model``; returns undo callables."""
-    def pre(module: Any, args: Any) -> None:
-        engine.enter_forward(module)
-
-    def post(module: Any, args: Any, output: Any) -> None:
-        engine.exit_forward(module, output)
-
-    handles = [model.register_forward_pre_hook(pre),
-               model.register_forward_hook(post, always_call=True)]
-    undo: list[Callable[[], None]] = [h.remove for h in handles]
-    original_train = model.train
-
-    def train(mode: bool = True) -> Any:
-        engine.mode_switch(bool(mode))
-        return original_train(mode)
-
-    # Instance attributes shadow the class's methods, also for nn.Module.eval's self.train.
-    object.__setattr__(model, "train", train)
-    undo.append(lambda: model.__dict__.pop("train", None))
-    original_generate = getattr(model, "generate", None)
-    if callable(original_generate):
-        @functools.wraps(original_generate)
-        def generate(*args: Any, **kwargs: Any) -> Any:
-            return engine.generate(lambda: original_generate(*args, **kwargs))
-
-        object.__setattr__(model, "generate", generate)
-        undo.append(lambda: model.__dict__.pop("generate", None))
-    return undo
-
-
-def hook_optimizer(engine: HookEngine, optimizer: Any) -> list[Callable[[], None]]:
+def hook_optimizer(tracker: HookStepTracker, optimizer: Any) -> list[Callable[[], None]]:
     """Step pre/post hooks on one optimizer; returns undo callables."""
-    pre = optimizer.register_step_pre_hook(lambda opt, a, k: engine.optimizer_pre(opt))
-    post = optimizer.register_step_post_hook(lambda opt, a, k: engine.optimizer_post(opt))
+    pre = optimizer.register_step_pre_hook(lambda opt, a, k: tracker.optimizer_pre(opt))
+    post = optimizer.register_step_post_hook(lambda opt, a, k: tracker.optimizer_post(opt))
     return [pre.remove, post.remove]
 
 
-def activate(engine: HookEngine) -> None:
-    """Make ``engine`` the process's one active engine (DataLoaders report to it)."""
+def activate(tracker: HookStepTracker) -> None:
+    """Make ``tracker`` the process's one active tracker (DataLoaders report to it)."""
     global _ACTIVE
-    if _ACTIVE is not None and _ACTIVE is not engine:
+    if _ACTIVE is not None and _ACTIVE is not tracker:
         raise RuntimeError("otel-train: already instrumented; call uninstrument() first")
-    _ACTIVE = engine
+    _ACTIVE = tracker
     _patch_dataloader()
 
 
-def deactivate(engine: HookEngine) -> None:
+def deactivate(tracker: HookStepTracker) -> None:
     """Undo :func:`activate`."""
     global _ACTIVE
-    if _ACTIVE is engine:
+    if _ACTIVE is tracker:
         _ACTIVE = None
         _unpatch_dataloader()
 
@@ -167,9 +137,9 @@ def deactivate(engine: HookEngine) -> None:
 class Instrumentation:
     """What :func:`instrument` installed; ``uninstrument()`` removes all of it."""
 
-    def __init__(self, engine: HookEngine, undo: list[Callable[[], None]], owns_run: bool
-                 ) -> None:
-        self.engine = engine
+    def __init__(self, tracker: HookStepTracker, undo: list[Callable[[], None]],
+                 owns_run: bool) -> None:
+        self.tracker = tracker
         self._undo = undo
         self._owns_run = owns_run
         self.active = True
@@ -177,23 +147,30 @@ class Instrumentation:
     @property
     def run(self) -> Run | None:
         """The run the steps go to (None until the first step when started lazily)."""
-        return self.engine.run
+        return self.tracker.run
+
+    def hook_failures(self) -> dict[str, int]:
+        """Hook calls that failed (logged, not raised into training), by handler name."""
+        return self.tracker.hook_failures.counts()
 
     def uninstrument(self) -> None:
         """Remove every hook and patch; end the open step; shut down a run we started."""
         if not self.active:
             return
         self.active = False
-        engine = self.engine
-        engine.finish()
+        tracker = self.tracker
+        try:
+            tracker.finish()
+        except Exception as exc:
+            tracker.failed("uninstrument", exc)
         for undo in reversed(self._undo):
             try:
                 undo()
             except Exception as exc:
                 _log.warning("otel-train: could not undo an instrumentation step: %r", exc)
-        deactivate(engine)
-        if self._owns_run and engine.run is not None:
-            engine.run.shutdown()
+        deactivate(tracker)
+        if self._owns_run and tracker.run is not None:
+            tracker.run.shutdown()
 
     def __enter__(self) -> Instrumentation:
         return self
@@ -213,11 +190,13 @@ def instrument(model: Any, optimizer: Any, dataloader: Any = None, run: Run | No
     """
     from otel_train.run import start_run
 
-    engine = HookEngine((lambda: run) if run is not None else (lambda: start_run(**run_options)))
+    tracker = HookStepTracker(
+        (lambda: run) if run is not None else (lambda: start_run(**run_options)),
+        hooks_delimit_steps=True)
     if run is not None:
-        engine.run = run
+        tracker.run = run
     if dataloader is not None:
-        engine.only_named_loaders = True
+        tracker.only_named_loaders = True
         if isinstance(dataloader, Mapping):
             items = list(dataloader.items())
         elif isinstance(dataloader, (list, tuple)):
@@ -225,8 +204,8 @@ def instrument(model: Any, optimizer: Any, dataloader: Any = None, run: Run | No
         else:
             items = [("train", dataloader)]
         for name, dl in items:
-            engine.loader_names[dl] = str(name)
-    engine.step_optimizer = weakref.ref(optimizer)
-    activate(engine)
-    undo = hook_model(engine, model) + hook_optimizer(engine, optimizer)
-    return Instrumentation(engine, undo, owns_run=run is None)
+            tracker.loader_names[dl] = str(name)
+    tracker.step_optimizer = weakref.ref(optimizer)
+    activate(tracker)
+    undo = tracker.hook_model(model, wrap_train=True) + hook_optimizer(tracker, optimizer)
+    return Instrumentation(tracker, undo, owns_run=run is None)

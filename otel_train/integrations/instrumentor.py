@@ -2,7 +2,8 @@
 
 ``TorchTrainingInstrumentor`` is registered under the ``opentelemetry_instrumentor`` entry
 point (``otel_train``), so OpenTelemetry's auto-instrumentation loads it. It installs the
-same hook engine as :func:`otel_train.instrument`, process-wide:
+same hooks and step tracker (``step_tracker.HookStepTracker``) as
+:func:`otel_train.instrument`, process-wide:
 
 - optimizers: torch's global step hooks (``register_optimizer_step_pre_hook`` /
   ``_post_hook``) see every optimizer, also those created later; the first optimizer that
@@ -33,14 +34,14 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_train.integrations.engine import HookEngine
-from otel_train.integrations.hooks import activate, deactivate, hook_model
+from otel_train.integrations.hooks import activate, deactivate
+from otel_train.integrations.step_tracker import HookStepTracker
 
 
 class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Hook-based step traces for any PyTorch training loop in the process."""
 
-    _engine: HookEngine | None = None
+    _tracker: HookStepTracker | None = None
     _undo: list[Callable[[], None]]
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -48,9 +49,9 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ("torch >= 2.1",)
 
     @property
-    def engine(self) -> HookEngine | None:
-        """The active hook engine (its ``run`` once the first step started)."""
-        return self._engine
+    def tracker(self) -> HookStepTracker | None:
+        """The active step tracker (its ``run`` once the first step started)."""
+        return self._tracker
 
     def _instrument(self, **kwargs: Any) -> None:
         import torch.nn.modules.module as module_hooks
@@ -59,9 +60,9 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         from otel_train.run import start_run
 
         options = kwargs.get("run_options") or {}
-        engine = HookEngine(lambda: start_run(**options))
-        activate(engine)
-        self._engine = engine
+        tracker = HookStepTracker(lambda: start_run(**options), hooks_delimit_steps=True)
+        activate(tracker)
+        self._tracker = tracker
         self._undo = []
         adopted: weakref.WeakSet[Any] = weakref.WeakSet()
         ignored: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -70,32 +71,39 @@ class TorchTrainingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         def global_pre(module: Any, args: Any) -> None:
             # Hot: runs for every module call while instrumented. Calls inside an adopted
             # model, and modules already judged, return at once.
-            if engine.in_forward or module in adopted or module in ignored:
+            if tracker.in_forward or module in adopted or module in ignored:
                 return
-            if engine.backward_open or next(module.parameters(), None) is None:
-                ignored.add(module)  # parameterless (a loss function): not a model
+            try:
+                if tracker.backward_open or next(module.parameters(), None) is None:
+                    ignored.add(module)  # parameterless (a loss function): not a model
+                    return
+                adopted.add(module)
+                undo.extend(tracker.hook_model(module, wrap_train=True))
+            except Exception as exc:  # the same guard as every handler: never into training
+                tracker.failed("adopt_model", exc)
                 return
-            adopted.add(module)
-            undo.extend(hook_model(engine, module))
             # Hooks added now do not run for this call: start its forward by hand. Its
             # forward hook (added now) does run when this call returns.
-            engine.enter_forward(module)
+            tracker.enter_forward(module)
 
         undo.append(module_hooks.register_module_forward_pre_hook(global_pre).remove)
         undo.append(optimizer_hooks.register_optimizer_step_pre_hook(
-            lambda opt, a, k: engine.optimizer_pre(opt)).remove)
+            lambda opt, a, k: tracker.optimizer_pre(opt)).remove)
         undo.append(optimizer_hooks.register_optimizer_step_post_hook(
-            lambda opt, a, k: engine.optimizer_post(opt)).remove)
+            lambda opt, a, k: tracker.optimizer_post(opt)).remove)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        engine = self._engine
-        if engine is None:
+        tracker = self._tracker
+        if tracker is None:
             return
-        self._engine = None
-        engine.finish()
+        self._tracker = None
+        try:
+            tracker.finish()
+        except Exception as exc:
+            tracker.failed("uninstrument", exc)
         for undo in reversed(self._undo):
             undo()
         self._undo = []
-        deactivate(engine)
-        if engine.run is not None:
-            engine.run.shutdown()
+        deactivate(tracker)
+        if tracker.run is not None:
+            tracker.run.shutdown()

@@ -1,6 +1,7 @@
 """Lightning: every optimizer step of ``lightning.Trainer.fit`` a ``train.step`` trace.
 
-``LightningStepTraceCallback`` reads the step from Lightning's own callback hooks:
+``LightningStepTraceCallback`` reads the step from Lightning's own callback hooks and
+records it through a :class:`~otel_train.integrations.step_tracker.HookStepTracker`:
 
 - **data**: from the end of the previous batch (or epoch start, or validation end) to
   ``on_train_batch_start``: Lightning fetches the batch in that gap;
@@ -14,7 +15,12 @@
 - the validation loop (sanity check included): a ``val_loss`` monitoring span per
   dataloader, ``on_validation_start`` to ``on_validation_end``, tagged with the
   dataloader's name (``val_loader_names=``, the keys of a dict of loaders, else ``val``,
-  ``val1``, ...).
+  ``val1``, ...);
+- ``teardown`` (the end of ``fit``, ``validate``, ...): what is open ends and a run the
+  callback started is shut down (flushed and exported), not left to interpreter exit.
+
+A failure inside the callback is logged and counted (``callback.hook_failures()``), never
+raised into the Trainer.
 
 Usage::
 
@@ -39,12 +45,12 @@ from otel_train.attributes import (
     PHASE_BACKWARD,
     PHASE_DATA,
     PHASE_FORWARD,
+    PHASE_MICRO_STEP,
     PHASE_OPTIMIZER,
     PHASE_VAL_LOSS,
 )
+from otel_train.integrations.step_tracker import HookStepTracker, guarded
 from otel_train.run import Run, start_run
-
-PHASE_MICRO_STEP = "micro_step"
 
 
 class LightningStepTraceCallback(Callback):
@@ -52,32 +58,32 @@ class LightningStepTraceCallback(Callback):
 
     def __init__(self, run: Run | None = None, loader: str = "train",
                  val_loader_names: Sequence[str] | None = None, **run_options: Any) -> None:
-        self.run: Run | None = run
         self._run_options = run_options
+        # Lightning's callbacks open and end steps; no model hooks are needed.
+        self.tracker = HookStepTracker(self._start_run, hooks_delimit_steps=False)
+        self.tracker.run = run
+        self._owns_run = False
+        self._run_shut_down = False  # our run was shut down by teardown
         self._loader = loader
         self._val_names = list(val_loader_names) if val_loader_names else None
-        self._step: Any = None
         self._global_step = 0
         self._mark = 0
         self._micro_index = 0
-        self._open: list[str] = []  # names of the open phases, innermost last
-        self._val: Any = None  # the open validation MonitorRecord
         self._val_index = -1
 
-    # -- helpers --------------------------------------------------------------------------
-    def _open_phase(self, name: str, t: int, attrs: dict[str, Any] | None = None) -> None:
-        self._step.open_phase(name, KIND_TRAIN, t, attributes=attrs)
-        self._open.append(name)
+    @property
+    def run(self) -> Run | None:
+        """The run the steps go to (started at ``setup`` unless one was given)."""
+        return self.tracker.run
 
-    def _close_until(self, name: str, t: int) -> None:
-        """Close open phases up to and including ``name`` (if it is open)."""
-        if name not in self._open:
-            return
-        while self._open:
-            closed = self._open.pop()
-            self._step.close_phase(t)
-            if closed == name:
-                return
+    def hook_failures(self) -> dict[str, int]:
+        """Callback calls that failed (logged, not raised into the Trainer), by hook name."""
+        return self.tracker.hook_failures.counts()
+
+    def _start_run(self) -> Run:
+        run = start_run(**self._run_options)
+        self._owns_run = True  # so teardown shuts it down
+        return run
 
     def _val_name(self, trainer: Any, index: int) -> str:
         if self._val_names and index < len(self._val_names):
@@ -88,115 +94,136 @@ class LightningStepTraceCallback(Callback):
         return "val" if index == 0 else f"val{index}"
 
     # -- fit ------------------------------------------------------------------------------
+    @guarded
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Start (or reuse) the run."""
-        if self.run is None:
-            self.run = start_run(**self._run_options)
+        """Start (or reuse) the run; after our run was shut down by teardown, a new one."""
+        if self._run_shut_down:
+            self.tracker.run = None
+            self._run_shut_down = False
+        self.tracker.ensure_run()
 
+    @guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """The epoch's first fetch starts here."""
-        if self._step is None and self.run is not None:
-            self._mark = self.run.timestamp_ns()
+        run = self.tracker.run
+        if self.tracker.step is None and run is not None:
+            self._mark = run.timestamp_ns()
 
+    @guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
                              ) -> None:
         """A batch arrived: its fetch was the data phase; the forward starts."""
-        run = self.run
+        tracker = self.tracker
+        run = tracker.run
         if run is None:
             return
         t = run.timestamp_ns()
         mark = self._mark or t
-        if self._step is None:
+        if tracker.step is None:
             self._global_step = trainer.global_step
-            self._step = run.step(loader=self._loader, index=trainer.global_step, start_ns=mark)
+            tracker.begin_step(self._loader, trainer.global_step, mark)
             self._micro_index = 0
         else:
             self._micro_index += 1
         if trainer.accumulate_grad_batches > 1:  # a micro-step holds its own fetch
-            self._open_phase(PHASE_MICRO_STEP, mark, {MICRO_STEP: self._micro_index})
-        self._step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)
-        self._open_phase(PHASE_FORWARD, t)
+            tracker.open_phase(PHASE_MICRO_STEP, mark,
+                               attributes={MICRO_STEP: self._micro_index})
+        tracker.step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)  # type: ignore[union-attr]
+        tracker.open_phase(PHASE_FORWARD, t)
 
+    @guarded
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """``training_step`` returned (zero_grad runs before backward)."""
-        if self._step is not None:
-            self._close_until(PHASE_FORWARD, self.run.timestamp_ns())
+        tracker = self.tracker
+        if tracker.step is not None:
+            tracker.close_phase(PHASE_FORWARD, tracker.run.timestamp_ns())  # type: ignore[union-attr]
 
+    @guarded
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """The backward starts."""
-        if self._step is None:
+        tracker = self.tracker
+        if tracker.step is None:
             return
-        t = self.run.timestamp_ns()
-        self._close_until(PHASE_FORWARD, t)
-        self._open_phase(PHASE_BACKWARD, t)
+        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        tracker.close_phase(PHASE_FORWARD, t)
+        tracker.open_phase(PHASE_BACKWARD, t)
 
+    @guarded
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """The backward ended (and with it the micro-step)."""
-        if self._step is None:
+        tracker = self.tracker
+        if tracker.step is None:
             return
-        t = self.run.timestamp_ns()
-        self._close_until(PHASE_BACKWARD, t)
-        self._close_until(PHASE_MICRO_STEP, t)
+        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        tracker.close_phase(PHASE_BACKWARD, t)
+        tracker.close_phase(PHASE_MICRO_STEP, t)
 
+    @guarded
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """The optimizer step starts (clipping, then the update)."""
-        if self._step is None:
+        tracker = self.tracker
+        if tracker.step is None:
             return
-        t = self.run.timestamp_ns()
-        self._close_until(PHASE_MICRO_STEP, t)
-        self._open_phase(PHASE_OPTIMIZER, t)
+        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        tracker.close_phase(PHASE_MICRO_STEP, t)
+        tracker.open_phase(PHASE_OPTIMIZER, t)
 
+    @guarded
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         """The batch ended; the step ends with it when an optimizer step ran."""
-        if self._step is None:
+        tracker = self.tracker
+        if tracker.step is None:
             return
-        t = self.run.timestamp_ns()
-        if self._open:
-            self._close_until(self._open[0], t)
+        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        tracker.close_phases(t)
         if trainer.global_step != self._global_step:
-            self._end_step()
+            tracker.end_step()
         self._mark = t
 
+    @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Close what is open and export what was recorded."""
-        if self._step is not None:
-            self._end_step()
-        if self.run is not None:
-            self.run.flush()
+        self.tracker.end_step()
+        if self.tracker.run is not None:
+            self.tracker.run.flush()
 
-    def _end_step(self) -> None:
-        step, self._step = self._step, None
-        self._open = []
-        step.end()
+    @guarded
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """``fit``/``validate``/... ended: end what is open; shut down a run we started."""
+        tracker = self.tracker
+        tracker.finish()
+        run = tracker.run
+        if self._owns_run and run is not None and not self._run_shut_down:
+            # ``callback.run`` stays readable (costs()); a later fit() starts a new run.
+            self._run_shut_down = True
+            run.shutdown()
 
     # -- validation: monitoring ------------------------------------------------------------
+    @guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """The validation loop starts: monitoring."""
         self._val_index = -1
         self._open_val(trainer, 0)
 
     def _open_val(self, trainer: Any, index: int) -> None:
-        run = self.run
-        if run is None:
+        if self.tracker.run is None:
             return
-        rec = run.monitor(PHASE_VAL_LOSS)
-        rec.__enter__()
-        rec.set_attribute(DATALOADER, self._val_name(trainer, index))
-        self._val = rec
+        self.tracker.open_monitoring(
+            PHASE_VAL_LOSS, attributes={DATALOADER: self._val_name(trainer, index)})
         self._val_index = index
 
+    @guarded
     def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         """A validation batch of loader ``dataloader_idx``: a new loader, a new span."""
-        if dataloader_idx != self._val_index and self._val is not None:
-            self._val.__exit__(None, None, None)
+        if dataloader_idx != self._val_index and self.tracker.monitoring_open:
+            self.tracker.close_monitoring()
             self._open_val(trainer, dataloader_idx)
 
+    @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """The validation loop ended; the next fetch starts after it."""
-        rec, self._val = self._val, None
-        if rec is not None:
-            rec.__exit__(None, None, None)
-        if self.run is not None:
-            self._mark = self.run.timestamp_ns()
+        self.tracker.close_monitoring()
+        if self.tracker.run is not None:
+            self._mark = self.tracker.run.timestamp_ns()
