@@ -17,6 +17,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
+import otel_train  # noqa: E402
 from otel_train.integrations.hf import TrainerStepTraceCallback  # noqa: E402
 
 
@@ -129,3 +130,30 @@ def test_spans_a_users_callback_opens_nest_in_the_step(tmp_path) -> None:
     assert len(user) == 2
     assert {u.trace_id for u in user} == {r.trace_id for r in roots.values()}
     assert all(u.parent_span_id in {r.span_id for r in roots.values()} for u in user)
+
+
+def _refuse_steps(*args, **kwargs):
+    raise RuntimeError("the run refuses to open a step")
+
+
+def test_an_exception_in_the_callback_is_logged_and_counted_never_raised_into_the_trainer(
+        tmp_path, caplog) -> None:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                       n_positions=32))
+    run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                               status_dir=str(tmp_path))
+    run.step = _refuse_steps  # our callback's step_begin now fails inside the Trainer
+    cb = TrainerStepTraceCallback(run=run)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2,
+                             per_device_train_batch_size=2, save_strategy="no",
+                             report_to="none", use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(8), callbacks=[cb])
+    with caplog.at_level("WARNING", logger="otel_train"):
+        trainer.train()  # does not raise
+    cb.close()
+    run.shutdown()
+    assert trainer.state.global_step == 2
+    assert cb.hook_failures() == {"on_step_begin": 2}
+    assert any("on_step_begin failed" in r.getMessage() and "refuses" in r.getMessage()
+               for r in caplog.records)

@@ -108,3 +108,22 @@ def test_a_failing_forward_still_leaves_later_steps_traced(tmp_path) -> None:
         "forward", "data", "forward", "backward", "optimizer"]
     assert [s.name for s in children(spans, roots[1])] == [
         "data", "forward", "backward", "optimizer"]
+
+
+def test_an_exception_in_a_hook_is_logged_and_counted_never_raised_into_the_loop(
+        tmp_path, caplog) -> None:
+    model, opt, train, val = _setup()
+    run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                               status_dir=str(tmp_path))
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the run refuses to open a step")
+
+    run.step = refuse  # every hook that would open a step now fails
+    with caplog.at_level("WARNING", logger="otel_train"):
+        with instrument(model, opt, dataloader=train, run=run) as inst:
+            _loop(model, opt, train, val)  # does not raise
+    run.shutdown()
+    assert inst.hook_failures() == {"fetched": 4, "forward_pre": 4, "optimizer_pre": 4}
+    assert any("forward_pre failed" in r.getMessage() and "refuses" in r.getMessage()
+               for r in caplog.records)

@@ -11,6 +11,7 @@ from integration_support import children, monitor_roots, receiver_run, step_root
 from otlp_receivers import GrpcOtlpReceiver  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
+import otel_train  # noqa: E402
 from otel_train.integrations.lightning import LightningStepTraceCallback  # noqa: E402
 
 
@@ -34,6 +35,14 @@ class Tiny(L.LightningModule):
 def _loader(n: int) -> torch.utils.data.DataLoader:
     ds = torch.utils.data.TensorDataset(torch.randn(n, 8), torch.randn(n, 1))
     return torch.utils.data.DataLoader(ds, batch_size=4)
+
+
+def _trainer(callback: LightningStepTraceCallback, accumulate: int = 1) -> L.Trainer:
+    return L.Trainer(
+        max_steps=4, accumulate_grad_batches=accumulate, val_check_interval=2 * accumulate,
+        limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[callback])
 
 
 def _fit(tmp_path, accumulate: int, val: dict | list, **callback_kwargs):
@@ -82,3 +91,54 @@ def test_validation_is_monitoring_per_named_dataloader(tmp_path) -> None:
     roots = step_roots(spans)
     # Validation after step 1 is not counted as step 2's data fetch.
     assert val[1].end_time_unix_nano <= children(spans, roots[2])[0].start_time_unix_nano
+
+
+def test_teardown_shuts_down_the_run_the_callback_started(tmp_path) -> None:
+    with GrpcOtlpReceiver() as recv:
+        cb = LightningStepTraceCallback(
+            exporter="otlp", otlp_endpoint=recv.endpoint, otlp_protocol="grpc",
+            prometheus_port=None, console=False, status_dir=str(tmp_path))
+        _trainer(cb).fit(Tiny(), _loader(64), [_loader(8)])
+        first = cb.run
+        # fit() returned: every span is already exported, and the run is closed.
+        assert sorted(step_roots(recv.spans())) == [0, 1, 2, 3]
+        with pytest.raises(RuntimeError, match="shut down"):
+            first.step()
+        assert first.costs()["steps"] == 4  # still readable after the shutdown
+        _trainer(cb).fit(Tiny(), _loader(64), [_loader(8)])  # a second fit: a new run
+        second = cb.run
+        assert second is not first
+        with pytest.raises(RuntimeError, match="shut down"):
+            second.step()
+        spans = recv.spans()
+    assert {r.attributes["train.run.id"] for r in spans if r.name == "train.step"} == {
+        first.run_id, second.run_id}
+
+
+def test_teardown_leaves_a_run_it_was_given_open(tmp_path) -> None:
+    run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                               status_dir=str(tmp_path))
+    _trainer(LightningStepTraceCallback(run=run)).fit(Tiny(), _loader(32), [_loader(8)])
+    with run.step():  # still open: the caller shuts it down
+        pass
+    run.shutdown()
+
+
+def test_an_exception_in_the_callback_is_logged_and_counted_never_raised_into_the_trainer(
+        tmp_path, caplog) -> None:
+    run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                               status_dir=str(tmp_path))
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the run refuses to open a step")
+
+    run.step = refuse  # our on_train_batch_start now fails inside the Trainer
+    cb = LightningStepTraceCallback(run=run)
+    trainer = _trainer(cb)
+    with caplog.at_level("WARNING", logger="otel_train"):
+        trainer.fit(Tiny(), _loader(64), [_loader(8)])  # does not raise
+    run.shutdown()
+    assert trainer.global_step == 4
+    assert cb.hook_failures() == {"on_train_batch_start": 4}
+    assert any("on_train_batch_start failed" in r.getMessage() and "refuses" in r.getMessage()
+               for r in caplog.records)

@@ -142,7 +142,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_phase(PHASE_MICRO_STEP, t)
         self._micro_index += 1
         tracker.open_phase(PHASE_MICRO_STEP, t, attributes={MICRO_STEP: self._micro_index})
@@ -154,7 +154,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         start = tracker.last_backward_end_ns or t
         tracker.close_phase(PHASE_MICRO_STEP, start)
         self._optimizer_start = start
@@ -165,7 +165,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         step = self.tracker.step
         if step is None:
             return
-        t = self.tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = self.tracker.timestamp_ns()
         step.record_phase(PHASE_OPTIMIZER, self._optimizer_start or t, t, KIND_TRAIN)
         self._optimizer_start = 0
         self._expect_post(control, t)
@@ -246,7 +246,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         if not self._post or self._post[0] != name:
             return False
         tracker = self.tracker
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_monitoring(t)
         self._post.pop(0)
         if self._post:
@@ -262,7 +262,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         rec = tracker.monitor_record
         if rec is not None and not self._post:
             rec.name = name
-            tracker.close_monitoring(tracker.run.timestamp_ns())  # type: ignore[union-attr]
+            tracker.close_monitoring(tracker.timestamp_ns())
         tracker.first_eval_forward_ns = 0
 
     def _end_step(self) -> None:

@@ -48,7 +48,7 @@ _ACTIVE: HookStepTracker | None = None  # one at a time: hooks are process-wide 
 class _TimedIterator:
     """A DataLoader iterator whose ``next()`` is timed as the data phase."""
 
-    __slots__ = ("_it", "_tracker", "_name")
+    __slots__ = ("_it", "_name", "_tracker")
 
     def __init__(self, it: Any, tracker: HookStepTracker, name: str | None) -> None:
         self._it = it

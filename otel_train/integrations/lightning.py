@@ -119,16 +119,17 @@ class LightningStepTraceCallback(Callback):
             return
         t = run.timestamp_ns()
         mark = self._mark or t
-        if tracker.step is None:
+        step = tracker.step
+        if step is None:
             self._global_step = trainer.global_step
-            tracker.begin_step(self._loader, trainer.global_step, mark)
+            step = tracker.begin_step(self._loader, trainer.global_step, mark)
             self._micro_index = 0
         else:
             self._micro_index += 1
         if trainer.accumulate_grad_batches > 1:  # a micro-step holds its own fetch
             tracker.open_phase(PHASE_MICRO_STEP, mark,
                                attributes={MICRO_STEP: self._micro_index})
-        tracker.step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)  # type: ignore[union-attr]
+        step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)
         tracker.open_phase(PHASE_FORWARD, t)
 
     @guarded
@@ -136,7 +137,7 @@ class LightningStepTraceCallback(Callback):
         """``training_step`` returned (zero_grad runs before backward)."""
         tracker = self.tracker
         if tracker.step is not None:
-            tracker.close_phase(PHASE_FORWARD, tracker.run.timestamp_ns())  # type: ignore[union-attr]
+            tracker.close_phase(PHASE_FORWARD, tracker.timestamp_ns())
 
     @guarded
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -144,7 +145,7 @@ class LightningStepTraceCallback(Callback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_phase(PHASE_FORWARD, t)
         tracker.open_phase(PHASE_BACKWARD, t)
 
@@ -154,7 +155,7 @@ class LightningStepTraceCallback(Callback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_phase(PHASE_BACKWARD, t)
         tracker.close_phase(PHASE_MICRO_STEP, t)
 
@@ -164,7 +165,7 @@ class LightningStepTraceCallback(Callback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_phase(PHASE_MICRO_STEP, t)
         tracker.open_phase(PHASE_OPTIMIZER, t)
 
@@ -175,7 +176,7 @@ class LightningStepTraceCallback(Callback):
         tracker = self.tracker
         if tracker.step is None:
             return
-        t = tracker.run.timestamp_ns()  # type: ignore[union-attr]
+        t = tracker.timestamp_ns()
         tracker.close_phases(t)
         if trainer.global_step != self._global_step:
             tracker.end_step()

@@ -179,6 +179,10 @@ class HookStepTracker:
             run = self.run = self._get_run()
         return run
 
+    def timestamp_ns(self) -> int:
+        """A phase-boundary timestamp from the run (``device_sync`` honoured)."""
+        return self.ensure_run().timestamp_ns()
+
     def begin_step(self, loader: str | None = None, index: int | None = None,
                    start_ns: int | None = None) -> Step:
         """Open a new step (backdated to ``start_ns``); nothing of the last one stays open."""
@@ -214,29 +218,30 @@ class HookStepTracker:
     def open_phase(self, name: str, start_ns: int, kind: str = KIND_TRAIN,
                    attributes: dict[str, Any] | None = None) -> None:
         """Open phase ``name`` at ``start_ns``, inside the innermost open one."""
-        self.step.open_phase(name, kind, start_ns, attributes=attributes)  # type: ignore[union-attr]
+        step: Any = self.step
+        step.open_phase(name, kind, start_ns, attributes=attributes)
         self._open.append(name)
 
     def close_phase(self, name: str, end_ns: int) -> bool:
         """Close open phases up to and including ``name``; False when it is not open."""
-        if name not in self._open:
+        open_ = self._open
+        if name not in open_:
             return False
-        self._close_to(self._open[::-1].index(name), end_ns)
+        self._close_down_to(len(open_) - 1 - open_[::-1].index(name), end_ns)  # innermost
         return True
 
     def close_phases(self, end_ns: int) -> None:
         """Close every open phase of the step."""
-        if self._open:
-            self._close_to(len(self._open) - 1, end_ns)
+        self._close_down_to(0, end_ns)
 
-    def _close_to(self, depth_from_top: int, end_ns: int) -> None:
+    def _close_down_to(self, index: int, end_ns: int) -> None:
+        """Close the open phases from the innermost down to ``_open[index]`` included."""
         open_, step = self._open, self.step
-        target = len(open_) - 1 - depth_from_top
-        while len(open_) > target:
+        while len(open_) > index:
             open_.pop()
             step.close_phase(end_ns)  # type: ignore[union-attr]
         if self._monitor_level >= len(open_):
-            self._monitor_level = -1
+            self._monitor_level = -1  # the monitoring phase was among them
 
     # -- monitoring: a phase of the open step, else its own span ----------------------------
     @property
@@ -283,8 +288,8 @@ class HookStepTracker:
             return
         level = self._monitor_level
         if level >= 0 and self.step is not None and not self.step.end_ns:
-            end = self.run.timestamp_ns() if end_ns is None else end_ns  # type: ignore[union-attr]
-            self._close_to(len(self._open) - 1 - level, end)
+            end = self.timestamp_ns() if end_ns is None else end_ns
+            self._close_down_to(level, end)
         self._monitor_level = -1
 
     # -- hook events ------------------------------------------------------------------------
@@ -337,14 +342,14 @@ class HookStepTracker:
             self._ensure_step(None, None)
         elif self.step is None or self.monitoring_open:
             return  # the Trainer opens steps; forwards of its monitoring are not training
-        self.open_phase(PHASE_FORWARD, self.run.timestamp_ns())  # type: ignore[union-attr]
+        self.open_phase(PHASE_FORWARD, self.timestamp_ns())
 
     @guarded
     def forward_post(self, module: Any, output: Any) -> None:
         """The outermost forward ended: close it and watch for its backward."""
         if PHASE_FORWARD not in self._open:
             return
-        self.close_phase(PHASE_FORWARD, self.run.timestamp_ns())  # type: ignore[union-attr]
+        self.close_phase(PHASE_FORWARD, self.timestamp_ns())
         if torch.is_grad_enabled():
             attach_backward_probe(output, self._backward_start, self._backward_end)
 
@@ -352,14 +357,14 @@ class HookStepTracker:
     def _backward_start(self) -> None:
         step = self.step
         if step is not None and not step.end_ns and PHASE_BACKWARD not in self._open:
-            self.open_phase(PHASE_BACKWARD, self.run.timestamp_ns())  # type: ignore[union-attr]
+            self.open_phase(PHASE_BACKWARD, self.timestamp_ns())
 
     @guarded
     def _backward_end(self) -> None:
         if PHASE_BACKWARD in self._open:
             step = self.step
             if step is not None and not step.end_ns:
-                t = self.last_backward_end_ns = self.run.timestamp_ns()  # type: ignore[union-attr]
+                t = self.last_backward_end_ns = self.timestamp_ns()
                 self.close_phase(PHASE_BACKWARD, t)
             else:  # the run ended the step (shutdown): nothing of it is open any more
                 self._open = []
@@ -381,7 +386,7 @@ class HookStepTracker:
         """``optimizer.step()`` ended; the step optimizer's step ends the training step."""
         if PHASE_OPTIMIZER not in self._open:
             return
-        self.close_phase(PHASE_OPTIMIZER, self.run.timestamp_ns())  # type: ignore[union-attr]
+        self.close_phase(PHASE_OPTIMIZER, self.timestamp_ns())
         if self.step_optimizer() is optimizer:
             self.end_step()
 
