@@ -186,8 +186,9 @@ class HookStepTracker:
     def begin_step(self, loader: str | None = None, index: int | None = None,
                    start_ns: int | None = None) -> Step:
         """Open a new step (backdated to ``start_ns``); nothing of the last one stays open."""
-        step = self.step = self.ensure_run().step(loader=loader, index=index, start_ns=start_ns)
-        self._open = []
+        step = self.step = self.ensure_run().step(loader, index, start_ns)
+        if self._open:
+            self._open.clear()
         self._monitor_level = -1
         return step
 
@@ -200,7 +201,8 @@ class HookStepTracker:
     def end_step(self) -> None:
         """End the open step; phases still open (monitoring included) end with it."""
         step, self.step = self.step, None
-        self._open = []
+        if self._open:
+            self._open.clear()
         self._monitor_level = -1
         if step is not None and not step.end_ns:
             step.end()
@@ -225,6 +227,12 @@ class HookStepTracker:
     def close_phase(self, name: str, end_ns: int) -> bool:
         """Close open phases up to and including ``name``; False when it is not open."""
         open_ = self._open
+        if open_ and open_[-1] == name:  # the usual case, once per phase: keep it short
+            open_.pop()
+            self.step.close_phase(end_ns)  # type: ignore[union-attr]
+            if self._monitor_level >= len(open_):
+                self._monitor_level = -1
+            return True
         if name not in open_:
             return False
         self._close_down_to(len(open_) - 1 - open_[::-1].index(name), end_ns)  # innermost
@@ -296,7 +304,7 @@ class HookStepTracker:
     @guarded
     def fetched(self, loader: str | None, t0: int, t1: int) -> None:
         """A batch came out of a DataLoader between ``t0`` and ``t1`` (hooks delimit steps)."""
-        if self.monitoring_open:
+        if self._monitor_level >= 0 or self._monitor_record is not None:  # monitoring_open
             step = self.step
             if self._monitor_level >= 0 and step is not None and not step.end_ns:
                 step.record_phase(PHASE_DATA, t0, t1, KIND_MONITOR, loader or PHASE_EVAL)
@@ -323,6 +331,8 @@ class HookStepTracker:
         if self.in_forward == 0:
             self.forward_post(module, output)
 
+    # The handlers below run a few times per step: they call the core directly (no helper
+    # layers in between), and ``run`` is set whenever a step is open.
     @guarded
     def forward_pre(self, module: Any) -> None:
         """The outermost forward of an instrumented model starts."""
@@ -337,19 +347,24 @@ class HookStepTracker:
                 self.first_eval_forward_ns = self.run.timestamp_ns()
             return
         if self.hooks_delimit_steps:
-            if self.monitoring_open:
+            if self._monitor_level >= 0 or self._monitor_record is not None:
                 self.close_monitoring()
-            self._ensure_step(None, None)
-        elif self.step is None or self.monitoring_open:
-            return  # the Trainer opens steps; forwards of its monitoring are not training
-        self.open_phase(PHASE_FORWARD, self.timestamp_ns())
+            step = self._ensure_step(None, None)
+        else:
+            step = self.step
+            if step is None or self.monitoring_open:
+                return  # the Trainer opens steps; forwards of its monitoring are not training
+        run: Any = self.run
+        step.open_phase(PHASE_FORWARD, KIND_TRAIN, run.timestamp_ns())
+        self._open.append(PHASE_FORWARD)
 
     @guarded
     def forward_post(self, module: Any, output: Any) -> None:
         """The outermost forward ended: close it and watch for its backward."""
         if PHASE_FORWARD not in self._open:
             return
-        self.close_phase(PHASE_FORWARD, self.timestamp_ns())
+        run: Any = self.run
+        self.close_phase(PHASE_FORWARD, run.timestamp_ns())
         if torch.is_grad_enabled():
             attach_backward_probe(output, self._backward_start, self._backward_end)
 
@@ -357,17 +372,20 @@ class HookStepTracker:
     def _backward_start(self) -> None:
         step = self.step
         if step is not None and not step.end_ns and PHASE_BACKWARD not in self._open:
-            self.open_phase(PHASE_BACKWARD, self.timestamp_ns())
+            run: Any = self.run
+            step.open_phase(PHASE_BACKWARD, KIND_TRAIN, run.timestamp_ns())
+            self._open.append(PHASE_BACKWARD)
 
     @guarded
     def _backward_end(self) -> None:
         if PHASE_BACKWARD in self._open:
             step = self.step
             if step is not None and not step.end_ns:
-                t = self.last_backward_end_ns = self.timestamp_ns()
+                run: Any = self.run
+                t = self.last_backward_end_ns = run.timestamp_ns()
                 self.close_phase(PHASE_BACKWARD, t)
             else:  # the run ended the step (shutdown): nothing of it is open any more
-                self._open = []
+                self._open.clear()
                 self._monitor_level = -1
 
     @guarded
@@ -375,18 +393,20 @@ class HookStepTracker:
         """``optimizer.step()`` starts."""
         if self.step_optimizer is None or self.step_optimizer() is None:
             self.step_optimizer = weakref.ref(optimizer)  # the first optimizer seen
-        if self.monitoring_open:
+        if self._monitor_level >= 0 or self._monitor_record is not None:
             self.close_monitoring()
         run = self.ensure_run()
-        self._ensure_step(None, None)
-        self.open_phase(PHASE_OPTIMIZER, run.timestamp_ns())
+        step = self._ensure_step(None, None)
+        step.open_phase(PHASE_OPTIMIZER, KIND_TRAIN, run.timestamp_ns())
+        self._open.append(PHASE_OPTIMIZER)
 
     @guarded
     def optimizer_post(self, optimizer: Any) -> None:
         """``optimizer.step()`` ended; the step optimizer's step ends the training step."""
         if PHASE_OPTIMIZER not in self._open:
             return
-        self.close_phase(PHASE_OPTIMIZER, self.timestamp_ns())
+        run: Any = self.run
+        self.close_phase(PHASE_OPTIMIZER, run.timestamp_ns())
         if self.step_optimizer() is optimizer:
             self.end_step()
 
