@@ -5,7 +5,10 @@
 - ``hf.TrainerStepTraceCallback``: Hugging Face ``Trainer``;
 - ``lightning.LightningStepTraceCallback``: Lightning ``Trainer``.
 
-The framework modules import their framework, so import them by name.
+All four feed one ``step_tracker.HookStepTracker``, which turns hook and callback events
+into steps, phases and monitoring spans, and guards every handler the same way (a failure
+is logged and counted, never raised into training). The framework modules import their
+framework, so import them by name.
 
 Usage::
 
