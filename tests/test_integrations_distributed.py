@@ -11,6 +11,9 @@ from otlp_receivers import HttpOtlpReceiver
 
 STEPS = 6
 SLOW_SECONDS = 0.05
+# What each rank prints; the URL ends at its port digits (see where it is matched).
+_RANK_LINE = re.compile(
+    r"rank (\d): run [^\s,]+, metrics (http://(?:\[[^\]\s]*\]|[^\s:/\[]+):\d+)")
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
@@ -48,7 +51,9 @@ def test_two_ranks_share_step_traces_and_serve_their_own_metrics(tmp_path) -> No
     assert len({pair[0].trace_id for pair in by_step.values()}) == STEPS
     assert len({r.attributes["train.run.id"] for r in roots}) == 1
 
-    urls = re.findall(r"rank (\d): run \S+, metrics (http://\S+)", proc.stdout)
+    # Two ranks print at once: print() writes the text and its newline separately, so one
+    # rank's line can start right after the other's port. Match up to the port digits.
+    urls = _RANK_LINE.findall(proc.stdout)
     assert sorted(rank for rank, _ in urls) == ["0", "1"]
     assert len({url for _, url in urls}) == 2  # each rank its own endpoint
     scrape = {rank: (metrics_dir / f"rank{rank}.prom").read_text() for rank in (0, 1)}
