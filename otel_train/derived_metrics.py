@@ -74,8 +74,11 @@ class DerivedMetricsStage:
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
             slow_operation_seconds=options.slow_operation_seconds)
-        self.metrics = PrometheusMetricsSpanProcessor(identity.rank, options.budget, self.overhead,
-                                         progress=self.watchdog.progress, drops=drops)
+        self.metrics = PrometheusMetricsSpanProcessor(
+            identity.rank, options.budget, self.overhead, progress=self.watchdog.progress,
+            drops=drops, critical=options.critical, slow_step_factor=options.slow_step_factor,
+            slow_operation_seconds=options.slow_operation_seconds, run_id=identity.run_id,
+            world_size=identity.world_size)
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.console: ConsoleReportSpanProcessor | None = None
         chain: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,

@@ -11,7 +11,8 @@ Never the global registry: every run has its own ``CollectorRegistry``.
 
 Usage::
 
-    metrics = PrometheusMetricsSpanProcessor(rank=0, budget=0.05, overhead=overhead)
+    metrics = PrometheusMetricsSpanProcessor(rank=0, budget=0.05, overhead=overhead,
+                                             critical=0.10, run_id="run-1", world_size=8)
     provider.add_span_processor(metrics)
     url = metrics.start_server("127.0.0.1", 0)      # "http://127.0.0.1:PORT"
     ...
@@ -53,6 +54,13 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 # (in-progress seconds, last step end as unix seconds); from the watchdog
 ProgressSource = Callable[[], tuple[float, float]]
 
+# The run's thresholds, exported so alerts compare against the run's own values (same labels
+# as the budget gauge), and the run's identity (joins a rank's series to its run's other ranks).
+METRIC_CRITICAL = "otel_train_monitoring_critical_ratio"
+METRIC_SLOW_STEP_FACTOR = "otel_train_slow_step_factor"
+METRIC_SLOW_OPERATION = "otel_train_slow_operation_seconds"
+METRIC_RUN_INFO = "otel_train_run_info"
+
 
 class _Histogram:
     """Non-cumulative bucket counts, sum, and the last exemplar per bucket (optional)."""
@@ -77,15 +85,28 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         progress: ProgressSource | None = None,
         drops: DropCounter | None = None,
         buckets: Sequence[float] = DEFAULT_BUCKETS,
+        critical: float | None = None,
+        slow_step_factor: float | None = None,
+        slow_operation_seconds: float | None = None,
+        run_id: str | None = None,
+        world_size: int | None = None,
     ) -> None:
         super().__init__()
         bounds = tuple(float(b) for b in buckets)
         if not bounds or list(bounds) != sorted(set(bounds)) or bounds[-1] == float("inf"):
             raise ValueError("buckets must be finite, increasing and non-empty")
+        if slow_operation_seconds is not None and slow_operation_seconds not in bounds:
+            # The "one monitoring call too long" alert reads the bucket whose le is the limit.
+            bounds = tuple(sorted((*bounds, float(slow_operation_seconds))))
         self._bounds = bounds
         self._le = [floatToGoString(b) for b in bounds] + ["+Inf"]
         self.rank = str(rank)
         self.budget = budget
+        self.critical = critical
+        self.slow_step_factor = slow_step_factor
+        self.slow_operation_seconds = slow_operation_seconds
+        self.run_id = run_id
+        self.world_size = world_size
         self.overhead = overhead
         self.progress = progress
         self.drops = drops
@@ -242,6 +263,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             last_g.add_metric([rank], ts)
         yield from (step_h, phase_h, steps_c, slow_c, last_g, prog_g)
         yield from self._ratio_families()
+        yield from self._run_families()
         drops = CounterMetricFamily(A.METRIC_SPANS_DROPPED,
                                     "Spans dropped (not exported), by reason.", labels=["reason"])
         if self.drops is not None:
@@ -290,6 +312,25 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         if self.budget is not None:
             yield GaugeMetricFamily(A.METRIC_BUDGET, "The configured monitoring budget (0..1).",
                                     value=self.budget)
+
+
+    def _run_families(self) -> Iterator[Metric]:
+        """The run's thresholds and its identity (constant for the run)."""
+        for name, doc, value in (
+            (METRIC_CRITICAL, "The configured critical monitoring overhead (0..1).",
+             self.critical),
+            (METRIC_SLOW_STEP_FACTOR, "A step is slow above this multiple of its baseline.",
+             self.slow_step_factor),
+            (METRIC_SLOW_OPERATION, "One monitoring call longer than this warns (seconds).",
+             self.slow_operation_seconds),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
+        if self.run_id is not None:
+            info = GaugeMetricFamily(METRIC_RUN_INFO, "The run this rank belongs to (always 1).",
+                                     labels=["run_id", "rank", "world_size"])
+            info.add_metric([self.run_id, self.rank, str(self.world_size or 1)], 1.0)
+            yield info
 
 
 def _buckets(h: _Histogram, le: list[str]) -> list[tuple[Any, ...]]:

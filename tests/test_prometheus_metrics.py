@@ -112,3 +112,33 @@ def test_a_port_in_use_raises_oserror() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError):
             PrometheusMetricsSpanProcessor().start_server("127.0.0.1", port)
+
+
+def test_the_runs_thresholds_and_identity_are_gauges_next_to_the_budget() -> None:
+    metrics = PrometheusMetricsSpanProcessor(
+        rank=3, budget=0.02, overhead=OverheadSpanProcessor(), critical=0.04,
+        slow_step_factor=2.5, slow_operation_seconds=45.0, run_id="run-7", world_size=8)
+    s = samples(metrics)
+    assert s[("otel_train_monitoring_budget_ratio", ())] == 0.02
+    assert s[("otel_train_monitoring_critical_ratio", ())] == 0.04
+    assert s[("otel_train_slow_step_factor", ())] == 2.5
+    assert s[("otel_train_slow_operation_seconds", ())] == 45.0
+    info = (("rank", "3"), ("run_id", "run-7"), ("world_size", "8"))
+    assert s[("otel_train_run_info", info)] == 1.0
+
+
+def test_a_custom_operation_limit_becomes_a_bucket_bound_so_the_alert_can_read_it() -> None:
+    ov = OverheadSpanProcessor()
+    metrics = PrometheusMetricsSpanProcessor(rank=0, overhead=ov, slow_operation_seconds=45.0)
+    shared = SharedStepSpanProcessor([ov, metrics])
+    shared.on_end(monitor_span("val_loss", after_step=0, duration_ms=50_000))
+    s = samples(metrics)
+    bucket = (("kind", "monitor"), ("le", "45.0"), ("loader", ""), ("phase", "val_loss"),
+              ("rank", "0"))
+    assert s[("otel_train_phase_duration_seconds_bucket", bucket)] == 0  # 50 s > 45 s
+    assert s[("otel_train_phase_duration_seconds_bucket", bucket[:1] + (("le", "60.0"),)
+              + bucket[2:])] == 1
+    # without the options nothing new is exported (an older deploy keeps its fallbacks)
+    plain = samples(PrometheusMetricsSpanProcessor(rank=0))
+    assert not {k for k in plain if k[0] in {"otel_train_monitoring_critical_ratio",
+                                             "otel_train_run_info"}}
