@@ -9,8 +9,10 @@ import re
 import pytest
 from deploy_support import (
     DASHBOARD_FILES,
+    GENERATOR,
     PROVISIONING,
     RUNBOOK,
+    alert_rules,
     github_anchor,
     iter_panels,
     load_dashboard,
@@ -36,6 +38,11 @@ CONTRACT_METRICS = {
     "otel_train_instrumentation_overhead_ratio",
     "otel_train_gpu_utilization_ratio",
     "otel_train_gpu_memory_used_bytes",
+    # the run's thresholds and identity (issue 9: thresholds travel with the run; stragglers)
+    "otel_train_monitoring_critical_ratio",
+    "otel_train_slow_step_factor",
+    "otel_train_slow_operation_seconds",
+    "otel_train_run_info",
 }
 
 
@@ -121,6 +128,8 @@ def test_dashboard_covers_the_contract() -> None:
         "GPU utilization",
         "GPU memory used",
         "Dropped telemetry",
+        "Training time per rank vs run median",
+        "Slowest rank: where its step time goes",
     ):
         assert needed in titles
 
@@ -164,3 +173,52 @@ def test_grafana_alert_rules() -> None:
         assert ann["__dashboardUid__"] == dash["uid"] and ann["__panelId__"] in panel_ids
         assert ann["runbook_url"].split("#")[1] in anchors
         assert ann["summary"] and ann["description"]
+
+
+def test_the_generator_is_built_on_grafanas_sdk() -> None:
+    text = GENERATOR.read_text()
+    assert "from grafana_foundation_sdk.builders import" in text
+    assert "json.dumps(model, cls=JSONEncoder)" in text  # the SDK's model is what is written
+
+
+def test_overhead_panel_draws_the_runs_own_budget_and_critical_lines() -> None:
+    panels = {p["title"]: p for p in iter_panels(load_dashboard())}
+    exprs = {t["legendFormat"]: t["expr"] for t in panels["Monitoring overhead vs budget"]["targets"]}
+    assert "otel_train_monitoring_budget_ratio" in exprs["budget"]
+    assert "otel_train_monitoring_critical_ratio" in exprs["critical"]
+    call = {t["legendFormat"]: t["expr"] for t in panels["Seconds per monitoring call"]["targets"]}
+    assert "otel_train_slow_operation_seconds" in call["limit"]
+
+
+def test_straggler_panels_compare_each_rank_with_its_runs_median() -> None:
+    gen = load_generator()
+    panels = {p["title"]: p for p in iter_panels(load_dashboard())}
+    (ratio,) = panels["Training time per rank vs run median"]["targets"]
+    assert "quantile by (run_id) (0.5," in ratio["expr"] and "otel_train_run_info" in ratio["expr"]
+    steps = panels["Training time per rank vs run median"]["fieldConfig"]["defaults"]["thresholds"]
+    assert steps["steps"][-1]["value"] == pytest.approx(1 + gen.T.deploy["straggler_slower_ratio"])
+    slowest = panels["Slowest rank: where its step time goes"]["targets"]
+    assert "topk by (run_id) (1," in slowest[0]["expr"] and 'kind="train"' in slowest[0]["expr"]
+    assert "quantile by (run_id, phase) (0.5," in slowest[1]["expr"]
+
+
+def test_grafana_alerts_run_exactly_the_prometheus_alerts() -> None:
+    """Same expr, `for` and severity, and a condition true for every returned series."""
+    config = load_yaml(PROVISIONING / "alerting" / "otel-train-alerts.yaml")
+    grafana = [r for g in config["groups"] for r in g["rules"]]
+    prom = alert_rules()
+    assert len(grafana) == len(prom)
+    by_runbook = {r["annotations"]["runbook_url"].split("#")[1]: r for r in grafana}
+    for name, rule in prom.items():
+        g = by_runbook[name.lower()]
+        refs = {d["refId"]: d for d in g["data"]}
+        assert refs["A"]["model"]["expr"].strip() == rule["expr"].strip(), name
+        assert refs["A"]["model"]["instant"] is True
+        cond = refs[g["condition"]]["model"]
+        assert cond["type"] == "math" and cond["expression"] == (
+            "is_number($A) || is_nan($A) || is_inf($A)")
+        assert g["for"] == rule["for"], name
+        assert g["labels"]["severity"] == rule["labels"]["severity"], name
+        assert g["annotations"]["summary"] == rule["annotations"]["summary"], name
+        assert g["annotations"]["description"].replace("$values.A.Value", "$value") == (
+            rule["annotations"]["description"]), name
