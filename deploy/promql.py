@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,8 @@ from typing import Any
 import yaml
 
 DEPLOY = Path(__file__).resolve().parent
-THRESHOLDS_PATH = DEPLOY / "thresholds.yaml"
+# Another file only to try other values (tests/test_deploy_rules.py does).
+THRESHOLDS_PATH = Path(os.environ.get("OTEL_TRAIN_DEPLOY_THRESHOLDS", DEPLOY / "thresholds.yaml"))
 RUNBOOK_URL = "https://github.com/otel-train/otel-train/blob/main/deploy/prometheus/runbook.md"
 
 

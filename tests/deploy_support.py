@@ -23,6 +23,7 @@ GRAFANA = DEPLOY / "grafana"
 PROVISIONING = GRAFANA / "provisioning"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
 GENERATOR = GRAFANA / "dashboards_gen.py"
+RULES_GENERATOR = PROM_DIR / "rules_gen.py"
 
 # What the dashboard's template variables and Grafana's interval macros become when a panel
 # query is sent to Prometheus directly.
@@ -37,6 +38,15 @@ MACROS = {
 
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+def load_rules_generator() -> ModuleType:
+    """deploy/prometheus/rules_gen.py as a module."""
+    spec = importlib.util.spec_from_file_location("otel_train_rules_gen", RULES_GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_generator() -> ModuleType:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+
+import yaml
 
 import pytest
 from deploy_support import (
+    DEPLOY,
     PROM_DIR,
     RULE_FILES,
     RULE_TESTS,
     RUNBOOK,
     alert_rules,
     github_anchor,
+    load_rules_generator,
     load_yaml,
     recording_rules,
 )
@@ -32,6 +38,7 @@ REQUIRED_ALERTS = {
     "OtelTrainGPUUnderutilized",
     "OtelTrainTelemetryDropped",
     "OtelTrainTargetDown",
+    "OtelTrainStraggler",  # issue 9
 }
 
 
@@ -129,3 +136,53 @@ def test_prometheus_yml_structure() -> None:
                     ports += [int(t.rsplit(":", 1)[1]) for t in group["targets"]]
     # one port per local rank: 9464 + local rank
     assert sorted(ports) == list(range(9464, 9464 + len(ports))) and len(ports) >= 1
+
+
+def test_generated_rules_equal_committed() -> None:
+    gen = load_rules_generator()
+    for path, render in gen.OUTPUTS.items():
+        assert path.read_text() == render(), (
+            f"{path.name} differs from the generator: run python deploy/prometheus/rules_gen.py")
+    assert gen.main(["--check"]) == 0
+
+
+def test_threshold_defaults_are_the_libraries_option_defaults() -> None:
+    """The alerts' fallback for a run without threshold gauges is what such a run would use."""
+    from otel_train.options import RunOptions
+
+    run = load_yaml(DEPLOY / "thresholds.yaml")["run"]
+    defaults = RunOptions()
+    assert run["monitoring_budget_ratio"] == defaults.budget
+    assert run["monitoring_critical_ratio"] == defaults.critical
+    assert run["slow_operation_seconds"] == defaults.slow_operation_seconds
+    assert run["slow_step_factor"] == defaults.slow_step_factor
+
+
+def test_every_threshold_number_comes_from_thresholds_yaml(tmp_path) -> None:
+    """No alert hard-codes a threshold: other values in thresholds.yaml reach every alert,
+    the Grafana-managed ones included."""
+    data = load_yaml(DEPLOY / "thresholds.yaml")
+    odd = {"run": {}, "deploy": {}}
+    for section in odd:
+        for i, key in enumerate(data[section]):
+            odd[section][key] = 1000 + i if key.endswith("seconds") or "factor" in key else (
+                round(0.0101 + i / 1000, 4))
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(yaml.safe_dump(odd))
+    code = ("import sys; sys.path[:0] = ['deploy/prometheus', 'deploy/grafana']\n"
+            "import rules_gen, dashboards_gen\n"
+            "print(rules_gen.render_alerts()); print('=====')\n"
+            "print(dashboards_gen.render_alerting())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=DEPLOY.parent, capture_output=True,
+                         text=True, timeout=60, env={**os.environ,
+                                                     "OTEL_TRAIN_DEPLOY_THRESHOLDS": str(path)})
+    assert out.returncode == 0, out.stderr
+    prometheus_rules, grafana_rules = out.stdout.split("=====")
+    shown_only = {"slow_step_factor", "gpu_healthy_ratio"}  # dashboard text, not alerted on
+    for section in odd.values():
+        for key, value in section.items():
+            if key in shown_only:
+                continue
+            literal = f"offset {value}s" if key == "operation_lookback_seconds" else str(value)
+            for text in (prometheus_rules, grafana_rules):
+                assert literal in text, f"{key}={value} does not reach the alerts"
