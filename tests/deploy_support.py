@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import queue
 import re
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -146,3 +151,70 @@ def github_anchor(heading: str) -> str:
     text = heading.strip().lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
+
+
+class Child:
+    """One training subprocess running ``workdir/child.py <stop_file> <status_dir> *args``.
+
+    The script prints one JSON line with ``prometheus_url`` and steps until ``stop_file``
+    exists; ``hostport`` is its metrics endpoint as Prometheus scrapes it.
+    """
+
+    def __init__(self, name: str, workdir: Path, env: dict[str, str], args: list[str]) -> None:
+        self.name = name
+        self.stop_file = workdir / f"stop-{name}"
+        status_dir = workdir / f"status-{name}"
+        status_dir.mkdir()
+        self.stderr_path = workdir / f"{name}.stderr"
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(workdir / "child.py"), str(self.stop_file), str(status_dir),
+             *args],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=workdir,
+            text=True,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.hostport = ""
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+
+    def wait_url(self, timeout: float) -> str:
+        """Wait for the child's metrics URL; return its ``host:port``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if line.startswith("{"):
+                url = json.loads(line)["prometheus_url"]
+                assert url and url.startswith("http://127.0.0.1:"), url
+                self.hostport = url.removeprefix("http://").rstrip("/")
+                return self.hostport
+        raise AssertionError(
+            f"{self.name} run did not report run.prometheus_url within {timeout}s "
+            f"(exit code {self.proc.poll()}); stderr:\n{self.stderr()[-4000:]}"
+        )
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def stop(self) -> None:
+        """Ask the loop to end (stop file), then wait; kill after 20 s."""
+        self.stop_file.touch()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._stderr.close()

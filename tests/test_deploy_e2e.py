@@ -27,14 +27,10 @@ Runs in CI (``CI=true``) and never skips there: a missing ``prometheus`` binary 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import queue
-import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,10 +39,12 @@ from typing import Any
 import pytest
 from deploy_support import (
     REPO,
+    Child,
     RULE_FILES,
     alert_rules,
     load_dashboard,
-    load_generator,
+    PROVISIONING,
+    load_yaml,
     prometheus_queries,
     recording_rules,
     variable_queries,
@@ -55,14 +53,14 @@ from prometheus_server import PrometheusServer, require_binary
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
 
-# The instrumented loop, run as `python child.py <profile> <stop_file> <status_dir>`. It prints
+# The instrumented loop, run as `python child.py <stop_file> <status_dir> <profile>`. It prints
 # one JSON line with the metrics URL, then steps until the stop file appears (at most 90 s).
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     import otel_train
 
-    profile, stop_file, status_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+    stop_file, status_dir, profile = sys.argv[1], sys.argv[2], sys.argv[3]
     deadline = time.monotonic() + 90.0
 
     def batches():
@@ -143,66 +141,6 @@ FAKE_PYNVML = textwrap.dedent(
 )
 
 
-class Child:
-    """One training subprocess; `hostport` is its metrics endpoint as Prometheus scrapes it."""
-
-    def __init__(self, profile: str, workdir: Path, env: dict[str, str]) -> None:
-        self.profile = profile
-        self.stop_file = workdir / f"stop-{profile}"
-        status_dir = workdir / f"status-{profile}"
-        status_dir.mkdir()
-        self.stderr_path = workdir / f"{profile}.stderr"
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(workdir / "child.py"), profile, str(self.stop_file), str(status_dir)],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=workdir,
-            text=True,
-        )
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.hostport = ""
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-
-    def wait_url(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if line.startswith("{"):
-                url = json.loads(line)["prometheus_url"]
-                assert url and url.startswith("http://127.0.0.1:"), url
-                self.hostport = url.removeprefix("http://").rstrip("/")
-                return self.hostport
-        raise AssertionError(
-            f"{self.profile} run did not report run.prometheus_url within {timeout}s "
-            f"(exit code {self.proc.poll()}); stderr:\n{self.stderr()[-4000:]}"
-        )
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    def stop(self) -> None:
-        self.stop_file.touch()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._stderr.close()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_binary("prometheus")
@@ -219,7 +157,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env["OTEL_SDK_DISABLED"] = "false"
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
 
-    children = {name: Child(name, workdir, env) for name in ("heavy", "light")}
+    children = {name: Child(name, workdir, env, [name]) for name in ("heavy", "light")}
     try:
         for child in children.values():
             child.wait_url(timeout=60)
@@ -259,7 +197,7 @@ def test_every_dashboard_query_returns_data(stack: dict[str, Any]) -> None:
     dashboard = load_dashboard()
     queries = {f"{title} [{ref}]": q for title, ref, q in prometheus_queries(dashboard)}
     queries.update({f"variable ${name}": q for name, q in variable_queries(dashboard)})
-    assert len(queries) >= 15
+    assert len(queries) >= 20
     pending = dict(queries)
     deadline = time.monotonic() + 45
     while pending and time.monotonic() < deadline:
@@ -325,30 +263,36 @@ def test_no_stall_or_down_alert_on_healthy_runs(stack: dict[str, Any]) -> None:
 
 
 def test_grafana_alert_queries_agree(stack: dict[str, Any]) -> None:
-    """The Grafana-managed rules' queries, thresholded as Grafana would, agree on the same data."""
+    """The provisioned Grafana rules' queries fire (return a series) for the same targets as the
+    Prometheus alerts' conditions, on the same data."""
     prom, heavy, light = stack["prom"], stack["heavy"].hostport, stack["light"].hostport
-    gen = load_generator()
-    rules = {a["uid"]: a for a in gen.GRAFANA_ALERTS}
+    config = load_yaml(PROVISIONING / "alerting" / "otel-train-alerts.yaml")
+    grafana = {r["uid"]: r for g in config["groups"] for r in g["rules"]}
 
-    def breaching(uid: str) -> set[str]:
-        rule = rules[uid]
-        values = _by_instance(prom.query(rule["expr"]))
-        return {inst for inst, v in values.items() if v > rule["threshold"]}
+    def firing(uid: str, at: float | None = None) -> set[str]:
+        (query,) = [d for d in grafana[uid]["data"] if d["refId"] == "A"]
+        return set(_by_instance(prom.query(query["model"]["expr"], time=at)))
 
     deadline = time.monotonic() + 30
     while True:
-        got = {uid: breaching(uid) for uid in rules}
+        got = {uid: firing(uid) for uid in grafana}
         expected_ok = (
             heavy in got["otel-train-budget-warning"]
             and light not in got["otel-train-budget-warning"]
             and heavy in got["otel-train-budget-critical"]
             and heavy in got["otel-train-slow-steps"]
             and not got["otel-train-stalled"]
+            and not got["otel-train-straggler"]  # two runs of one rank each
         )
         if expected_ok or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert expected_ok, got
+    at = time.time()  # and the Prometheus conditions say the same, at the same instant
+    for name, rule in alert_rules().items():
+        uid = next(u for u, r in grafana.items() if r["annotations"]["runbook_url"].endswith(
+            "#" + name.lower()))
+        assert set(_by_instance(prom.query(rule["expr"], time=at))) == firing(uid, at), name
 
 
 def test_recording_rules_produce_series(stack: dict[str, Any]) -> None:
