@@ -7,6 +7,11 @@ world_size=2, prometheus_port=0)``; no torch.distributed, nothing exchanged betw
   (75 ms vs 35 ms of training per step: 1.36x the run's median, which for two ranks is their mean);
 - run ``e2e-equal``: both ranks train alike.
 
+Every rank is started with ``budget=0.02, critical=0.08``; rank 0 of the slow run spends 8 ms
+per step on monitoring (~20% of its training time), rank 1 2 ms (~3%), the equal run none. The
+run's own thresholds reach Prometheus as gauges and the budget alerts use them: both ranks of
+the slow run are over budget, only rank 0 is critical (the promtool tests pin the exact levels).
+
 A real ``prometheus`` (tests/prometheus_server.py) scrapes all four every second with the
 repository's rules loaded. The straggler alert's condition (its expr, without the 10-minute
 ``for``) must be true for rank 1 of the slow run only, and never for the equal run; the rule loaded
@@ -37,7 +42,7 @@ from prometheus_server import PrometheusServer, require_binary
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(90)]
 
-# `python child.py <stop_file> <status_dir> <run_id> <rank> <extra forward seconds>`
+# `python child.py <stop_file> <status_dir> <run_id> <rank> <extra forward s> <monitoring s>`
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
@@ -45,7 +50,7 @@ CHILD = textwrap.dedent(
     import otel_train
 
     stop_file, status_dir, run_id = sys.argv[1], sys.argv[2], sys.argv[3]
-    rank, extra = int(sys.argv[4]), float(sys.argv[5])
+    rank, extra, monitor = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
     deadline = time.monotonic() + 60.0
 
     def batches():
@@ -57,7 +62,7 @@ CHILD = textwrap.dedent(
     with otel_train.start_run(
         service_name="deploy-straggler", run_id=run_id, rank=rank, world_size=2,
         local_rank=rank, prometheus_port=0, console=False, exporter="none",
-        status_dir=status_dir,
+        status_dir=status_dir, budget=0.02, critical=0.08,
     ) as run:
         print(json.dumps({"prometheus_url": run.prometheus_url}), flush=True)
         for step in run.steps(batches(), loader="train"):
@@ -65,14 +70,17 @@ CHILD = textwrap.dedent(
                 time.sleep(0.02 + extra)
             with step.phase("backward"):
                 time.sleep(0.015)
+            if monitor:
+                with step.monitor("inference"):
+                    time.sleep(monitor)
     """
 )
 
-RUNS = {  # name: (run_id, rank, extra forward seconds)
-    "slow-r0": ("e2e-straggler", 0, 0.0),
-    "slow-r1": ("e2e-straggler", 1, 0.04),
-    "equal-r0": ("e2e-equal", 0, 0.0),
-    "equal-r1": ("e2e-equal", 1, 0.0),
+RUNS = {  # name: (run_id, rank, extra forward seconds, monitoring seconds per step)
+    "slow-r0": ("e2e-straggler", 0, 0.0, 0.008),
+    "slow-r1": ("e2e-straggler", 1, 0.04, 0.002),
+    "equal-r0": ("e2e-equal", 0, 0.0, 0.0),
+    "equal-r1": ("e2e-equal", 1, 0.0, 0.0),
 }
 
 
@@ -85,8 +93,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(REPO)) if p)
     env["OTEL_SDK_DISABLED"] = "false"
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    children = {name: Child(name, workdir, env, [run_id, str(rank), str(extra)])
-                for name, (run_id, rank, extra) in RUNS.items()}
+    children = {name: Child(name, workdir, env, [run_id, *map(str, args)])
+                for name, (run_id, *args) in RUNS.items()}
     try:
         for child in children.values():
             child.wait_url(timeout=40)
@@ -153,3 +161,33 @@ def test_the_dashboard_shows_which_phase_makes_the_slowest_rank_slow(ranks: dict
     assert abs(bwd / median[("e2e-straggler", "backward")] - 1) < 0.15, (slowest, median)
     relative = queries[("Training time per rank vs run median", "A")]
     assert len(prom.query(relative)) == 4  # every rank of every run
+
+
+def test_alerts_use_the_thresholds_the_run_was_started_with(ranks: dict[str, Any]) -> None:
+    prom = ranks["prom"]
+    names = {ranks[n].hostport: n for n in RUNS}
+    for gauge, value in (("otel_train_monitoring_budget_ratio", 0.02),
+                         ("otel_train_monitoring_critical_ratio", 0.08)):
+        got = {names[s["metric"]["instance"]]: float(s["value"][1]) for s in prom.query(gauge)}
+        assert got == dict.fromkeys(RUNS, value), (gauge, got)
+    want = {"OtelTrainMonitoringOverBudget": {"slow-r0", "slow-r1"},  # ~20% and ~3% > 2%
+            "OtelTrainMonitoringOverCritical": {"slow-r0"}}  # only ~20% > 8%
+    for alert, expected in want.items():
+        expr = alert_rules()[alert]["expr"]
+        last: set[str] = set()
+
+        def matches(result: list[Any], expected: set[str] = expected) -> bool:
+            nonlocal last
+            last = {names[s["metric"]["instance"]] for s in result}
+            return last == expected
+
+        try:
+            prom.wait_for(expr, matches, timeout=15, interval=1)
+        except TimeoutError:
+            ratios = {names[s["metric"]["instance"]]: round(float(s["value"][1]), 4) for s in
+                      prom.query('otel_train_monitoring_overhead_ratio{window="cumulative"}')}
+            pytest.fail(f"{alert}: condition holds for {sorted(last)}, expected "
+                        f"{sorted(expected)}; overhead {ratios}")
+    ratios = {names[s["metric"]["instance"]]: round(float(s["value"][1]), 4) for s in
+              prom.query('otel_train_monitoring_overhead_ratio{window="cumulative"}')}
+    print("cumulative overhead per rank:", dict(sorted(ratios.items())))
