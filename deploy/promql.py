@@ -315,7 +315,8 @@ ALERTS: list[Alert] = [
     Alert(
         "OtelTrainTelemetryDropped", "otel-train-telemetry-dropped",
         "otel-train: spans dropped",
-        "The library drops spans instead of blocking training; traces of some steps are incomplete.",
+        "The library drops spans instead of blocking training; traces of some steps are\n"
+        "incomplete.",
         "sum by (job, instance, reason) (increase(otel_train_spans_dropped_total[10m])) > 0",
         "5m", "warning",
         "otel-train is dropping spans.",

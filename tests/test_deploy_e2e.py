@@ -29,21 +29,19 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from deploy_support import (
+    PROVISIONING,
     REPO,
-    Child,
     RULE_FILES,
+    Child,
     alert_rules,
     load_dashboard,
-    PROVISIONING,
     load_yaml,
     prometheus_queries,
     recording_rules,

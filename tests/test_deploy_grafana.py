@@ -183,7 +183,8 @@ def test_the_generator_is_built_on_grafanas_sdk() -> None:
 
 def test_overhead_panel_draws_the_runs_own_budget_and_critical_lines() -> None:
     panels = {p["title"]: p for p in iter_panels(load_dashboard())}
-    exprs = {t["legendFormat"]: t["expr"] for t in panels["Monitoring overhead vs budget"]["targets"]}
+    overhead = panels["Monitoring overhead vs budget"]["targets"]
+    exprs = {t["legendFormat"]: t["expr"] for t in overhead}
     assert "otel_train_monitoring_budget_ratio" in exprs["budget"]
     assert "otel_train_monitoring_critical_ratio" in exprs["critical"]
     call = {t["legendFormat"]: t["expr"] for t in panels["Seconds per monitoring call"]["targets"]}

@@ -7,9 +7,8 @@ import re
 import subprocess
 import sys
 
-import yaml
-
 import pytest
+import yaml
 from deploy_support import (
     DEPLOY,
     PROM_DIR,

@@ -90,7 +90,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("deploy-stragglers")
     (workdir / "child.py").write_text(CHILD)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(REPO)) if p)
+    paths = (os.environ.get("PYTHONPATH", ""), str(REPO))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["OTEL_SDK_DISABLED"] = "false"
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     children = {name: Child(name, workdir, env, [run_id, *map(str, args)])

@@ -25,6 +25,8 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import (
     alerting as alert_builders,
+)
+from grafana_foundation_sdk.builders import (
     bargauge,
     gauge,
     prometheus,

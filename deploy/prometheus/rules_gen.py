@@ -72,16 +72,19 @@ def _rules_text(group: str, rules: list[tuple[str, dict[str, Any]]]) -> str:
 
 def render_alerts() -> str:
     """rules/otel-train-alerts.yml."""
-    run = T.run
+    budget, critical, limit = (num(T.run[k]) for k in (
+        "monitoring_budget_ratio", "monitoring_critical_ratio", "slow_operation_seconds"))
     header = (
         _HEADER
-        + "# Alert rules for otel-train. Every alert has a `severity`, a `for`, a static `summary`, a\n"
-        "# templated `description` and a `runbook_url` into runbook.md. Unit tests: ../tests/.\n"
+        + "# Alert rules for otel-train. Every alert has a `severity`, a `for`, a static\n"
+        "# `summary`, a templated `description` and a `runbook_url` into runbook.md.\n"
+        "# Unit tests: ../tests/.\n"
         "#\n"
         "# Run-level thresholds come from the run's own gauges, else the defaults:\n"
-        f"#   otel_train_monitoring_budget_ratio    warning   (default {num(run['monitoring_budget_ratio'])})\n"
-        f"#   otel_train_monitoring_critical_ratio  critical  (default {num(run['monitoring_critical_ratio'])}, never below the budget)\n"
-        f"#   otel_train_slow_operation_seconds     one call  (default {num(run['slow_operation_seconds'])} s)\n"
+        f"#   otel_train_monitoring_budget_ratio    warning   (default {budget})\n"
+        f"#   otel_train_monitoring_critical_ratio  critical  (default {critical}, "
+        "never below the budget)\n"
+        f"#   otel_train_slow_operation_seconds     one call  (default {limit} s)\n"
         "# Overhead = monitoring time / training time (monitoring excluded).\n"
         "# Route warning and critical of the same family with an Alertmanager inhibit rule, e.g.\n"
         '#   inhibit_rules: [{source_matchers: [alertname="OtelTrainMonitoringOverCritical"],\n'
@@ -112,7 +115,8 @@ def recording_rules() -> list[tuple[str, dict[str, Any]]]:
             "sum by (job, instance, rank) (rate(otel_train_step_duration_seconds_sum[5m]))\n"
             "  / sum by (job, instance, rank) (rate(otel_train_step_duration_seconds_count[5m]))"),
         rec("otel_train:step_duration_seconds:mean_run",
-            "otel_train_step_duration_seconds_sum\n  / (otel_train_step_duration_seconds_count > 0)",
+            "otel_train_step_duration_seconds_sum\n"
+            "  / (otel_train_step_duration_seconds_count > 0)",
             "Mean step time over the whole run so far; the stall alerts compare against it."),
         rec("otel_train:steps:rate5m",
             "sum by (job, instance, rank) (rate(otel_train_steps_total[5m]))",
@@ -132,7 +136,8 @@ def recording_rules() -> list[tuple[str, dict[str, Any]]]:
             "histogram_quantile(0.95, sum by (job, instance, rank, phase, kind, loader, le) "
             "(rate(otel_train_phase_duration_seconds_bucket[5m])))"),
         rec("otel_train:monitor_operation_duration_seconds:mean_run",
-            'sum by (job, instance, rank, phase) (otel_train_phase_duration_seconds_sum{kind="monitor"})\n'
+            "sum by (job, instance, rank, phase) "
+            '(otel_train_phase_duration_seconds_sum{kind="monitor"})\n'
             '  / (sum by (job, instance, rank, phase) '
             '(otel_train_phase_duration_seconds_count{kind="monitor"}) > 0)',
             "Mean seconds per call of each monitoring operation over the whole run."),
@@ -168,8 +173,8 @@ def render_recording() -> str:
     header = (
         _HEADER
         + "# Recording rules for otel-train (https://prometheus.io/docs/practices/rules/).\n"
-        "# Names follow level:metric:operations. Every rule keeps job, instance and rank (where the\n"
-        "# source metric has it), so one training process rank stays one series.\n"
+        "# Names follow level:metric:operations. Every rule keeps job, instance and rank\n"
+        "# (where the source metric has it), so one training process rank stays one series.\n"
     )
     return header + _rules_text("otel-train-recording", recording_rules())
 
