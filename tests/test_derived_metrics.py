@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_server import PrometheusServer
 
 import otel_train
@@ -141,20 +142,24 @@ def test_run_costs_matches_the_costs_file_written_at_shutdown(tmp_path: Path) ->
 
 
 class _FileSdPrometheus(PrometheusServer):
-    """The real Prometheus, discovering runs through their targets files (file_sd_configs)."""
+    """The real Prometheus with deploy/prometheus/prometheus-local.yml's discovery job."""
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, runs_root: Path) -> None:
         super().__init__([], job="unused")
         self._jobs = {}
-        self._pattern = pattern
+        local = yaml.safe_load(
+            (Path(__file__).parents[1] / "deploy/prometheus/prometheus-local.yml").read_text())
+        job = local["scrape_configs"][0]
+        sd = job["file_sd_configs"][0]
+        assert sd["files"][0].endswith("otel-train-runs/prometheus-targets/*.json")
+        sd["files"] = [str(runs_root / "prometheus-targets" / "*.json")]
+        sd["refresh_interval"] = "1s"
+        job["scrape_interval"] = job["scrape_timeout"] = "1s"
+        self._job = job
 
     def _config_text(self) -> str:
-        return super()._config_text().replace("scrape_configs:\n", "") + (
-            "scrape_configs:\n"
-            "  - job_name: otel-train\n"
-            "    file_sd_configs:\n"
-            f"      - files: ['{self._pattern}']\n"
-            "        refresh_interval: 1s\n")
+        base = super()._config_text().replace("scrape_configs:\n", "")
+        return base + yaml.safe_dump({"scrape_configs": [self._job]})
 
 
 @pytest.mark.prometheus
@@ -188,7 +193,7 @@ def test_a_taken_default_port_moves_on_and_prometheus_finds_both_runs_by_file_sd
                     pass
         for run in runs:
             run.flush()
-        with _FileSdPrometheus(str(tmp_path / "prometheus-targets" / "*.json")) as prom:
+        with _FileSdPrometheus(tmp_path) as prom:
             found = prom.wait_for('count(otel_train_steps_total) == 2', timeout=30)
             assert found
             per_run = prom.query('sum by (otel_train_run) (otel_train_steps_total)')
