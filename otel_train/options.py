@@ -76,6 +76,8 @@ class RunOptions:
     max_queued_spans: int = 16384
     export_batch_size: int = 512
     export_interval_seconds: float = 1.0
+    # OTLP requests are split to stay under this (a collector's gRPC default limit: 4 MiB).
+    export_max_request_bytes: int = 4 * 1024 * 1024
     rank: int | None = None
     world_size: int | None = None
     local_rank: int | None = None
@@ -135,6 +137,9 @@ class RunOptions:
             v = getattr(self, name)
             if not _is_number(v) or not 0.0 < v < 1.0:
                 self._fail(name, "must be a ratio strictly between 0 and 1 (0.05 means 5%)")
+        v = self.export_max_request_bytes
+        if not isinstance(v, int) or isinstance(v, bool) or v < 65536:
+            self._fail("export_max_request_bytes", "must be an integer >= 65536 (bytes)")
         if self.critical <= self.budget:
             raise ValueError(
                 f"{self.where('critical')}={self.critical!r} must be greater than "
@@ -237,6 +242,7 @@ _ENV_KINDS = {
     "max_queued_spans": "int",
     "export_batch_size": "int",
     "export_interval_seconds": "float",
+    "export_max_request_bytes": "int",
     "rank": "optional_int",
     "world_size": "optional_int",
     "local_rank": "optional_int",

@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
 
 from otel_train.options import RunOptions
+from otel_train.otlp_transport import DEFAULT_MAX_REQUEST_BYTES
 from otel_train.rate_limited_log import warn_once
 
 _DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -54,13 +56,69 @@ class ExportPlan:
     # appended; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used exactly as given (the spec).
     endpoint_is_signal_specific: bool = False
 
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Names (never values) of the OTLP headers configured through the environment.
+    header_names: tuple[str, ...] = ()
+
     def describe(self) -> str:
-        """One line for the start-up banner."""
+        """One line for the start-up banner (credentials shown as ``***``, never printed)."""
         if self.kind == "otlp":
-            return f"OTLP {self.protocol} -> {self.endpoint or '(SDK default endpoint)'}"
+            where = redact_url(self.endpoint) if self.endpoint else "(SDK default endpoint)"
+            text = f"OTLP {self.protocol} -> {where}"
+            if self.header_names:
+                text += f" (headers: {', '.join(f'{n}=***' for n in self.header_names)})"
+            return text
         if self.kind == "jsonl":
             return f"span file {self.path}"
         return self.kind
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its userinfo and query values replaced by ``***`` (for banners and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "&".join(f"{q.split('=', 1)[0]}=***" if "=" in q else "***"
+                     for q in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secret parts of ``url`` (password, user, query values), to scrub from messages."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [parts.password or "", parts.username or ""]
+    found += [q.split("=", 1)[1] for q in parts.query.split("&") if "=" in q]
+    return [s for s in found if s]
+
+
+def _otlp_header_env(env: Mapping[str, str]) -> str:
+    return env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS",
+                                                                     "")
+
+
+def _header_names_and_values(env: Mapping[str, str]) -> tuple[tuple[str, ...], list[str]]:
+    from opentelemetry.util.re import parse_env_headers
+
+    raw = _otlp_header_env(env)
+    if not raw.strip():
+        return (), []
+    try:
+        headers = parse_env_headers(raw, liberal=True)
+    except Exception:
+        return ("(unparsable)",), [raw]
+    values = [v for v in headers.values() if v]
+    # The raw text too: a value the parser mangled must still be scrubbed.
+    values += [part.split("=", 1)[1].strip() for part in raw.split(",") if "=" in part]
+    return tuple(headers), [v for v in values if v]
 
 
 def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: int,
@@ -90,7 +148,10 @@ def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: in
         kind = "otlp" if endpoint else "jsonl"
     if kind == "otlp":
         return ExportPlan("otlp", _protocol(options, env), endpoint or None,
-                          timeout_seconds=_timeout(env), endpoint_is_signal_specific=specific)
+                          timeout_seconds=_timeout(env), endpoint_is_signal_specific=specific,
+                          max_request_bytes=getattr(options, "export_max_request_bytes",
+                                                    DEFAULT_MAX_REQUEST_BYTES),
+                          header_names=_header_names_and_values(env)[0])
     if kind == "jsonl":
         if options.spans_path:
             path = Path(options.spans_path)
@@ -135,25 +196,36 @@ def _timeout(env: Mapping[str, str]) -> float:
     return _DEFAULT_TIMEOUT_SECONDS
 
 
-def create_exporter(plan: ExportPlan) -> SpanExporter | None:
-    """The SpanExporter for ``plan`` (None for 'none')."""
+def create_exporter(plan: ExportPlan, env: Mapping[str, str] | None = None) -> SpanExporter | None:
+    """The SpanExporter for ``plan`` (None for 'none').
+
+    OTLP exporters make one attempt per call (otlp_transport.py): retrying, backoff and
+    probing belong to ``BoundedBatchSpanProcessor``, which never blocks on them.
+    """
+    env = os.environ if env is None else env
     if plan.kind == "otlp":
-        kwargs: dict[str, Any] = {"timeout": plan.timeout_seconds}
-        # The SDK's exporters (they read every OTEL_EXPORTER_OTLP_* setting themselves), with
-        # only the protobuf encoding replaced by a 4-5x cheaper one (otlp_encoding.py).
-        from otel_train.otlp_encoding import make_grpc_exporter, make_http_exporter
+        from otel_train.otlp_transport import (
+            SingleAttemptGrpcSpanExporter,
+            SingleAttemptHttpSpanExporter,
+        )
+        secrets = url_secrets(plan.endpoint) + _header_names_and_values(env)[1]
+        kwargs: dict[str, Any] = {"timeout": plan.timeout_seconds,
+                                  "max_request_bytes": plan.max_request_bytes,
+                                  "secrets": secrets}
+        # The SDK's exporters read every OTEL_EXPORTER_OTLP_* setting themselves; the
+        # protobuf encoding is replaced by a 4-5x cheaper one (otlp_encoding.py).
         if plan.protocol == "grpc":
             if plan.endpoint:
-                kwargs["endpoint"] = plan.endpoint
-            return make_grpc_exporter(**kwargs)
+                kwargs["endpoint"] = _grpc_endpoint(plan.endpoint)
+            return SingleAttemptGrpcSpanExporter(**kwargs)
         if plan.endpoint:
             endpoint = plan.endpoint
             if not plan.endpoint_is_signal_specific:
                 endpoint = endpoint.rstrip("/")
                 if not endpoint.endswith("/v1/traces"):
                     endpoint += "/v1/traces"
-            kwargs["endpoint"] = endpoint
-        return make_http_exporter(**kwargs)
+            kwargs["endpoint"] = endpoint  # userinfo here is sent as HTTP basic auth
+        return SingleAttemptHttpSpanExporter(**kwargs)
     if plan.kind == "jsonl":
         from otel_train.export import JsonLinesSpanExporter
         assert plan.path is not None
@@ -161,6 +233,21 @@ def create_exporter(plan: ExportPlan) -> SpanExporter | None:
     if plan.kind == "console":
         return ConsoleSpanExporter()
     return None
+
+
+def _grpc_endpoint(endpoint: str) -> str:
+    """The endpoint without userinfo: gRPC has no URL credentials (and would log them)."""
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError:
+        return endpoint
+    if "@" not in parts.netloc:
+        return endpoint
+    warn_once("grpc-userinfo", "otel-train: credentials in an OTLP/gRPC endpoint URL are not "
+              "sent (gRPC has no URL credentials); pass them as a header in "
+              "OTEL_EXPORTER_OTLP_HEADERS, e.g. authorization=Basic%%20...")
+    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[1], parts.path, parts.query,
+                       parts.fragment))
 
 
 def build_resource(service_name: str | None, identity_attrs: Mapping[str, Any],

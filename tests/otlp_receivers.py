@@ -9,8 +9,17 @@ can assert on names, ids, parent links, attributes, events, status and resource 
 Both can play a sick collector, switchable at any time through `.mode`:
 - ``"ok"``: accept and store every request;
 - ``"unavailable"``: reject (gRPC ``UNAVAILABLE`` / HTTP 503), storing nothing;
+- ``"reject"``: reject with ``.reject_code`` (an HTTP status such as 401 or 500, or a gRPC
+  status code such as ``"RESOURCE_EXHAUSTED"``), storing nothing;
 - ``"hang"``: wait up to ``hang_seconds`` before answering (interrupted when the receiver closes,
-  so teardown stays fast), then accept like ``"ok"``.
+  so teardown stays fast), then accept like ``"ok"`` unless the client gave up meanwhile (a
+  cancelled gRPC call, a closed HTTP connection): as a collector, it keeps nothing a client
+  abandoned.
+
+And it can go away and come back on the same port, as a restarting collector does:
+``down()`` stops listening and closes every connection (requests in progress are answered
+first), ``up()`` listens again; ``Flapping(receiver, down_seconds, up_seconds)`` does that
+on a schedule from a thread and records when the receiver was up.
 
 Usage::
 
@@ -23,6 +32,8 @@ Usage::
 from __future__ import annotations
 
 import gzip
+import select
+import socket
 import threading
 import time
 import zlib
@@ -42,6 +53,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 __all__ = [
     "MODES",
+    "Flapping",
     "GrpcOtlpReceiver",
     "HttpOtlpReceiver",
     "ReceivedSpan",
@@ -50,7 +62,7 @@ __all__ = [
     "decode_request",
 ]
 
-MODES = ("ok", "unavailable", "hang")
+MODES = ("ok", "unavailable", "hang", "reject")
 TRACES_PATH = "/v1/traces"
 # Bounds so no test can hang on a receiver: the longest "hang" we allow, and teardown waits.
 _MAX_HANG_SECONDS = 30.0
@@ -156,9 +168,11 @@ def _decode_span(
 class _ReceiverBase:
     """Storage, waiting and sick-mode logic shared by both transports."""
 
-    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0) -> None:
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0,
+                 reject_code: int | str | None = None) -> None:
         """Validate options and set up thread-safe storage."""
         self._check_mode(mode)
+        self.reject_code = reject_code
         if not 0 <= hang_seconds <= _MAX_HANG_SECONDS:
             raise ValueError(f"hang_seconds must be within [0, {_MAX_HANG_SECONDS}]")
         self._mode = mode
@@ -274,9 +288,34 @@ class _ReceiverBase:
             self._requests_count += 1
         return self._mode
 
-    def _hang(self) -> None:
-        """Block for hang_seconds, or less if the receiver is closing."""
-        self._closing.wait(self.hang_seconds)
+    def _hang(self, client_gone: Callable[[], bool]) -> bool:
+        """Block for hang_seconds (less if the receiver closes); True if the client left."""
+        deadline = time.monotonic() + self.hang_seconds
+        while not self._closing.is_set():
+            if client_gone():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._closing.wait(min(left, 0.05))
+        return client_gone()
+
+    # -- outages ---------------------------------------------------------------------------
+    @property
+    def is_up(self) -> bool:
+        """True while listening."""
+        return self._is_up()
+
+    def _is_up(self) -> bool:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        """Stop listening and drop every connection (the port then refuses connections)."""
+        raise NotImplementedError
+
+    def up(self) -> None:
+        """Listen again on the same port."""
+        raise NotImplementedError
 
     def _record(
         self, request: trace_service_pb2.ExportTraceServiceRequest, headers: dict[str, str]
@@ -322,8 +361,12 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
         mode = receiver._count_arrival()
         if mode == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "otlp test receiver: simulated outage")
-        if mode == "hang":
-            receiver._hang()
+        if mode == "reject":
+            code = receiver.reject_code or "RESOURCE_EXHAUSTED"
+            status = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode[str(code)]
+            context.abort(status, "otlp test receiver: rejected")
+        if mode == "hang" and receiver._hang(lambda: not context.is_active()):
+            return trace_service_pb2.ExportTraceServiceResponse()  # cancelled: keep nothing
         headers = {key.lower(): str(value) for key, value in context.invocation_metadata()}
         receiver._record(request, headers)
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -332,9 +375,10 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 class GrpcOtlpReceiver(_ReceiverBase):
     """A real OTLP/gRPC trace receiver on 127.0.0.1 (free port); use as a context manager."""
 
-    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0, max_workers: int = 4) -> None:
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0, max_workers: int = 4,
+                 reject_code: int | str | None = None) -> None:
         """Configure; the server starts in start()/__enter__."""
-        super().__init__(mode=mode, hang_seconds=hang_seconds)
+        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code)
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
 
@@ -343,15 +387,37 @@ class GrpcOtlpReceiver(_ReceiverBase):
         if self._server is not None:
             return self
         self._closing.clear()
+        self._listen(0)
+        return self
+
+    def _listen(self, port: int) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        if port == 0:
-            raise RuntimeError("could not bind a port on 127.0.0.1")
+        bound = 0
+        for _ in range(50):  # the same port right after a stop: retry briefly
+            bound = server.add_insecure_port(f"127.0.0.1:{port}")
+            if bound or port == 0:
+                break
+            time.sleep(0.02)
+        if bound == 0:
+            raise RuntimeError(f"could not bind port {port} on 127.0.0.1")
         server.start()
         self._server = server
-        self._port = port
-        return self
+        self._port = bound
+
+    def _is_up(self) -> bool:
+        return self._server is not None
+
+    def down(self) -> None:
+        """Stop serving (requests in progress get their answer); the port refuses."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=_STOP_GRACE_SECONDS).wait(timeout=_STOP_GRACE_SECONDS + 1.0)
+
+    def up(self) -> None:
+        """Serve again on the same port."""
+        if self._server is None:
+            self._listen(self.port)
 
     def close(self) -> None:
         """Stop the server; in-flight hangs are released first so this stays fast."""
@@ -374,9 +440,22 @@ class _OtlpHttpHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         """Decode and store an export request, or play sick."""
+        server = self.server
+        with server.lock:
+            server.active += 1
+        try:
+            self._post()
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def _post(self) -> None:
         receiver = self.server.receiver
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
+        if self.server.going_down:
+            self.close_connection = True  # a collector shutting down: no answer, nothing kept
+            return
         if self.path.split("?", 1)[0] != TRACES_PATH:
             self._reply(404, b"not found", "text/plain")
             return
@@ -384,8 +463,13 @@ class _OtlpHttpHandler(BaseHTTPRequestHandler):
         if mode == "unavailable":
             self._reply(503, b"otlp test receiver: simulated outage", "text/plain")
             return
-        if mode == "hang":
-            receiver._hang()
+        if mode == "reject":
+            self._reply(int(receiver.reject_code or 500), b"otlp test receiver: rejected",
+                        "text/plain")
+            return
+        if mode == "hang" and receiver._hang(self._client_gone):
+            self.close_connection = True
+            return
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip()
         if content_type != "application/x-protobuf":
             self._reply(415, b"only application/x-protobuf is supported", "text/plain")
@@ -401,6 +485,14 @@ class _OtlpHttpHandler(BaseHTTPRequestHandler):
         receiver._record(request, headers)
         response = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
         self._reply(200, response, "application/x-protobuf")
+
+    def _client_gone(self) -> bool:
+        """True when the client closed its end of the connection."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         """OTLP has no GET; answer 405."""
@@ -435,18 +527,48 @@ class _OtlpHttpServer(ThreadingHTTPServer):
     daemon_threads = True  # a stuck handler must never block interpreter exit or close()
     allow_reuse_address = True
 
-    def __init__(self, receiver: HttpOtlpReceiver) -> None:
-        """Bind 127.0.0.1 on a free port."""
+    def __init__(self, receiver: HttpOtlpReceiver, port: int = 0) -> None:
+        """Bind 127.0.0.1 on ``port`` (0: a free one)."""
         self.receiver = receiver
-        super().__init__(("127.0.0.1", 0), _OtlpHttpHandler)
+        self.going_down = False
+        self.connections: set[socket.socket] = set()
+        self.active = 0  # requests being handled
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", port), _OtlpHttpHandler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Track each connection, so that down() can close the kept-alive ones."""
+        with self.lock:
+            self.connections.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                self.connections.discard(request)
+
+    def drop_connections(self) -> None:
+        """Refuse further requests, let those in progress answer, close every connection."""
+        with self.lock:
+            self.going_down = True
+        deadline = time.monotonic() + _STOP_GRACE_SECONDS
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self.lock:
+            conns = list(self.connections)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class HttpOtlpReceiver(_ReceiverBase):
     """A real OTLP/HTTP (protobuf) trace receiver on 127.0.0.1 (free port); a context manager."""
 
-    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0) -> None:
+    def __init__(self, mode: str = "ok", hang_seconds: float = 5.0,
+                 reject_code: int | str | None = None) -> None:
         """Configure; the server starts in start()/__enter__."""
-        super().__init__(mode=mode, hang_seconds=hang_seconds)
+        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code)
         self._server: _OtlpHttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -460,7 +582,21 @@ class HttpOtlpReceiver(_ReceiverBase):
         if self._server is not None:
             return self
         self._closing.clear()
-        server = _OtlpHttpServer(self)
+        self._listen(0)
+        return self
+
+    def _listen(self, port: int) -> None:
+        server: _OtlpHttpServer | None = None
+        for _ in range(50):  # the same port right after a stop: retry briefly
+            try:
+                server = _OtlpHttpServer(self, port)
+                break
+            except OSError:
+                if port == 0:
+                    raise
+                time.sleep(0.02)
+        if server is None:
+            raise RuntimeError(f"could not bind port {port} on 127.0.0.1")
         self._port = server.server_address[1]
         thread = threading.Thread(
             target=server.serve_forever,
@@ -470,20 +606,106 @@ class HttpOtlpReceiver(_ReceiverBase):
         )
         thread.start()
         self._server, self._thread = server, thread
-        return self
 
-    def close(self) -> None:
-        """Stop serving; in-flight hangs are released first so this stays fast."""
+    def _stop(self) -> None:
         server, self._server = self._server, None
         thread, self._thread = self._thread, None
         if server is None:
             return
-        self._closing.set()
         server.shutdown()  # returns once serve_forever's loop (poll 0.05 s) has exited
         server.server_close()
+        server.drop_connections()
         if thread is not None:
             thread.join(timeout=_STOP_GRACE_SECONDS)
+
+    def _is_up(self) -> bool:
+        return self._server is not None
+
+    def down(self) -> None:
+        """Stop listening and close every connection; the port refuses connections."""
+        self._stop()
+
+    def up(self) -> None:
+        """Listen again on the same port."""
+        if self._server is None:
+            self._listen(self.port)
+
+    def close(self) -> None:
+        """Stop serving; in-flight hangs are released first so this stays fast."""
+        if self._server is None:
+            return
+        self._closing.set()
+        self._stop()
 
     def __enter__(self) -> HttpOtlpReceiver:
         """Start on entering the block."""
         return self.start()
+
+
+class Flapping:
+    """Takes a receiver down and up on a schedule from a thread (a restarting collector).
+
+    ``up_intervals()`` are the (start, end) ``time.monotonic()`` windows the receiver was
+    listening, so a test can tell which spans were emitted while it was up.
+    """
+
+    def __init__(self, receiver: _ReceiverBase, down_seconds: float, up_seconds: float,
+                 start_down: bool = True) -> None:
+        """Configure; the schedule runs between __enter__ and __exit__."""
+        if not (0 < down_seconds <= 60 and 0 < up_seconds <= 60):
+            raise ValueError("down_seconds and up_seconds must be within (0, 60]")
+        self._receiver = receiver
+        self._down, self._up = down_seconds, up_seconds
+        self._start_down = start_down
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._intervals: list[list[float]] = []
+        self._thread = threading.Thread(target=self._run, name="otlp-flapping", daemon=True)
+        self.outages = 0
+
+    def _mark_up(self) -> None:
+        with self._lock:
+            self._intervals.append([time.monotonic(), float("inf")])
+
+    def _mark_down(self) -> None:
+        with self._lock:
+            if self._intervals and self._intervals[-1][1] == float("inf"):
+                self._intervals[-1][1] = time.monotonic()
+
+    def _run(self) -> None:
+        going_down = self._start_down
+        while not self._stop.is_set():
+            if going_down:
+                self._mark_down()
+                self._receiver.down()
+                self.outages += 1
+                self._stop.wait(self._down)
+            else:
+                self._receiver.up()
+                self._mark_up()
+                self._stop.wait(self._up)
+            going_down = not going_down
+
+    def up_intervals(self) -> list[tuple[float, float]]:
+        """The windows the receiver was up (the last may end at +inf: still up)."""
+        with self._lock:
+            return [(a, b) for a, b in self._intervals]
+
+    def was_up_at(self, t: float) -> bool:
+        """Was the receiver listening at monotonic time ``t``?"""
+        return any(a <= t < b for a, b in self.up_intervals())
+
+    def __enter__(self) -> Flapping:
+        """Start the schedule (the receiver must be started)."""
+        if self._receiver.is_up:
+            self._mark_up()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop the schedule and leave the receiver up."""
+        self._stop.set()
+        self._thread.join(timeout=self._down + self._up + 5)
+        if not self._receiver.is_up:
+            self._receiver.up()
+            self._mark_up()

@@ -202,8 +202,10 @@ def test_an_unavailable_collector_never_stops_training_and_drops_are_counted(
         assert receiver.spans() == []
     assert done == 40
     drops = run.dropped_spans()
-    assert drops.get("export_failed", 0) > 0
-    assert sum(drops.values()) == done * 3  # every span of every step accounted as dropped
+    # UNAVAILABLE is retryable: the spans stay queued and are retried (with backoff) until
+    # the shutdown bound, then counted; nothing is dropped at the first failure any more.
+    assert receiver.requests_count >= 2
+    assert drops == {"shutdown_timeout": done * 3}  # every span of every step accounted
     assert shutdown_seconds < 2.0 + 0.5
     ours = [r for r in caplog.records if r.name == "otel_train" and r.levelno >= logging.WARNING]
     assert 1 <= len(ours) <= 3, [r.getMessage() for r in ours]

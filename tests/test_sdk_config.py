@@ -25,6 +25,10 @@ from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 from otel_train.export import JsonLinesSpanExporter
 from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.options import RunOptions
+from otel_train.otlp_transport import (
+    SingleAttemptGrpcSpanExporter,
+    SingleAttemptHttpSpanExporter,
+)
 from otel_train.sdk_config import (
     ExportPlan,
     build_resource,
@@ -143,9 +147,13 @@ def test_create_exporter_builds_the_planned_exporter(tmp_path):
     http = create_exporter(ExportPlan("otlp", "http/protobuf", "http://h:4318/"))
     jsonl = create_exporter(ExportPlan("jsonl", path=tmp_path / "s.jsonl"))
     try:
-        assert isinstance(grpc, GrpcExporter)
-        assert isinstance(http, HttpExporter)
-        assert http._endpoint == "http://h:4318/v1/traces"
+        # Single-attempt wrappers (the processor retries) around the SDK's exporters, which
+        # still read every OTEL_EXPORTER_OTLP_* setting.
+        assert isinstance(grpc, SingleAttemptGrpcSpanExporter)
+        assert isinstance(grpc.sdk_exporter, GrpcExporter)
+        assert isinstance(http, SingleAttemptHttpSpanExporter)
+        assert isinstance(http.sdk_exporter, HttpExporter)
+        assert http.sdk_exporter._endpoint == "http://h:4318/v1/traces"
         assert isinstance(jsonl, JsonLinesSpanExporter)
         assert create_exporter(ExportPlan("none")) is None
     finally:
@@ -157,7 +165,7 @@ def test_the_traces_specific_endpoint_is_used_as_is_over_http():
     plan = _plan({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://gw:4318/otlp/traces"})
     exporter = create_exporter(plan)
     try:
-        assert exporter._endpoint == "http://gw:4318/otlp/traces"
+        assert exporter.sdk_exporter._endpoint == "http://gw:4318/otlp/traces"
     finally:
         exporter.shutdown()
 
