@@ -1,5 +1,6 @@
-"""Export: the bounded batch processor (bounds, drop counting, bounded shutdown) and the
-JSON-lines span file that is the default when there is no collector."""
+"""Export: the bounded batch processor (bounds, drop counting, bounded shutdown, riding out
+collector outages against the real OTLP receivers) and the JSON-lines span file that is the
+default when there is no collector."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
+from otlp_receivers import Flapping, GrpcOtlpReceiver, HttpOtlpReceiver
 from train_helpers import clean_env, one, read_file_spans  # noqa: F401
 
 import otel_train
@@ -26,6 +28,7 @@ from otel_train.export import (
     JsonLinesSpanExporter,
     read_spans_jsonl,
 )
+from otel_train.sdk_config import ExportPlan, create_exporter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,6 +157,231 @@ def test_shutdown_is_bounded_when_the_exporter_hangs_and_counts_the_rest():
     proc.on_end(_spans(1)[0])  # after shutdown: counted, not queued
     assert drops.counts() == {"shutdown_timeout": 7}
     exporter.release.set()
+
+
+def test_a_full_queue_drops_the_oldest_spans_first():
+    exporter = Recording()
+    exporter.release.clear()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=3, max_batch_size=1,
+                                     interval_seconds=0.02)
+    spans = _spans(8)
+    proc.on_end(spans[0])
+    assert exporter.entered.wait(5)  # s0 is in flight
+    for span in spans[1:]:
+        proc.on_end(span)
+    exporter.release.set()
+    assert proc.force_flush(5000)
+    proc.shutdown(1.0)
+    assert [b[0] for b in exporter.batches] == ["s0", "s5", "s6", "s7"]
+    assert drops.counts() == {"export_queue_full": 4}
+
+
+# -- against real collectors: outages, rejections, hangs, size limits --------------------------
+
+def _receiver(protocol: str, **kwargs: object) -> GrpcOtlpReceiver | HttpOtlpReceiver:
+    return GrpcOtlpReceiver(**kwargs) if protocol == "grpc" else HttpOtlpReceiver(**kwargs)
+
+
+def _otlp_processor(receiver, protocol: str, drops: DropCounter, timeout_seconds: float = 2.0,
+                    **kwargs: object) -> BoundedBatchSpanProcessor:
+    plan = ExportPlan("otlp", protocol, receiver.endpoint, timeout_seconds=timeout_seconds,
+                      max_request_bytes=int(kwargs.pop("max_request_bytes", 4 << 20)))
+    options = {"max_queue_size": 100_000, "max_batch_size": 64, "interval_seconds": 0.05}
+    options.update(kwargs)
+    return BoundedBatchSpanProcessor(create_exporter(plan, env={}), drops, **options)
+
+
+PROTOCOLS = ["grpc", "http/protobuf"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_flapping_collector_gets_what_was_emitted_while_it_was_up_each_span_once(protocol):
+    spans = _spans(1400)
+    drops = DropCounter()
+    with _receiver(protocol) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops)
+        emitted: list[tuple[str, float]] = []
+        with Flapping(receiver, down_seconds=1.0, up_seconds=1.0) as flapping:
+            deadline = time.monotonic() + 7.0
+            for span in spans:  # ~200 spans/s through four outages
+                if time.monotonic() > deadline:
+                    break
+                emitted.append((span.name, time.monotonic()))
+                proc.on_end(span)
+                time.sleep(0.005)
+        assert flapping.outages >= 3
+        assert proc.force_flush(10_000)
+        proc.shutdown(2.0)
+        names = [s.name for s in receiver.spans()]
+    assert len(names) == len(set(names))  # no span delivered twice
+    assert len(names) + drops.total == len(emitted)  # every span delivered or counted
+    while_up = {name for name, at in emitted if flapping.was_up_at(at)}
+    share = len(while_up & set(names)) / len(while_up)
+    assert share >= 0.9, f"{share:.0%} of the spans emitted while the collector was up arrived"
+
+
+@pytest.mark.parametrize("protocol,mode,code", [
+    ("grpc", "unavailable", None),
+    ("grpc", "reject", "RESOURCE_EXHAUSTED"),
+    ("http/protobuf", "unavailable", None),  # 503
+    ("http/protobuf", "reject", 429),
+])
+def test_a_retryable_refusal_keeps_the_spans_queued_until_the_collector_takes_them(
+        protocol, mode, code):
+    drops = DropCounter()
+    with _receiver(protocol, mode=mode, reject_code=code) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops)
+        for span in _spans(30):
+            proc.on_end(span)
+        deadline = time.monotonic() + 5
+        while receiver.requests_count < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert receiver.requests_count >= 2  # refused, then retried
+        receiver.mode = "ok"
+        assert proc.force_flush(10_000)
+        proc.shutdown(1.0)
+        names = sorted(s.name for s in receiver.spans())
+    assert names == sorted(f"s{i}" for i in range(30))
+    assert drops.counts() == {}
+
+
+@pytest.mark.parametrize("protocol,code", [
+    ("http/protobuf", 401), ("http/protobuf", 500), ("grpc", "UNAUTHENTICATED")])
+def test_a_collector_that_rejects_for_good_costs_those_batches_only(protocol, code, caplog):
+    drops = DropCounter()
+    with _receiver(protocol, mode="reject", reject_code=code) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops, max_batch_size=10)
+        with caplog.at_level(logging.WARNING, logger="otel_train"):
+            for span in _spans(20):
+                proc.on_end(span)
+            assert proc.force_flush(5000)
+        receiver.mode = "ok"  # e.g. the token was fixed
+        later = _spans(5)
+        for span in later:
+            proc.on_end(span)
+        assert proc.force_flush(5000)
+        proc.shutdown(1.0)
+        delivered = len(receiver.spans())
+    assert drops.counts() == {"export_failed": 20}
+    assert delivered == 5
+    assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_hanging_collector_holds_an_export_no_longer_than_the_export_timeout(protocol):
+    drops = DropCounter()
+    with _receiver(protocol, mode="hang", hang_seconds=20) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops, timeout_seconds=0.5)
+        for span in _spans(10):
+            proc.on_end(span)
+        deadline = time.monotonic() + 5
+        while receiver.requests_count == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        while not drops.total and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        gave_up_after = time.monotonic() - t0
+        # Given up after its timeout, counted (it may have arrived: never sent twice).
+        assert drops.counts() == {"export_failed": 10}
+        assert gave_up_after < 0.5 + 1.0
+        receiver.mode = "ok"
+        for span in _spans(3):
+            proc.on_end(span)
+        assert proc.force_flush(10_000)
+        proc.shutdown(1.0)
+        assert len(receiver.spans()) == 3
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_shutdown_interrupts_an_export_in_flight_and_counts_it(protocol):
+    drops = DropCounter()
+    with _receiver(protocol, mode="hang", hang_seconds=20) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops, timeout_seconds=10.0)
+        for span in _spans(6):
+            proc.on_end(span)
+        deadline = time.monotonic() + 5
+        while receiver.requests_count == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        proc.shutdown(0.3)
+        elapsed = time.monotonic() - t0
+        assert drops.counts() == {"shutdown_timeout": 6}
+        assert elapsed < 0.3 + 0.2
+        assert not proc._thread.is_alive()
+    if protocol == "grpc":
+        assert receiver.spans() == []  # the call was cancelled: the collector kept nothing
+    else:
+        # An HTTP request cannot be cancelled: its daemon thread is left to finish (or die
+        # with the process). Here the collector answered when it closed: the count follows.
+        deadline = time.monotonic() + 5
+        while drops.total and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(receiver.spans()) == 6 and drops.counts() == {}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_batches_are_split_so_no_request_exceeds_the_limit(protocol):
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(40):
+        with tracer.start_as_current_span(f"big{i}") as span:
+            span.set_attribute("blob", "x" * 10_000)
+    drops = DropCounter()
+    with _receiver(protocol) as receiver:
+        proc = _otlp_processor(receiver, protocol, drops, max_request_bytes=65_536)
+        for span in memory.get_finished_spans():
+            proc.on_end(span)
+        assert proc.force_flush(10_000)
+        proc.shutdown(1.0)
+        sizes = [r.ByteSize() for r in receiver.requests()]
+        names = sorted(s.name for s in receiver.spans())
+    assert names == sorted(f"big{i}" for i in range(40))
+    assert max(sizes) <= 65_536 and len(sizes) >= 7
+    assert drops.total == 0
+
+
+def test_a_span_larger_than_the_limit_is_dropped_and_counted_the_rest_arrives():
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(5):
+        with tracer.start_as_current_span(f"s{i}") as span:
+            span.set_attribute("blob", "x" * (100_000 if i == 2 else 10))
+    drops = DropCounter()
+    with GrpcOtlpReceiver() as receiver:
+        proc = _otlp_processor(receiver, "grpc", drops, max_request_bytes=65_536)
+        for span in memory.get_finished_spans():
+            proc.on_end(span)
+        assert proc.force_flush(5000)
+        proc.shutdown(1.0)
+        names = sorted(s.name for s in receiver.spans())
+    assert names == ["s0", "s1", "s3", "s4"]
+    assert drops.counts() == {"export_failed": 1}
+
+
+def test_a_receiver_limit_below_ours_is_learnt_from_its_answer():
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(12):
+        with tracer.start_as_current_span(f"s{i}") as span:
+            span.set_attribute("blob", "x" * 1_000_000)  # 12 MB in all, 1 MB a span
+    drops = DropCounter()
+    with GrpcOtlpReceiver() as receiver:  # grpcio's default: 4 MiB
+        # We were told the receiver takes 64 MiB: its first answer corrects that.
+        proc = _otlp_processor(receiver, "grpc", drops, max_request_bytes=64 << 20)
+        for span in memory.get_finished_spans():
+            proc.on_end(span)
+        assert proc.force_flush(10_000)
+        proc.shutdown(1.0)
+        names = sorted(s.name for s in receiver.spans())
+    assert names == sorted(f"s{i}" for i in range(12))
+    assert drops.total == 0
 
 
 def test_jsonl_exporter_appends_one_json_object_per_span(tmp_path):
