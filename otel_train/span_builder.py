@@ -22,6 +22,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_train import attributes as A
+from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.rate_limited_log import RateLimitedLogger
@@ -57,6 +58,8 @@ class StepSpanBuilder:
         self._scope = scope
         self._is_sampled = is_sampled
         self._offset = epoch_offset_ns
+        # OTEL_*ATTRIBUTE_* limits, read once (the SDK reads them when its provider is made).
+        self._limits = AttributeLimits.from_env()
         self._base = {
             A.RUN_ID: identity.run_id,
             A.RANK: identity.rank,
@@ -113,7 +116,8 @@ class StepSpanBuilder:
             if phase_attrs:
                 extra = phase_attrs.get(ordinal)
                 if extra:
-                    attrs.update(_plain_attributes(extra))
+                    attrs.update(_plain_attributes(extra, self._limits,
+                                                   self._limits.count - len(attrs)))
             end = (ph.end_ns or step_end) + off  # a phase left open ends with its step
             if ph.error is None:
                 status, events = _UNSET, ()
@@ -133,7 +137,8 @@ class StepSpanBuilder:
         if device_seconds and -1 in device_seconds:
             root_attrs[A.DEVICE_DURATION] = device_seconds[-1]
         if step.attrs:
-            root_attrs.update(_plain_attributes(step.attrs))
+            root_attrs.update(_plain_attributes(step.attrs, self._limits,
+                                                self._limits.count - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
         spans.append(ReadableSpan(
             name=A.STEP_SPAN_NAME, context=root_ctx, parent=None, resource=resource,
@@ -151,7 +156,8 @@ class StepSpanBuilder:
         attrs[A.PHASE] = rec.name
         attrs[A.PHASE_KIND] = A.KIND_MONITOR
         if rec.attrs:
-            attrs.update(_plain_attributes(rec.attrs))
+            attrs.update(_plain_attributes(rec.attrs, self._limits,
+                                           self._limits.count - len(attrs)))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return ReadableSpan(
@@ -205,30 +211,10 @@ def _status_and_events(
     return Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"), (event,)
 
 
-def _plain_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Attribute values OTel accepts: tensors and numpy scalars become Python numbers."""
-    out: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if isinstance(value, (str, bool, int, float)):
-            out[key] = value
-            continue
-        item = getattr(value, "item", None)
-        numel = getattr(value, "numel", None)
-        if item is not None and (numel is None or numel() == 1):
-            # Read off the hot path. For a device tensor this waits for that value in this
-            # background thread only; the training thread never synchronizes for it.
-            try:
-                out[key] = item()
-                continue
-            except Exception:
-                pass
-        if isinstance(value, (list, tuple)) and all(
-            isinstance(v, (str, bool, int, float)) for v in value
-        ):
-            out[key] = list(value)
-        else:
-            out[key] = str(value)
-    return out
+def _plain_attributes(attrs: dict[str, Any], limits: AttributeLimits | None = None,
+                      room: int | None = None) -> dict[str, Any]:
+    """Attribute values OTel accepts, within the SDK's limits (attribute_values.py)."""
+    return plain_attributes(attrs, limits or AttributeLimits(), room)
 
 
 class SpanBuildWorker:

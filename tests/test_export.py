@@ -467,3 +467,47 @@ def test_an_always_off_sampler_exports_nothing_but_training_works(tmp_path, monk
     assert run.spans_path is not None
     assert not run.spans_path.exists() or read_file_spans(run.spans_path) == []
     assert run.dropped_spans() == {}
+
+
+def _run_with_a_huge_attribute(tmp_path, receiver) -> otel_train.Run:
+    with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(tmp_path),
+                              exporter="otlp", otlp_protocol="grpc",
+                              otlp_endpoint=receiver.endpoint,
+                              export_interval_seconds=0.05) as run:
+        for step in run.steps(range(5)):
+            with step.phase("forward"):
+                pass
+            if step.index == 1:
+                step.set_attribute("notes", "n" * (5 << 20))  # 5 MiB
+        assert run.flush(10)
+    return run
+
+
+def test_a_5_mib_attribute_over_grpc_is_cut_and_its_batch_and_the_run_still_arrive(tmp_path):
+    with GrpcOtlpReceiver() as receiver:  # grpcio's default limit: 4 MiB a message
+        run = _run_with_a_huge_attribute(tmp_path, receiver)
+        spans = receiver.wait_for_spans(15, 10)
+    roots = {s.attributes["train.step"]: s for s in spans if s.name == "train.step"}
+    assert sorted(roots) == [0, 1, 2, 3, 4]
+    assert roots[1].attributes["notes"] == "n" * 4096  # the default cap
+    assert run.dropped_spans() == {}
+
+
+def test_with_a_length_limit_above_the_message_limit_only_that_span_is_lost(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", str(8 << 20))
+    with GrpcOtlpReceiver() as receiver:
+        run = _run_with_a_huge_attribute(tmp_path, receiver)
+        spans = receiver.wait_for_spans(14, 10)
+    assert len(spans) == 14  # every span but step 1's root, which alone is over 4 MiB
+    assert {s.attributes["train.step"] for s in spans if s.name == "train.step"} == {0, 2, 3, 4}
+    assert run.dropped_spans() == {"export_failed": 1}
+
+
+def test_otel_attribute_value_length_limit_cuts_what_a_run_sends(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "100")
+    with GrpcOtlpReceiver() as receiver:
+        _run_with_a_huge_attribute(tmp_path, receiver)
+        spans = receiver.wait_for_spans(15, 10)
+    (root,) = [s for s in spans if s.name == "train.step" and "notes" in s.attributes]
+    assert root.attributes["notes"] == "n" * 100

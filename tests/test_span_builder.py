@@ -14,6 +14,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
+from otel_train.attribute_values import DEFAULT_VALUE_LENGTH, MAX_SEQUENCE_ITEMS
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.recorder import MonitorRecord, Recorder, Step
@@ -147,6 +148,77 @@ def test_tensor_and_other_attribute_values_become_otel_values():
     assert tuple(root.attributes["tags"]) == ("a", "b")
     assert isinstance(root.attributes["obj"], str)
     assert forward.attributes["grad_norm"] == 2.0
+
+
+def _root_with(attrs: dict, env: dict | None = None, monkeypatch=None) -> ReadableSpan:
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    for key, value in attrs.items():
+        step.set_attribute(key, value)
+    step._finish(None)
+    return _builder().build(step)[-1]
+
+
+def test_a_large_tensor_becomes_a_short_summary_and_warns_once_per_key(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            root = _root_with({"weights": torch.zeros(1000), "one": torch.ones(1, 1)})
+    assert root.attributes["weights"] == "tensor(dtype=torch.float32, shape=(1000,))"
+    assert root.attributes["one"] == 1.0  # one element: its number
+    warned = [r for r in caplog.records if "'weights'" in r.getMessage()]
+    assert len(warned) == 1
+
+
+def test_dicts_and_odd_objects_become_bounded_strings():
+    class Chatty:
+        def __repr__(self) -> str:
+            return "chatty" * 10_000
+
+    root = _root_with({"cfg": {f"k{i}": list(range(100)) for i in range(100)}, "odd": Chatty()})
+    assert isinstance(root.attributes["cfg"], str) and len(root.attributes["cfg"]) < 2000
+    assert root.attributes["cfg"].startswith("{'k0': [0, 1, 2")
+    assert isinstance(root.attributes["odd"], str) and len(root.attributes["odd"]) <= 4096
+
+
+def test_without_limits_in_the_env_a_default_cap_applies_to_user_values(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        root = _root_with({"note": "x" * 100_000, "ids": list(range(5000)), "ok": "short"})
+    assert root.attributes["note"] == "x" * DEFAULT_VALUE_LENGTH
+    assert len(root.attributes["ids"]) == MAX_SEQUENCE_ITEMS
+    assert root.attributes["ok"] == "short"
+    assert len([r for r in caplog.records if "'note'" in r.getMessage()]) == 1
+
+
+def test_otel_value_length_limits_are_honoured_span_specific_first(monkeypatch):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "10")
+    root = _root_with({"note": "abcdefghijklmnop", "tags": ["0123456789xyz", "a"]})
+    assert root.attributes["note"] == "abcdefghij"
+    assert list(root.attributes["tags"]) == ["0123456789", "a"]
+    assert root.attributes["train.run.id"] == "run-s"  # the contract's values are short anyway
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4")
+    assert _root_with({"note": "abcdefgh"}).attributes["note"] == "abcd"
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "100000")
+    assert _root_with({"note": "y" * 50_000}).attributes["note"] == "y" * 50_000
+
+
+def test_the_count_limit_drops_the_oldest_user_attributes_never_the_contract(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_COUNT_LIMIT", "12")
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        root = _root_with({f"u{i}": i for i in range(20)})
+    contract = {k for k in root.attributes if k.startswith("train.")}
+    assert {"train.run.id", "train.step", "train.rank", "train.slow"} <= contract
+    users = [k for k in root.attributes if not k.startswith("train.")]
+    assert len(root.attributes) == 12
+    assert users == [f"u{i}" for i in range(20 - len(users), 20)]  # the newest kept
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "200")  # span-specific wins
+    assert len(_root_with({f"u{i}": i for i in range(150)}).attributes) == 150 + len(contract)
+    assert len([r for r in caplog.records if "attributes" in r.getMessage()]) == 1
+
+
+def test_numbers_that_do_not_fit_and_bytes_are_kept_exportable():
+    root = _root_with({"big": 1 << 70, "raw": b"\x00" * 10_000, "np": 3})
+    assert root.attributes["big"] == str(1 << 70)
+    assert root.attributes["raw"] == b"\x00" * DEFAULT_VALUE_LENGTH
 
 
 def test_set_attribute_keeps_a_detached_tensor_and_does_not_read_it():
