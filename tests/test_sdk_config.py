@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -260,3 +261,85 @@ def test_an_application_tracer_provider_is_reused_and_receives_our_spans(tmp_pat
         assert by["app-span"]["parent"] == by["forward"]["span_id"]
         assert by["forward"]["parent"] == root["span_id"]
     assert not list(tmp_path.glob("*.jsonl"))  # the application's pipeline exports, not us
+
+
+# -- secrets stay secret ------------------------------------------------------------------------
+
+def test_the_banner_line_never_shows_credentials():
+    plan = ExportPlan("otlp", "http/protobuf",
+                      "https://alice:TOKEN-123@collector.example:4318/x?api_key=KEY-9&tenant=a",
+                      header_names=("authorization",))
+    text = plan.describe()
+    assert "TOKEN-123" not in text and "alice" not in text and "KEY-9" not in text
+    assert text == ("OTLP http/protobuf -> https://***@collector.example:4318/x?api_key=***"
+                    "&tenant=*** (headers: authorization=***)")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://bob:PW-7@c:4318",
+           "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=HDR-1,authorization=Basic%20HDR-2"}
+    text = _plan(env).describe()
+    assert "PW-7" not in text and "HDR-1" not in text and "HDR-2" not in text
+    assert "x-api-key=***" in text and "authorization=***" in text
+
+
+_SECRETS = ("URL-PASS-123", "HDR-TOKEN-456", "HDR-KEY-789")
+
+
+def test_credentials_reach_the_collector_but_no_banner_log_file_or_span(
+        tmp_path, monkeypatch, capsys, caplog):
+    from otlp_receivers import HttpOtlpReceiver
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS",
+                       "x-tenant-token=Bearer%20HDR-TOKEN-456,x-api-key=HDR-KEY-789")
+    import otel_train
+
+    with HttpOtlpReceiver(mode="reject", reject_code=401) as receiver:
+        endpoint = f"http://trainer:URL-PASS-123@127.0.0.1:{receiver.port}"
+        with caplog.at_level(logging.DEBUG):
+            with otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint,
+                                      otlp_protocol="http/protobuf", prometheus_port=None,
+                                      console=True, status_dir=str(tmp_path),
+                                      export_interval_seconds=0.05, log_every=1) as run:
+                for step in run.steps(range(3)):  # refused (401): warnings are logged
+                    with step.phase("forward"):
+                        pass
+                run.flush(5)
+                receiver.mode = "ok"
+                for step in run.steps(range(2)):
+                    with step.phase("forward"):
+                        pass
+                assert run.flush(5)
+        spans = receiver.wait_for_spans(6, 5)
+        headers = receiver.request_headers()[0]
+    # They were used: the header values as given, the URL's userinfo as HTTP basic auth.
+    assert headers["x-api-key"] == "HDR-KEY-789"
+    assert headers["x-tenant-token"] == "Bearer HDR-TOKEN-456"
+    assert headers["authorization"] == "Basic " + base64.b64encode(
+        b"trainer:URL-PASS-123").decode()
+    captured = capsys.readouterr()
+    seen = [captured.out, captured.err, *(r.getMessage() for r in caplog.records)]
+    seen += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+    seen += [repr(s.attributes) + repr(s.resource_attributes) for s in spans]
+    assert any("otel-train: run" in text for text in seen)  # the banner was printed
+    assert any("rejected" in text for text in seen)  # and the 401 was logged
+    for secret in _SECRETS:
+        assert not [text for text in seen if secret in text], secret
+
+
+def test_userinfo_in_a_grpc_endpoint_is_not_sent_nor_logged(tmp_path, caplog):
+    from otlp_receivers import GrpcOtlpReceiver
+
+    import otel_train
+
+    with GrpcOtlpReceiver() as receiver:
+        endpoint = f"http://trainer:URL-PASS-123@127.0.0.1:{receiver.port}"
+        with caplog.at_level(logging.DEBUG):
+            with otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint,
+                                      otlp_protocol="grpc", prometheus_port=None,
+                                      console=False, status_dir=str(tmp_path)) as run:
+                for step in run.steps(range(2)):
+                    with step.phase("forward"):
+                        pass
+        receiver.wait_for_spans(6, 5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "URL-PASS-123" in m]
+    assert len([m for m in messages if "gRPC endpoint URL are not sent" in m]) == 1
+    assert run.export_plan.describe().endswith("-> http://***@127.0.0.1:%d" % receiver.port)
