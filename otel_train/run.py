@@ -57,6 +57,7 @@ from otel_train.self_cost import SelfCostMeter
 from otel_train.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
+_EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
 
 
 def start_run(**options: Any) -> Run:
@@ -253,7 +254,10 @@ class Run:
             raise RuntimeError(f"run.{what}() called after the run was shut down")
 
     def _atexit(self) -> None:
-        self.shutdown()
+        # Interpreter exit: the teardown that follows (modules, torch, gRPC) is part of the
+        # bound too, so the run shuts down within the budget less a reserve for it.
+        budget = self.options.shutdown_timeout_seconds
+        self.shutdown(budget - min(_EXIT_TEARDOWN_RESERVE_SECONDS, budget * 0.25))
 
     def _interrupt(self, error: BaseException) -> None:
         """A signal ends the run: the step in progress fails with ``error``, then shutdown."""

@@ -9,14 +9,23 @@ import textwrap
 import time
 
 import pytest
-from otlp_receivers import GrpcOtlpReceiver
+from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver
 
 _SCRIPT = textwrap.dedent("""
     import sys, time
     import otel_train
+    from otel_train import run as run_module
+
+    shutdown = run_module.Run.shutdown
+    def timed(self, timeout=None):
+        t0 = time.monotonic()
+        shutdown(self, timeout)
+        print("SHUTDOWN-SECONDS", time.monotonic() - t0, flush=True)
+    run_module.Run.shutdown = timed
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
-                               otlp_protocol="grpc", prometheus_port=None, console=False,
-                               status_dir=sys.argv[2], export_interval_seconds=0.05)
+                               otlp_protocol=sys.argv[3], prometheus_port=None,
+                               console=False, status_dir=sys.argv[2],
+                               export_interval_seconds=0.05)
     for step in run.steps(range(200)):
         with step.phase("forward"):
             pass
@@ -27,18 +36,30 @@ _SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
-def test_interpreter_exit_with_a_hanging_collector_returns_within_the_shutdown_bound(tmp_path):
-    with GrpcOtlpReceiver(mode="hang", hang_seconds=25) as receiver:
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_interpreter_exit_with_a_hanging_collector_returns_within_the_shutdown_bound(
+        tmp_path, protocol):
+    receiver_type = GrpcOtlpReceiver if protocol == "grpc" else HttpOtlpReceiver
+    with receiver_type(mode="hang", hang_seconds=25) as receiver:
         env = {**os.environ, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_SECONDS": "1.0"}
         proc = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, receiver.endpoint, str(tmp_path)],
+            [sys.executable, "-c", _SCRIPT, receiver.endpoint, str(tmp_path), protocol],
             capture_output=True, text=True, timeout=50, env=env,
         )
         exited = time.time()
     assert proc.returncode == 0, proc.stderr
     done_line = next(line for line in proc.stdout.splitlines() if line.startswith("STEPS-DONE"))
     exit_seconds = exited - float(done_line.split()[1])
-    # Bound 1.0 s + interpreter teardown; the SDK's own exit waits out its export retries
-    # (10 s timeout per attempt) with a hanging collector.
-    assert exit_seconds < 5.0, f"exit took {exit_seconds:.1f}s\n{proc.stderr}"
+    shutdown_line = next(line for line in proc.stdout.splitlines()
+                         if line.startswith("SHUTDOWN-SECONDS"))
+    shutdown_seconds = float(shutdown_line.split()[1])
+    # The run's shutdown at exit keeps within the bound less a reserve for the teardown
+    # (0.25 s of 1.0 s); the SDK's own exit waits out its export retries (10 s timeout per
+    # attempt) with a hanging collector. The teardown (torch's mostly) varies with the load
+    # of the machine: the whole exit is only checked to be far from the SDK's.
+    assert shutdown_seconds <= 0.75 + 0.1, proc.stderr
+    assert exit_seconds < 10.0, f"exit took {exit_seconds:.1f}s\n{proc.stderr}"
     assert "dropped" in proc.stderr  # what could not be sent is reported, not silently lost
+    # The figures (exit = shutdown + teardown, against the bound) are in
+    # ``benchmarks/bench_shutdown.py --exit``; here only that exit is bounded at all.
+    assert receiver.spans() == []  # the abandoned export did not land after the count
