@@ -4,9 +4,17 @@ Each variant runs the same CPU training loop (a small MLP, forward/backward/opti
 monitoring phase every 10 steps); variants are interleaved and repeated, and the median
 trimmed mean step time is compared. Target: collector down / no exporter <= 1.02.
 
+``--flapping``: a real OTLP receiver (tests/otlp_receivers.py) goes down and comes back on
+the same port (``--down`` / ``--up`` seconds, 3/3 by default) while the loop trains for
+``--seconds`` (60); no-exporter runs before and after give the step-time ratio. Prints the
+share of the spans that ended while the collector was up which arrived (target >= 90%),
+whether delivered + counted drops == emitted exactly, duplicates (target 0), and the largest
+export queue seen (bounded by ``max_queued_spans``).
+
 Usage::
 
     python benchmarks/bench_collector_down.py [--steps 400] [--repeats 5]
+    python benchmarks/bench_collector_down.py --flapping [--seconds 60] [--protocol grpc]
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sick_collector import HangingCollector, closed_port  # noqa: E402
 
 
-def _loop(steps: int, **options: object) -> float:
+def _loop(steps: int, seconds: float | None = None, on_run: object = None,
+          **options: object) -> float:
     import torch
 
     import otel_train
@@ -39,6 +48,7 @@ def _loop(steps: int, **options: object) -> float:
     ) as run:
         times: list[float] = []
         t0 = time.perf_counter()
+        end = None if seconds is None else time.monotonic() + seconds
         for step in run.steps(range(steps)):
             with step.phase("forward"):
                 loss = model(x).pow(2).mean()
@@ -54,6 +64,13 @@ def _loop(steps: int, **options: object) -> float:
             t1 = time.perf_counter()
             times.append(t1 - t0)
             t0 = t1
+            if on_run is not None and step.index % 50 == 0:
+                on_run(run)  # type: ignore[operator]
+            if end is not None and time.monotonic() > end:
+                break
+        if on_run is not None:
+            run.flush(30)
+            on_run(run)  # type: ignore[operator]
     # The mean of the middle 80% of steps: robust to a machine hiccup, yet it still charges
     # any steady slowdown (a median alone could hide a slow step every N).
     times.sort()
@@ -62,11 +79,77 @@ def _loop(steps: int, **options: object) -> float:
     return sum(mid) / len(mid)
 
 
+def _flapping(protocol: str, seconds: float, down: float, up: float) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from otlp_receivers import Flapping, GrpcOtlpReceiver, HttpOtlpReceiver
+
+    receiver = GrpcOtlpReceiver() if protocol == "grpc" else HttpOtlpReceiver()
+    seen: dict[str, object] = {"max_queue": 0}
+
+    def watch(run: object) -> None:
+        export = run._telemetry.export  # type: ignore[attr-defined]
+        seen["max_queue"] = max(int(seen["max_queue"]), len(export._queue))  # type: ignore[arg-type]
+        seen["run"] = run
+
+    steps_cap = 10**9
+    with receiver:
+        base_before = _loop(steps_cap, seconds=min(10.0, seconds / 4), exporter="none")
+        with Flapping(receiver, down, up) as flapping:
+            # Up windows on the epoch clock, to compare with the spans' end times.
+            offset = time.time() - time.monotonic()
+            flapped = _loop(steps_cap, seconds=seconds, on_run=watch, exporter="otlp",
+                            otlp_endpoint=receiver.endpoint, otlp_protocol=protocol)
+        base_after = _loop(steps_cap, seconds=min(10.0, seconds / 4), exporter="none")
+        run = seen["run"]
+        received = receiver.spans()
+        windows = [(a + offset, b + offset) for a, b in flapping.up_intervals()]
+        outages = flapping.outages
+    drops = run.dropped_spans()  # type: ignore[attr-defined]
+    emitted = run._telemetry.worker.spans_built  # type: ignore[attr-defined]
+    ids = [s.span_id for s in received]
+    unique = set(ids)
+    ended_up = 0
+    # Which emitted spans ended while the collector was up: the received ones we can see;
+    # for the lost ones, the drops cannot tell, so the share is computed over what arrived
+    # plus what was dropped, placing each drop pessimistically in an up window.
+    for s in received:
+        if any(a <= s.end_time_unix_nano / 1e9 < b for a, b in windows):
+            ended_up += 1
+    lost = sum(drops.values())
+    emitted_up = ended_up + lost
+    base = (base_before + base_after) / 2
+    print(f"flapping collector, {protocol}: {down:g} s down / {up:g} s up for {seconds:g} s "
+          f"({outages} outages)")
+    print(f"  spans emitted {emitted}, delivered {len(unique)}, counted drops {lost} {drops}")
+    print(f"  delivered + drops == emitted: {len(unique) + lost == emitted}   duplicates: "
+          f"{len(ids) - len(unique)}")
+    print(f"  delivery share of the spans that ended while the collector was up: "
+          f">= {ended_up / max(1, emitted_up):.1%} (target >= 90%); of all spans: "
+          f"{len(unique) / max(1, emitted):.1%}")
+    print(f"  largest export queue seen: {seen['max_queue']} spans (bound: max_queued_spans)")
+    print(f"  step time {flapped * 1e3:.3f} ms vs no exporter {base * 1e3:.3f} ms: ratio "
+          f"{flapped / base:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--flapping", action="store_true")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--down", type=float, default=3.0)
+    ap.add_argument("--up", type=float, default=3.0)
+    ap.add_argument("--protocol", choices=("grpc", "http/protobuf", "both"), default="both")
     args = ap.parse_args(argv)
+    if args.flapping:
+        import torch
+
+        torch.set_num_threads(1)
+        _loop(50, exporter="none")  # warm-up
+        for protocol in (("grpc", "http/protobuf") if args.protocol == "both"
+                         else (args.protocol,)):
+            _flapping(protocol, args.seconds, args.down, args.up)
+        return 0
     import torch
 
     torch.set_num_threads(1)  # keep the step time stable on a small machine
