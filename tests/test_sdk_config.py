@@ -343,3 +343,18 @@ def test_userinfo_in_a_grpc_endpoint_is_not_sent_nor_logged(tmp_path, caplog):
     assert not [m for m in messages if "URL-PASS-123" in m]
     assert len([m for m in messages if "gRPC endpoint URL are not sent" in m]) == 1
     assert run.export_plan.describe().endswith("-> http://***@127.0.0.1:%d" % receiver.port)
+
+
+def test_the_request_size_option_reaches_the_exporter_and_is_validated():
+    plan = _plan({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+                 export_max_request_bytes=1 << 20)
+    assert plan.max_request_bytes == 1 << 20
+    exporter = create_exporter(plan, env={})
+    try:
+        assert exporter.max_request_bytes == 1 << 20
+    finally:
+        exporter.shutdown()
+    with pytest.raises(ValueError, match="export_max_request_bytes"):
+        RunOptions.resolve(environ={}, export_max_request_bytes=100)
+    env_opts = RunOptions.resolve(environ={"OTEL_TRAIN_EXPORT_MAX_REQUEST_BYTES": "2000000"})
+    assert env_opts.export_max_request_bytes == 2_000_000
