@@ -426,6 +426,8 @@ class Step:
 
         A tensor is kept (detached) and read in the background, not with ``.item()`` here.
         """
+        if type(key) is not str or not key:
+            raise _bad_key(key)
         attrs = self.attrs
         if attrs is None:
             attrs = self.attrs = {}
@@ -516,6 +518,8 @@ class Step:
         return 1 + sum(1 for e in self.ev if isinstance(e, Phase))
 
     def _set_phase_attribute(self, key: str, value: Any) -> None:
+        if type(key) is not str or not key:
+            raise _bad_key(key)
         ordinal, _ = _active_ordinal(self.ev)
         if ordinal < 0:
             raise RuntimeError(f"set_attribute({key!r}): no phase is open in step {self.index}")
@@ -597,6 +601,8 @@ class MonitorRecord:
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on this operation's span."""
+        if type(key) is not str or not key:
+            raise _bad_key(key)
         if self.attrs is None:
             self.attrs = {}
         self.attrs[key] = _detach(value)
@@ -604,6 +610,11 @@ class MonitorRecord:
     def span_count(self) -> int:
         """One span."""
         return 1
+
+
+def _bad_key(key: Any) -> ValueError:
+    # Refused at the call: in the background the value could only be dropped with a warning.
+    return ValueError(f"set_attribute: the key must be a non-empty string, got {key!r}")
 
 
 def _outside(name: str) -> RuntimeError:

@@ -382,3 +382,18 @@ def test_drain_survives_a_concurrent_drain_emptying_the_queue():
     rec.queue = racy
     worker = _worker(rec, [Collect()], drops)
     worker.drain()  # must not raise
+
+
+def test_an_empty_attribute_key_is_refused_at_the_call():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    with pytest.raises(ValueError, match="non-empty string"):
+        step.set_attribute("", 1.0)
+    with step.phase("forward") as fwd:
+        with pytest.raises(ValueError, match="non-empty string"):
+            fwd.set_attribute("", 1.0)
+        with pytest.raises(ValueError, match="non-empty string"):
+            fwd.set_attribute(None, 1.0)  # type: ignore[arg-type]
+    step._finish(None)
+    with MonitorRecord(rec, "snapshot") as mon, pytest.raises(ValueError, match="''"):
+        mon.set_attribute("", "x")
