@@ -273,3 +273,93 @@ def test_invalid_options_are_rejected() -> None:
         _ = receiver.endpoint  # not started yet
     with pytest.raises(ValueError):
         receiver.mode = "broken"
+
+
+def _raw_export(receiver: GrpcOtlpReceiver | HttpOtlpReceiver, timeout: float = 2.0) -> object:
+    """One export request with no client retries: the gRPC status code, or the HTTP status."""
+    import grpc
+    import requests
+
+    body = b""  # an empty ExportTraceServiceRequest
+    if isinstance(receiver, GrpcOtlpReceiver):
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.port}") as channel:
+            call = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+            try:
+                call(body, timeout=timeout)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                return exc.code()
+    try:
+        return requests.post(receiver.traces_endpoint, data=body, timeout=timeout,
+                             headers={"Content-Type": "application/x-protobuf"}).status_code
+    except requests.ConnectionError:
+        return "refused"
+
+
+def test_down_and_up_again_on_the_same_port(transport: str) -> None:
+    import grpc
+
+    receiver, _ = _receiver_and_exporter(transport)
+    with receiver:
+        port = receiver.port
+        receiver.down()
+        assert not receiver.is_up
+        assert _raw_export(receiver) in (grpc.StatusCode.UNAVAILABLE, "refused")
+        receiver.up()
+        assert receiver.is_up and receiver.port == port
+        assert _raw_export(receiver) in (grpc.StatusCode.OK, 200)
+
+
+def test_a_kept_alive_http_connection_is_closed_when_the_receiver_goes_down() -> None:
+    receiver = HttpOtlpReceiver()
+    with receiver:
+        exporter = _http_exporter(receiver, timeout=1)
+        assert exporter.export(_collect_readable_spans(1)) is SpanExportResult.SUCCESS
+        receiver.down()  # the exporter's pooled connection must not reach a receiver that's down
+        assert exporter.export(_collect_readable_spans(1)) is SpanExportResult.FAILURE
+        receiver.up()
+        assert exporter.export(_collect_readable_spans(2)) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+        assert len(receiver.spans()) == 3
+
+
+@pytest.mark.parametrize("transport,code,expected", [
+    ("http", 401, 401), ("http", 500, 500),
+    ("grpc", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"), ("grpc", "UNAVAILABLE", "UNAVAILABLE"),
+])
+def test_reject_mode_answers_the_configured_status(transport: str, code: object,
+                                                   expected: object) -> None:
+    receiver, _ = _receiver_and_exporter(transport, mode="reject")
+    receiver.reject_code = code
+    with receiver:
+        got = _raw_export(receiver)
+        assert getattr(got, "name", got) == expected
+        assert receiver.requests_count == 1 and receiver.spans() == []
+
+
+def test_a_hanging_receiver_keeps_nothing_a_client_gave_up_on(transport: str) -> None:
+    receiver, make_exporter = _receiver_and_exporter(transport, mode="hang", hang_seconds=1.0)
+    with receiver:
+        exporter = make_exporter(timeout=0.3)
+        assert exporter.export(_collect_readable_spans(1)) is SpanExportResult.FAILURE
+        exporter.shutdown()  # the client is gone before the hang ends
+        time.sleep(1.3)
+        assert receiver.spans() == []
+
+
+def test_flapping_takes_the_receiver_down_and_up_and_records_when_it_was_up() -> None:
+    from otlp_receivers import Flapping
+
+    with GrpcOtlpReceiver() as receiver:
+        t0 = time.monotonic()
+        with Flapping(receiver, down_seconds=0.3, up_seconds=0.3) as flapping:
+            time.sleep(1.4)
+        assert receiver.is_up  # left up
+        assert flapping.outages >= 2
+        windows = flapping.up_intervals()
+        assert t0 <= windows[0][0] < windows[0][1]  # up when the schedule began, then down
+        assert all(a < b for a, b in windows)
+        assert not flapping.was_up_at(windows[0][1] + 0.01)  # down just after a window
+    with pytest.raises(ValueError):
+        Flapping(receiver, down_seconds=0, up_seconds=1)
