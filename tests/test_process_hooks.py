@@ -28,7 +28,8 @@ _FORK_SCRIPT = textwrap.dedent("""
     children = []
     with otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint, run_id="parent",
                               prometheus_port=0, console=False, status_dir=status_dir,
-                              export_interval_seconds=0.01, device_sync="off") as run:
+                              export_interval_seconds=0.01, device_sync="off",
+                              shutdown_timeout_seconds=15) as run:  # a loaded CI machine
         for step in run.steps(range(240)):
             with step.phase("forward"):
                 for _ in range(rng.randrange(0, 400)):
@@ -85,7 +86,8 @@ def test_random_forks_never_hang_nor_export_the_parents_spans_twice(tmp_path: Pa
         assert int(children) >= 20, proc.stdout
         assert int(hung) == 0, proc.stdout + proc.stderr[-3000:]
         assert "CHILD-FAILED" not in proc.stdout, proc.stdout
-        spans = recv.wait_for_spans(240 * 4 + int(trained) * 3 * 2, timeout_seconds=20)
+        # the parent's 240 steps x 4 spans; each training child's 3 steps x 3 spans
+        spans = recv.wait_for_spans(240 * 4 + int(trained) * 3 * 3, timeout_seconds=20)
     parent = [s for s in spans if s.attributes.get("train.run.id") == "parent"]
     roots = Counter(s.attributes["train.step"] for s in parent if s.name == "train.step")
     assert sorted(roots) == list(range(240))
