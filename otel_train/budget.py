@@ -1,15 +1,21 @@
 """Monitoring budget: status, warnings, and an advisor that projects each operation's cost.
 
-Status comes from the cumulative overhead ratio (the budget's own definition: share of all
-training wall time so far): ``ok`` up to ``budget`` (0.05), ``warning`` above it,
-``critical`` above ``critical`` (0.10). A warning is logged when the status gets worse (not
-before ``min_steps`` steps, so one evaluation at step 0 does not cry wolf), and when one
-monitoring call runs longer than ``slow_operation_seconds`` (30 s); both are rate-limited.
+Status comes from the *steady-state* overhead ratio (monitoring over training time, the
+first call of each operation and the warm-up steps replaced by their steady figures, see
+``overhead``): ``ok`` up to ``budget`` (0.05), ``warning`` above it, ``critical`` above
+``critical`` (0.10). So a validation pass that costs 96 ms once (warm-up) and 3.6 ms
+afterwards is judged on 3.6 ms, while the cumulative ratio still counts the 96 ms (an
+operation seen once counts at that one call: nothing better is known yet). A warning is
+logged when the status gets worse, not before ``min_steps`` steps and leaving out operations
+seen only once (so one evaluation at step 0 or a slow first call does not cry wolf), and
+when one monitoring call runs longer than ``slow_operation_seconds`` (30 s); both are
+rate-limited.
 
 The advisor does the field notes' "estimate costs before enabling" for the user: from each
-operation's measured mean cost ``c`` and interval ``k`` (steps between calls) and the mean
-non-monitoring step time ``s``, its projected share is ``c / (k*s + c)``, and the smallest
-interval that keeps it within budget ``b`` alone is ``ceil(c * (1 - b) / (b * s))``.
+operation's steady cost per call ``c``, its interval ``k`` (steps between calls) and the
+steady training time per step ``s``, its projected overhead is ``c / (k*s)`` and the
+smallest interval that keeps it within budget ``b`` alone is ``ceil(c / (b*s))``: a 180 s
+snapshot on 3.5 s steps needs ``180 / (0.05 x 3.5)`` = 1029 steps between calls.
 
 Usage::
 
@@ -66,10 +72,10 @@ class OperationAdvice:
 
 def advise(snapshot: OverheadSnapshot, budget: float) -> list[OperationAdvice]:
     """Project each operation's overhead and the smallest interval within ``budget``."""
-    s = snapshot.train_seconds_per_step
+    s = snapshot.steady_train_seconds_per_step
     out: list[OperationAdvice] = []
     for op in sorted(snapshot.operations.values(), key=lambda o: -o.total_seconds):
-        c = op.mean_seconds
+        c = op.steady_mean_seconds
         if op.calls >= 2 and op.last_step > op.first_step:
             k: float | None = (op.last_step - op.first_step) / (op.calls - 1)
         elif snapshot.steps:
@@ -77,23 +83,26 @@ def advise(snapshot: OverheadSnapshot, budget: float) -> list[OperationAdvice]:
         else:
             k = None
         if k is not None and s > 0:
-            projected = c / (k * s + c) if c > 0 else 0.0
-            min_k: int | None = max(1, math.ceil(c * (1.0 - budget) / (budget * s) - 1e-9))
+            projected = c / (k * s)
+            min_k: int | None = max(1, math.ceil(c / (budget * s) - 1e-9))
         else:
             projected = op.share
             min_k = None
         within = projected <= budget
         every = f"every {k:g} steps" if k is not None else "so far"
+        first = ""
+        if op.calls >= 2 and op.first_seconds > 2 * c and op.first_seconds - c > 1e-3:
+            first = f" (first call {op.first_seconds:.3g} s: warm-up, left out)"
         if min_k is None:
             text = (f"{op.name}: {c:.3g} s per call {every}; not enough steps yet to "
                     "project its cost")
         elif within:
-            text = (f"{op.name}: {c:.3g} s per call {every} -> {projected:.1%} of training "
-                    f"time; within the {budget:.0%} budget at every >= {min_k} steps")
+            text = (f"{op.name}: {c:.3g} s per call{first} {every} -> {projected:.1%} of "
+                    f"training time; within the {budget:.0%} budget at every >= {min_k} steps")
         else:
-            text = (f"{op.name}: {c:.3g} s per call {every} -> {projected:.1%} of training "
-                    f"time, over the {budget:.0%} budget: run it every >= {min_k} steps, or "
-                    "make it cheaper (smaller sample, offline)")
+            text = (f"{op.name}: {c:.3g} s per call{first} {every} -> {projected:.1%} of "
+                    f"training time, over the {budget:.0%} budget: run it every >= {min_k} "
+                    "steps, or make it cheaper (smaller sample, offline)")
         out.append(OperationAdvice(op.name, c, k, projected, min_k, within, text))
     return out
 
@@ -113,8 +122,10 @@ class BudgetSpanProcessor(StepViewProcessor):
         min_steps: int = 10,
         warn_interval_seconds: float = 300.0,
         logger: logging.Logger | None = None,
+        world_size: int = 1,
     ) -> None:
         super().__init__()
+        self.world_size = world_size  # > 1: warnings name their rank
         if not 0.0 < budget < critical < 1.0:
             raise ValueError("budget and critical must satisfy 0 < budget < critical < 1")
         if not slow_operation_seconds > 0:
@@ -148,16 +159,19 @@ class BudgetSpanProcessor(StepViewProcessor):
                 self.slow_operations[name] = self.slow_operations.get(name, 0) + 1
                 if self._op_warn.warning(
                         f"op-{name}",
-                        "otel-train: monitoring operation %r took %.1f s at step %s (over "
+                        "otel-train: %smonitoring operation %r took %.1f s at step %s (over "
                         "slow_operation_seconds=%g); training waited for it",
-                        name, dur / 1e9, view.step, self.slow_operation_seconds):
+                        self._who(), name, dur / 1e9, view.step,
+                        self.slow_operation_seconds):
                     self.warnings_logged += 1
 
     def _check_status(self) -> None:
         ov = self.overhead
         if ov.steps < self._min_steps:
             return
-        ratio = ov.cumulative_ratio()
+        # An operation seen once may be warming up: the warning waits for its second call
+        # (one call over slow_operation_seconds warns on its own, above).
+        ratio = ov.steady_ratio(settled_only=True)
         status = budget_status(ratio, self.budget, self.critical)
         if _SEVERITY[status] <= _SEVERITY[self._worst_warned]:
             if status == STATUS_OK:
@@ -167,15 +181,19 @@ class BudgetSpanProcessor(StepViewProcessor):
         limit = self.critical if status == STATUS_CRITICAL else self.budget
         if self._warn.warning(
                 f"status-{status}",
-                "otel-train: monitoring %s: %.1f%% of training time so far is over the "
-                "%.0f%% %s (see monitoring_costs.json or `otel-train costs` for what to cut)",
-                status.upper(), ratio * 100, limit * 100,
+                "otel-train: %smonitoring %s: %.1f%% of training time (steady state, "
+                "monitoring excluded from training) is over the %.0f%% %s (see "
+                "monitoring_costs.json or `otel-train costs` for what to cut)",
+                self._who(), status.upper(), ratio * 100, limit * 100,
                 "critical level" if status == STATUS_CRITICAL else "budget"):
             self.warnings_logged += 1
 
+    def _who(self) -> str:
+        return f"rank {self.overhead.rank}: " if self.world_size > 1 else ""
+
     def status(self) -> str:
-        """ok / warning / critical from the cumulative ratio."""
-        return budget_status(self.overhead.cumulative_ratio(), self.budget, self.critical)
+        """ok / warning / critical from the steady-state ratio."""
+        return budget_status(self.overhead.steady_ratio(), self.budget, self.critical)
 
     def advice(self) -> list[OperationAdvice]:
         """The advisor's projections for every operation seen so far."""

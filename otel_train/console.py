@@ -2,17 +2,26 @@
 
 - Fast log, every ``log_every`` steps: one line with the step time and its phases::
 
-      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s) | monitoring 0.8% recent, 1.2% total [ok]
+      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s) | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]
 
-- Full breakdown, on every step that ran monitoring: each top-level phase with its share of
-  the step, the monitoring share, the budget status, and red flags when a share crosses its
-  threshold (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%:
-  validation set too large? time in no phase > 20%: overhead around the phases)::
+- Full breakdown, only on steps whose monitoring is material: at least
+  ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations
+  the user marks as evaluation). A 0.3 ms collector every 50 steps gets no breakdown. Each
+  top-level phase with its share of the step, the notes' summary (training, monitoring,
+  other/overhead), the budget status, and red flags when a share crosses its threshold
+  (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%: validation
+  set too large? time in no phase > 20%: overhead around the phases)::
 
       ⏱️  TIMING BREAKDOWN (Step 2,800):
          Total:          8.234s
          inference:      6.123s (74.4%)  [monitor]
          ...
+         monitoring: 92.0% of this step (training 4.2%, other/overhead 3.8%) | ...
+
+- Warm-up is marked, not hidden: the first ``warmup_steps`` steps' lines say ``[warm-up]``
+  and an operation's first call says ``first call`` (it is left out of the steady-state
+  figures that drive the budget status).
+- With more than one rank, every line starts with ``[rank N]``.
 
 Usage::
 
@@ -23,7 +32,7 @@ Usage::
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TextIO
 
 from otel_train import attributes as A
@@ -63,11 +72,26 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         budget: BudgetSpanProcessor | None = None,
         stream: TextIO | None = None,
         red_flags: Mapping[str, float] | None = None,
+        breakdown_min_share: float = 0.05,
+        eval_operations: Iterable[str] = (),
+        warmup_steps: int = 5,
+        world_size: int = 1,
     ) -> None:
         super().__init__()
         if not isinstance(log_every, int) or log_every < 1:
             raise ValueError("log_every must be an integer >= 1")
+        if not 0.0 <= breakdown_min_share <= 1.0:
+            raise ValueError("console_breakdown_min_share must be between 0 and 1")
         self.log_every = log_every
+        self.breakdown_min_share = breakdown_min_share
+        self.eval_operations = frozenset(eval_operations)
+        self.warmup_steps = warmup_steps
+        self.world_size = world_size
+        self._steps_seen = 0
+        self._seen_operations: set[str] = set()
+        self._first_calls: set[str] = set()  # operations whose first call is in this view
+        self._last_step_ns = 0
+        self._warmup = False  # the step being formatted is a warm-up step
         self.overhead = overhead
         self.budget = budget
         self._stream = stream
@@ -75,16 +99,41 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self.lines_written = 0
 
     def on_step(self, view: StepView) -> None:
-        """Full breakdown on monitoring steps; a fast line every ``log_every`` steps."""
-        if view.operations:
-            self._write(self.format_breakdown(view))
+        """Full breakdown when monitoring is material; a fast line every ``log_every`` steps."""
+        self._warmup = self._steps_seen < self.warmup_steps
+        self._steps_seen += 1
+        self._last_step_ns = view.duration_ns
+        self._note_first_calls(view)
+        if view.operations and self.is_material(view):
+            self._write(self.format_breakdown(view), view)
         elif view.step % self.log_every == 0 or view.slow:
-            self._write(self.format_fast(view))
+            self._write(self.format_fast(view), view)
 
     def on_operation(self, view: StepView) -> None:
-        """Monitoring between steps: one line with its cost."""
+        """Monitoring between steps: one line with its cost, when material."""
+        self._warmup = False
+        self._note_first_calls(view)
+        if not (view.name in self.eval_operations or self._first_calls
+                or view.duration_ns >= self.breakdown_min_share * self._last_step_ns):
+            return
+        first = " (first call)" if self._first_calls else ""
         self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
-                    f"{view.duration_ns / 1e9:.3f}s{self._overhead_suffix()}")
+                    f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
+
+    def is_material(self, view: StepView) -> bool:
+        """Monitoring worth a full breakdown: a big enough share, or an eval operation."""
+        if view.monitor_ns > 0 and view.monitor_ns >= self.breakdown_min_share * view.duration_ns:
+            return True
+        return any(name in self.eval_operations for name, _ in view.operations)
+
+    def _note_first_calls(self, view: StepView) -> None:
+        first = self._first_calls
+        first.clear()
+        seen = self._seen_operations
+        for name, _ in view.operations:
+            if name not in seen:
+                seen.add(name)
+                first.add(name)
 
     # -- formatting ---------------------------------------------------------------------
     def format_fast(self, view: StepView) -> str:
@@ -93,8 +142,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         other = _other_ns(view)
         parts.append(f"{OTHER} {other / 1e9:.3f}s")
         slow = "  🚩 slow step" if view.slow else ""
-        return (f"⏱️  step {view.step}: {view.duration_ns / 1e9:.3f}s ({', '.join(parts)})"
-                f"{self._overhead_suffix()}{slow}")
+        warm = " [warm-up]" if self._warmup else ""
+        return (f"⏱️  step {view.step}{warm}: {view.duration_ns / 1e9:.3f}s "
+                f"({', '.join(parts)}){self._overhead_suffix()}{slow}")
 
     def format_breakdown(self, view: StepView) -> str:
         """The full timing breakdown with percentages and red flags."""
@@ -102,17 +152,26 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         rows = _phase_rows(view)
         other = _other_ns(view)
         width = max([len(label) for label, _, _ in rows] + [len(OTHER), 6]) + 1
-        lines = [f"⏱️  TIMING BREAKDOWN (Step {view.step:,}):",
+        warm = " [warm-up]" if self._warmup else ""
+        lines = [f"⏱️  TIMING BREAKDOWN (Step {view.step:,}){warm}:",
                  f"   {'Total:':<{width}}  {total / 1e9:9.3f}s"]
         for label, kind, dur in rows:
-            tag = "  [monitor]" if kind == A.KIND_MONITOR else ""
+            tag = ""
+            if kind == A.KIND_MONITOR:
+                tag = ("  [monitor, first call: warm-up]"
+                       if label in self._first_calls else "  [monitor]")
             lines.append(f"   {label + ':':<{width}}  {dur / 1e9:9.3f}s ({_pct(dur, total)}){tag}")
         lines.append(f"   {OTHER + ':':<{width}}  {other / 1e9:9.3f}s ({_pct(other, total)})")
         loaders = _nested_data_by_loader(view)
         for loader, dur in loaders.items():
             lines.append(f"   (data[{loader}] inside monitoring: {dur / 1e9:.3f}s)")
-        lines.append(f"   monitoring: {_pct(view.monitor_ns, total)} of this step"
+        train = max(0, total - view.monitor_ns - other)
+        lines.append(f"   monitoring: {_pct(view.monitor_ns, total)} of this step (training "
+                     f"{_pct(train, total)}, other/overhead {_pct(other, total)})"
                      f"{self._overhead_suffix()}")
+        if self._first_calls:
+            lines.append(f"   first call of {', '.join(sorted(self._first_calls))}: in the "
+                         "total, left out of the steady state (budget status, advisor)")
         for flag in self.red_flags_of(view):
             lines.append(f"   🚩 {flag}")
         return "\n".join(lines)
@@ -133,26 +192,31 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
                 why = _WHY.get(name, "over its threshold")
                 flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
         if view.slow:
-            flags.append("slow step (far above the rolling median)")
+            flags.append("slow step (training time far above its baseline)")
         if self.budget is not None:
             status = self.budget.status()
             if status != "ok":
-                flags.append(f"monitoring budget {status}: {self._cumulative():.1%} of training "
-                             f"time so far (budget {self.budget.budget:.0%})")
+                flags.append(f"monitoring budget {status}: {self._steady():.1%} of training "
+                             f"time in steady state (budget {self.budget.budget:.0%})")
         return flags
 
     # -- internals ----------------------------------------------------------------------
-    def _cumulative(self) -> float:
-        return self.overhead.cumulative_ratio() if self.overhead is not None else 0.0
+    def _steady(self) -> float:
+        return self.overhead.steady_ratio() if self.overhead is not None else 0.0
 
     def _overhead_suffix(self) -> str:
         if self.overhead is None:
             return ""
         recent, cumulative = self.overhead.ratios()
+        steady = self.overhead.steady_ratio()
         status = f" [{self.budget.status()}]" if self.budget is not None else ""
-        return f" | monitoring {recent:.1%} recent, {cumulative:.1%} total{status}"
+        return (f" | monitoring {recent:.1%} recent, {cumulative:.1%} total "
+                f"({steady:.1%} steady){status}")
 
-    def _write(self, text: str) -> None:
+    def _write(self, text: str, view: StepView | None = None) -> None:
+        if self.world_size > 1 and view is not None:
+            prefix = f"[rank {view.rank}] "
+            text = "\n".join(prefix + line for line in text.split("\n"))
         stream = self._stream if self._stream is not None else sys.stderr
         try:
             print(text, file=stream, flush=True)

@@ -1,19 +1,29 @@
 """What monitoring cost: ``run.costs()``, ``monitoring_costs.json``, and its table.
 
-The report (schema ``otel-train/monitoring-costs/v1``) holds, per monitoring operation,
-calls / total / mean / max seconds and share of training time, then the total share, the
-budget status and the advisor's projections. Shares are ratios 0..1; ``total_percentage``
-and ``budget_status`` keep the field notes' names so old jq one-liners still work.
+The report (schema ``otel-train/monitoring-costs/v1``) speaks the field notes' language:
+``total_percentage`` (monitoring over training time, monitoring excluded from training, in
+percent, everything counted) and ``budget_status`` at the top, and per operation under
+``operations.<name>``: ``calls``, ``total_time``, ``mean_time``, ``max_time`` (seconds),
+``percentage`` (of training time) and ``first_seconds`` (the first call, often warm-up).
+Beside them: the same figures as ratios 0..1 (``total_share``, ``share``), the steady-state
+figure the budget status and the advisor use (``steady_share``: first calls and warm-up
+steps replaced by their steady figures), the recent window, the share of wall time, the
+warm-up steps, and the advisor's projections.
+
+``run.costs()`` returns a ``CostsReport``: a dict (the JSON content) whose ``str()`` is the
+table ``otel-train costs`` prints, so ``print(run.costs())`` reads like the command.
 
 The file is written atomically (a temporary file, then ``os.replace``) from a background
 thread every ``interval_seconds`` and at shutdown, never on the training thread.
-``otel-train costs PATH`` prints it as a table (``main_costs``), replacing the jq commands.
+``otel-train costs PATH`` prints it as a table (``main_costs``), replacing the jq commands;
+PATH may be the file, a run directory, or the runs root (the latest run is picked and named).
 
 Usage::
 
     data = build_costs(overhead.snapshot(), budget, slow_steps=3, run_id="r1")
     write_json_atomic(Path("status/monitoring_costs.json"), data)
-    print(format_costs_table(data))
+    print(data)                                 # the table
+    data["operations"]["inference"]["percentage"]
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +47,13 @@ _log = logging.getLogger("otel_train")
 SCHEMA = "otel-train/monitoring-costs/v1"
 
 
+class CostsReport(dict):  # type: ignore[type-arg]
+    """The costs report: a plain dict for code and JSON, the table when printed."""
+
+    def __str__(self) -> str:
+        return format_costs_table(self)
+
+
 def build_costs(
     snapshot: OverheadSnapshot,
     budget: float,
@@ -45,39 +62,58 @@ def build_costs(
     slow_steps: int = 0,
     slow_operations: dict[str, int] | None = None,
     run_id: str | None = None,
-) -> dict[str, Any]:
+) -> CostsReport:
     """The report, JSON-ready."""
     ops: dict[str, Any] = {}
     for name, op in sorted(snapshot.operations.items(), key=lambda kv: -kv[1].total_seconds):
         ops[name] = {
+            # the field notes' names (seconds; percentage of training time)
             "calls": op.calls,
+            "total_time": round(op.total_seconds, 6),
+            "mean_time": round(op.mean_seconds, 6),
+            "max_time": round(op.max_seconds, 6),
+            "percentage": round(op.share * 100.0, 4),
+            "first_seconds": round(op.first_seconds, 6),
+            # the same in base units, and what the advisor uses
             "total_seconds": round(op.total_seconds, 6),
             "mean_seconds": round(op.mean_seconds, 6),
+            "steady_mean_seconds": round(op.steady_mean_seconds, 6),
             "max_seconds": round(op.max_seconds, 6),
             "share": op.share,
             "first_step": op.first_step,
             "last_step": op.last_step,
         }
-    return {
+    return CostsReport({
         "schema": SCHEMA,
         "run_id": run_id,
         "rank": snapshot.rank,
         "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "steps": snapshot.steps,
-        "training_time_seconds": round(snapshot.wall_seconds, 6),
-        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
-        "total_share": snapshot.cumulative_ratio,
         "total_percentage": round(snapshot.cumulative_ratio * 100.0, 4),
+        "budget_status": budget_status(snapshot.steady_ratio, budget, critical),
+        "budget_status_from": "steady_share",
+        "training_time_seconds": round(snapshot.training_seconds, 6),
+        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
+        "wall_time_seconds": round(snapshot.wall_seconds, 6),
+        "total_share": snapshot.cumulative_ratio,
+        "steady_share": snapshot.steady_ratio,
+        "steady_percentage": round(snapshot.steady_ratio * 100.0, 4),
         "recent_share": snapshot.recent_ratio,
+        "wall_share": snapshot.wall_share,
+        "warmup": {
+            "steps": snapshot.warmup_steps,
+            "training_seconds": round(snapshot.warmup_training_seconds, 6),
+            "steady_training_seconds_per_step": round(
+                snapshot.steady_train_seconds_per_step, 6),
+        },
         "budget": budget,
         "critical": critical,
-        "budget_status": budget_status(snapshot.cumulative_ratio, budget, critical),
         "instrumentation_overhead_ratio": snapshot.instrumentation_ratio,
         "slow_steps": slow_steps,
         "slow_operations": dict(slow_operations or {}),
         "operations": ops,
         "advisor": [a.as_dict() for a in advise(snapshot, budget)],
-    }
+    })
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -97,26 +133,34 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def format_costs_table(data: dict[str, Any]) -> str:
+def format_costs_table(data: Mapping[str, Any]) -> str:
     """A readable table of a costs report (``run.costs()`` or monitoring_costs.json)."""
     status = str(data.get("budget_status", "?"))
     budget = float(data.get("budget") or 0.0)
     head = (f"run {data.get('run_id') or '?'} rank {data.get('rank', '?')}: "
             f"{data.get('steps', 0)} steps, {_secs(data.get('training_time_seconds'))} "
             f"training time, updated {data.get('updated_at', '?')}")
+    figures = [f"recent {_share(data.get('recent_share'))}"]
+    if data.get("steady_share") is not None:
+        figures.insert(0, f"steady state {_share(data.get('steady_share'))}")
     lines = [head,
              f"monitoring: {_share(data.get('total_share'))} of training time "
-             f"(recent {_share(data.get('recent_share'))}); budget {budget:.1%}: "
-             f"{status.upper()}", ""]
+             f"({', '.join(figures)}); budget {budget:.1%}: {status.upper()}"]
+    warm = data.get("warmup") or {}
+    if warm.get("steps"):
+        lines.append(f"warm-up: first {warm['steps']} steps, "
+                     f"{_secs(warm.get('training_seconds'))} of training (steady state "
+                     f"{_secs(warm.get('steady_training_seconds_per_step'))} per step)")
+    lines.append("")
     ops = data.get("operations") or {}
-    cols = ("operation", "calls", "total", "mean", "max", "share")
+    cols = ("operation", "calls", "total", "first", "mean", "max", "share")
     rows = [cols]
     for name, op in ops.items():
         rows.append((str(name), str(op.get("calls", 0)), _secs(op.get("total_seconds")),
-                     _secs(op.get("mean_seconds")), _secs(op.get("max_seconds")),
-                     _share(op.get("share"))))
+                     _secs(op.get("first_seconds")), _secs(op.get("mean_seconds")),
+                     _secs(op.get("max_seconds")), _share(op.get("share"))))
     rows.append(("TOTAL", str(sum(int(o.get("calls", 0)) for o in ops.values())),
-                 _secs(data.get("monitoring_time_seconds")), "", "",
+                 _secs(data.get("monitoring_time_seconds")), "", "", "",
                  _share(data.get("total_share"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for n, row in enumerate(rows):
@@ -128,7 +172,7 @@ def format_costs_table(data: dict[str, Any]) -> str:
         lines.append("(no monitoring operation recorded)")
     advice = data.get("advisor") or []
     if advice:
-        lines += ["", "advisor:"]
+        lines += ["", "advisor (steady state: first calls and warm-up steps left out):"]
         lines += [f"  {'ok ' if a.get('within_budget') else '!! '}{a.get('advice', '')}"
                   for a in advice]
     slow = data.get("slow_operations") or {}
@@ -140,23 +184,54 @@ def format_costs_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def find_costs_files(path: Path) -> tuple[list[Path], Path | None]:
+    """The costs files at ``path``: a file, a run directory, or the runs root.
+
+    For a runs root (no costs file of its own, run directories with one inside), the run
+    whose costs were written last; the second value names that run directory (else None).
+    """
+    if not path.is_dir():
+        return [path], None
+    found = sorted(path.glob("monitoring_costs*.json"))
+    if found:
+        return found, None
+    runs: list[tuple[float, Path, list[Path]]] = []
+    for child in path.iterdir():
+        if child.is_dir():
+            files = sorted(child.glob("monitoring_costs*.json"))
+            if files:
+                newest = max(_mtime(f) for f in files)
+                runs.append((newest, child, files))
+    if not runs:
+        return [], None
+    _, run_dir, files = max(runs, key=lambda r: (r[0], r[1].name))
+    return files, run_dir
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def main_costs(argv: Sequence[str] | None = None) -> int:
-    """``otel-train costs PATH``: print a costs file (or a status directory's) as a table."""
+    """``otel-train costs PATH``: print a costs file (or a run's, or the latest run's)."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
     paths = [a for a in args if a != "--json"]
     if len(paths) != 1:
-        print("usage: otel-train costs [--json] PATH  (monitoring_costs.json or its directory)",
-              file=sys.stderr)
+        print("usage: otel-train costs [--json] PATH  (monitoring_costs.json, its run "
+              "directory, or the runs root: the latest run)", file=sys.stderr)
         return 2
     path = Path(paths[0])
-    if path.is_dir():
-        found = sorted(path.glob("monitoring_costs*.json"))
-        if not found:
-            print(f"otel-train costs: no monitoring_costs*.json in {path}", file=sys.stderr)
-            return 1
-    else:
-        found = [path]
+    found, picked = find_costs_files(path)
+    if not found:
+        print(f"otel-train costs: no monitoring_costs*.json in {path} nor in a run directory "
+              "under it", file=sys.stderr)
+        return 1
+    if picked is not None:
+        print(f"otel-train costs: latest run under {path}: {picked}", file=sys.stderr)
     status = 0
     for n, p in enumerate(found):
         try:

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
-from otel_train.costs import CostsFileWriter, build_costs, write_json_atomic
+from otel_train.costs import CostsFileWriter, CostsReport, build_costs, write_json_atomic
 from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
 from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor
@@ -65,11 +65,12 @@ class DerivedMetricsStage:
         self.drops = drops
         self.status_dir = Path(status_dir)
         window = options.recent_window_steps
+        warmup, world = options.warmup_steps, identity.world_size
         self.slow = SlowStepSpanProcessor(options.slow_step_factor, options.slow_step_seconds,
-                                          window)
-        self.overhead = OverheadSpanProcessor(window, self_cost)
+                                          window, warmup_steps=warmup, world_size=world)
+        self.overhead = OverheadSpanProcessor(window, self_cost, warmup_steps=warmup)
         self.budget = BudgetSpanProcessor(self.overhead, options.budget, options.critical,
-                                          options.slow_operation_seconds)
+                                          options.slow_operation_seconds, world_size=world)
         self.watchdog = StallWatchdog(
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
@@ -84,8 +85,11 @@ class DerivedMetricsStage:
         chain: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
                                           self.budget, self.metrics]
         if options.console:
-            self.console = ConsoleReportSpanProcessor(options.log_every, self.overhead,
-                                                      self.budget)
+            self.console = ConsoleReportSpanProcessor(
+                options.log_every, self.overhead, self.budget,
+                breakdown_min_share=options.console_breakdown_min_share,
+                eval_operations=options.eval_operations, warmup_steps=warmup,
+                world_size=world)
             chain.append(self.console)
         self.shared = SharedStepSpanProcessor(chain)
         self.processors: list[SpanProcessor] = [self.shared]
@@ -174,8 +178,8 @@ class DerivedMetricsStage:
                 f"{opts.where('prometheus_host')}={host!r} with {opts.where('prometheus_port')}"
                 f"={port}: cannot serve metrics there: {exc}") from exc
 
-    def costs(self) -> dict[str, Any]:
-        """What monitoring cost so far (the content of monitoring_costs.json)."""
+    def costs(self) -> CostsReport:
+        """What monitoring cost so far (monitoring_costs.json's content; str() is the table)."""
         with self.shared.lock:
             snapshot = self.overhead.snapshot()
             slow_steps = self.slow.slow_steps

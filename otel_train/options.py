@@ -63,8 +63,17 @@ class RunOptions:
     otlp_protocol: str | None = None
     spans_path: str | None = None
     recent_window_steps: int = 100
-    slow_step_factor: float = 3.0
+    # A step is slow when its training time (monitoring excluded) is over factor x the
+    # rolling median of its loader's training times (and far outside their spread).
+    slow_step_factor: float = 2.5
     slow_step_seconds: float | None = None
+    # The first N steps (compilation, caches, allocator) are warm-up: reported apart, out
+    # of the slow-step baseline and of the steady-state figures the budget and advisor use.
+    warmup_steps: int = 5
+    # The console's full breakdown prints on steps whose monitoring is at least this share
+    # of the step, or that ran one of eval_operations; other steps get the fast line only.
+    console_breakdown_min_share: float = 0.05
+    eval_operations: tuple[str, ...] = ()
     slow_operation_seconds: float = 30.0
     stall_seconds: float | None = None
     # When stall_seconds is None: a step is stalled after max(10 x typical step, this).
@@ -164,6 +173,19 @@ class RunOptions:
             v = getattr(self, name)
             if not _is_number(v) or not v > 0 or math.isinf(v):
                 self._fail(name, "must be a finite number > 0")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
+                or self.warmup_steps < 0:
+            self._fail("warmup_steps", "must be an integer >= 0 (0: no warm-up)")
+        share = self.console_breakdown_min_share
+        if not _is_number(share) or not 0.0 <= share <= 1.0:
+            self._fail("console_breakdown_min_share",
+                       "must be a ratio between 0 and 1 (0.05: monitoring >= 5% of the step)")
+        ops = self.eval_operations
+        if isinstance(ops, str) or not isinstance(ops, (list, tuple, set, frozenset)) or not all(
+                isinstance(o, str) and o.strip() for o in ops):
+            self._fail("eval_operations",
+                       "must be a list of monitoring operation names (non-empty strings)")
+        object.__setattr__(self, "eval_operations", tuple(o.strip() for o in ops))
         if self.slow_step_factor <= 1.0:
             self._fail("slow_step_factor", "must be > 1 (a multiple of the rolling median)")
         for name in ("slow_step_seconds", "stall_seconds"):
@@ -212,6 +234,8 @@ def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
             return int(raw)
         if kind == "optional_str":
             return None if low in _NONE else raw
+        if kind == "names":  # comma-separated: "inference,val_loss"
+            return tuple(n.strip() for n in raw.split(",") if n.strip())
         if kind == "choice":  # 'none' is a value here (exporter=none), only '' means unset
             return None if low == "" else low
         return raw
@@ -232,6 +256,9 @@ _ENV_KINDS = {
     "recent_window_steps": "int",
     "slow_step_factor": "float",
     "slow_step_seconds": "optional_float",
+    "warmup_steps": "int",
+    "console_breakdown_min_share": "float",
+    "eval_operations": "names",
     "slow_operation_seconds": "float",
     "stall_seconds": "optional_float",
     "stall_min_seconds": "float",

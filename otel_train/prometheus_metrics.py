@@ -51,6 +51,10 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
     60.0, 120.0, 300.0, 600.0, 1800.0,
 )
 
+# The old meaning of the overhead ratio (monitoring / wall time), under its own name.
+# (A contract name: belongs with the others in attributes.py when that file is free.)
+METRIC_MONITORING_WALL_SHARE = "otel_train_monitoring_wall_share_ratio"
+
 # (in-progress seconds, last step end as unix seconds); from the watchdog
 ProgressSource = Callable[[], tuple[float, float]]
 
@@ -287,11 +291,16 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
     def _ratio_families(self) -> Iterator[Metric]:
         overhead = GaugeMetricFamily(
             A.METRIC_MONITORING_OVERHEAD,
-            "Share of training wall time spent on monitoring (window: recent, cumulative).",
+            "Monitoring time / training time, monitoring excluded from training (window: "
+            "recent, cumulative; steady: first calls and warm-up steps left out).",
+            labels=["window", "rank"])
+        wall_share = GaugeMetricFamily(
+            METRIC_MONITORING_WALL_SHARE,
+            "Monitoring time / wall time, monitoring included (window: recent, cumulative).",
             labels=["window", "rank"])
         per_op = GaugeMetricFamily(
             A.METRIC_OPERATION_OVERHEAD,
-            "Share of training wall time spent in one monitoring operation.",
+            "Time in one monitoring operation / training time (monitoring excluded).",
             labels=["operation", "rank"])
         own = GaugeMetricFamily(
             A.METRIC_INSTRUMENTATION_OVERHEAD,
@@ -302,11 +311,15 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             rank = self.rank if snap.rank is None else str(snap.rank)
             overhead.add_metric(["recent", rank], snap.recent_ratio)
             overhead.add_metric(["cumulative", rank], snap.cumulative_ratio)
+            overhead.add_metric(["steady", rank], snap.steady_ratio)
+            wall_share.add_metric(["recent", rank], snap.recent_wall_share)
+            wall_share.add_metric(["cumulative", rank], snap.wall_share)
             for name, op in sorted(snap.operations.items()):
                 per_op.add_metric([name, rank], op.share)
             if snap.instrumentation_ratio is not None:
                 own.add_metric([rank], snap.instrumentation_ratio)
         yield overhead
+        yield wall_share
         yield per_op
         yield own
         if self.budget is not None:
