@@ -4,6 +4,7 @@ Usage::
 
     otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
     otel-train costs otel-train-runs/<run>/       # monitoring_costs.json as a readable table
+    otel-train costs                              # the latest run under otel-train-runs/
     otel-train version
 """
 
@@ -76,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="train a tiny GPT on CPU with otel-train")
     add_arguments(demo)
     demo.set_defaults(func=_demo)
-    costs = sub.add_parser("costs", help="print a monitoring_costs.json (or a status "
-                           "directory's) as a readable table")
-    costs.add_argument("path", help="monitoring_costs.json, or the run's status directory")
+    costs = sub.add_parser("costs", help="print a monitoring_costs.json (or a run "
+                           "directory's, or the latest run's) as a readable table")
+    costs.add_argument("path", nargs="?", default="otel-train-runs",
+                       help="monitoring_costs.json, its run directory, or the runs root (the "
+                            "latest run there; default: otel-train-runs)")
     costs.add_argument("--json", action="store_true", help="print the JSON instead")
     costs.set_defaults(func=_costs)
     version = sub.add_parser("version", help="print the version")

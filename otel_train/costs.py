@@ -303,7 +303,9 @@ def _secs(v: Any) -> str:
         return f"{v:.0f}s"
     if v >= 1:
         return f"{v:.2f}s"
-    return f"{v * 1000:.1f}ms"
+    if v >= 0.001 or v == 0:
+        return f"{v * 1000:.1f}ms"
+    return f"{v * 1e6:.0f}µs"
 
 
 def _share(v: Any) -> str:

@@ -15,6 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
@@ -24,6 +25,9 @@ from otel_train.identity import step_trace_id
 MS = 1_000_000
 BASE_NS = 1_700_000_000_000_000_000
 RUN = "test-run"
+# Made once: ReadableSpan() without a resource runs Resource.create() (detectors in a thread
+# pool) on every span, which made long hand-built loops cost milliseconds per step.
+RESOURCE = Resource.create({})
 
 # A phase: (name, kind, start_ms, end_ms) with optional parent index and loader:
 # (name, kind, start_ms, end_ms, parent_index, loader)
@@ -56,7 +60,7 @@ def step_spans(index: int, phases: Sequence[Phase], duration_ms: float, *,
             a[A.DATALOADER] = ph_loader
         parent = ctxs[parent_index] if parent_index >= 0 else root_ctx
         children.append((t0 + int(e * MS), ReadableSpan(
-            name=name, context=ctxs[i], parent=parent, attributes=a,
+            name=name, context=ctxs[i], parent=parent, attributes=a, resource=RESOURCE,
             start_time=t0 + int(s * MS), end_time=t0 + int(e * MS))))
     children.sort(key=lambda c: c[0])
     root_attrs = dict(base)
@@ -65,7 +69,7 @@ def step_spans(index: int, phases: Sequence[Phase], duration_ms: float, *,
     root_attrs[A.SLOW] = False
     root_attrs.update(attrs or {})
     root = ReadableSpan(name=A.STEP_SPAN_NAME, context=root_ctx, parent=None,
-                        attributes=root_attrs, start_time=t0,
+                        attributes=root_attrs, start_time=t0, resource=RESOURCE,
                         end_time=t0 + int(duration_ms * MS))
     return [c for _, c in children] + [root]
 
@@ -77,7 +81,7 @@ def monitor_span(name: str, after_step: int, duration_ms: float, *,
     attrs = {A.RUN_ID: RUN, A.STEP: after_step, A.RANK: rank, A.WORLD_SIZE: 1,
              A.PHASE: name, A.PHASE_KIND: A.KIND_MONITOR}
     return ReadableSpan(name=name, context=_ctx(random.getrandbits(128) or 1), parent=None,
-                        attributes=attrs, start_time=t0, end_time=t0 + int(duration_ms * MS))
+                        attributes=attrs, start_time=t0, resource=RESOURCE, end_time=t0 + int(duration_ms * MS))
 
 
 def feed(processor: Any, spans: Sequence[ReadableSpan]) -> None:

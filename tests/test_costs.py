@@ -1,4 +1,5 @@
-"""The costs report, its atomic file, the table and `otel-train costs`."""
+"""The costs report (the field notes' language), its atomic file, the table, `otel-train
+costs`, and the field notes' cost table replayed at two scales."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import os
 from pathlib import Path
 
 import pytest
-from span_trees import feed, monitor_span, train_step
+from span_trees import feed, monitor_span, step_spans, train_step
 
+from otel_train.budget import BudgetSpanProcessor
 from otel_train.costs import (
     CostsFileWriter,
+    CostsReport,
     build_costs,
     format_costs_table,
     main_costs,
     write_json_atomic,
 )
 from otel_train.overhead import OverheadSpanProcessor
+from otel_train.steps_view import SharedStepSpanProcessor
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,15 +36,27 @@ def report() -> dict:
 
 def test_the_report_has_per_operation_costs_total_share_status_and_advice() -> None:
     data = report()
+    # training time: 20 steps x 100 ms minus the 40 ms of inference inside them
+    assert data["training_time_seconds"] == pytest.approx(1.96)
+    assert data["wall_time_seconds"] == pytest.approx(2.05)
     inf = data["operations"]["inference"]
+    # the field notes' names
     assert inf["calls"] == 2
+    assert inf["total_time"] == pytest.approx(0.04)
+    assert inf["mean_time"] == pytest.approx(0.02)
+    assert inf["max_time"] == pytest.approx(0.02)
+    assert inf["percentage"] == pytest.approx(100 * 0.04 / 1.96, abs=1e-3)
+    assert inf["first_seconds"] == pytest.approx(0.02)
+    # the same in base units
     assert inf["total_seconds"] == pytest.approx(0.04)
-    assert inf["mean_seconds"] == pytest.approx(0.02)
+    assert inf["mean_seconds"] == inf["steady_mean_seconds"] == pytest.approx(0.02)
     assert inf["max_seconds"] == pytest.approx(0.02)
-    assert inf["share"] == pytest.approx(0.04 / 2.05)
-    assert data["total_share"] == pytest.approx(0.09 / 2.05)
-    assert data["total_percentage"] == pytest.approx(100 * 0.09 / 2.05, abs=1e-3)
+    assert inf["share"] == pytest.approx(0.04 / 1.96)
+    assert data["total_share"] == pytest.approx(0.09 / 1.96)
+    assert data["total_percentage"] == pytest.approx(100 * 0.09 / 1.96, abs=1e-3)
+    assert data["wall_share"] == pytest.approx(0.09 / 2.05)
     assert data["budget_status"] == "ok"
+    assert data["warmup"]["steps"] == 5
     assert list(data["operations"]) == ["checkpoint", "inference"]  # most expensive first
     assert {a["operation"] for a in data["advisor"]} == {"inference", "checkpoint"}
     json.dumps(data)  # JSON-ready
@@ -74,11 +90,13 @@ def test_the_table_lists_operations_total_budget_and_advice() -> None:
     lines = text.splitlines()
     assert "budget 5.0%: OK" in lines[1]
     header = next(ln for ln in lines if ln.startswith("operation"))
-    assert header.split() == ["operation", "calls", "total", "mean", "max", "share"]
+    assert header.split() == ["operation", "calls", "total", "first", "mean", "max", "share"]
     inference = next(ln for ln in lines if ln.startswith("inference"))
-    assert inference.split() == ["inference", "2", "40.0ms", "20.0ms", "20.0ms", "1.95%"]
-    assert any(ln.startswith("TOTAL") and ln.endswith("4.39%") for ln in lines)
-    assert "advisor:" in text and "calls over slow_operation_seconds: inference x1" in text
+    assert inference.split() == ["inference", "2", "40.0ms", "20.0ms", "20.0ms", "20.0ms",
+                                 "2.04%"]
+    assert any(ln.startswith("TOTAL") and ln.endswith("4.59%") for ln in lines)
+    assert lines[2].startswith("warm-up: first 5 steps")
+    assert "advisor (steady state" in text and "calls over slow_operation_seconds: inference x1" in text
 
 
 def test_main_costs_prints_a_file_or_a_directory(tmp_path: Path,
@@ -90,3 +108,100 @@ def test_main_costs_prints_a_file_or_a_directory(tmp_path: Path,
     assert json.loads(capsys.readouterr().out)["run_id"] == "r1"
     assert main_costs([str(tmp_path / "missing.json")]) == 1
     assert main_costs([]) == 2
+
+
+def test_the_report_prints_as_the_table_and_is_still_a_mapping() -> None:
+    data = report()
+    assert isinstance(data, CostsReport) and isinstance(data, dict)
+    assert str(data) == format_costs_table(data)
+    assert data["operations"]["inference"]["calls"] == 2
+    assert json.loads(json.dumps(data)) == dict(data)
+
+
+def test_the_runs_root_picks_the_latest_run_and_says_which(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old, new = tmp_path / "20261121-100000-aaaaaa", tmp_path / "20261121-090000-bbbbbb"
+    write_json_atomic(old / "monitoring_costs.json", {**report(), "run_id": "old"})
+    write_json_atomic(new / "monitoring_costs.json", {**report(), "run_id": "new"})
+    os.utime(old / "monitoring_costs.json", (1_700_000_000, 1_700_000_000))  # written earlier
+    (tmp_path / "no-costs-here").mkdir()
+    assert main_costs([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("run new rank")
+    assert f"latest run under {tmp_path}: {new}" in err
+    assert main_costs([str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "new"  # stdout stays JSON
+    empty = tmp_path / "no-costs-here"
+    assert main_costs([str(empty)]) == 1
+    assert "no monitoring_costs*.json" in capsys.readouterr().err
+
+
+SECOND = 1000.0  # milliseconds
+
+
+def field_notes_run(setup: str, scale: float) -> CostsReport:
+    """The field notes' cost table: 1000 steps x 3.5 s of training, with their monitoring.
+
+    ``scale`` shrinks every duration alike (1.0: the notes' seconds; 0.001: milliseconds):
+    the spans are hand-built, so nothing sleeps.
+    """
+    ov = OverheadSpanProcessor()
+    budget = BudgetSpanProcessor(ov)
+    shared = SharedStepSpanProcessor([ov, budget])
+    for i in range(1000):
+        monitors: list[tuple[str, float]] = []
+        if setup == "hung":
+            if i % 500 == 499:
+                monitors.append(("evolution_snapshot", 180 * SECOND))  # 2 calls x 180 s
+            if i % 50 == 49:
+                monitors.append(("detail_collector", 0.3 * SECOND))  # 20 calls x 0.3 s
+        if i % 200 == 199:
+            monitors.append(("live_inference", 3 * SECOND))  # 5 calls x 3 s = 15 s
+        if setup == "acceptable" and i % 2 == 1:
+            monitors.append(("status_update", 0.004 * SECOND))  # ~2 s in all
+        train_ms = 3.5 * SECOND * scale
+        phases: list[tuple] = [("data", "train", 0, train_ms * 0.1),
+                               ("forward", "train", train_ms * 0.1, train_ms * 0.5),
+                               ("backward", "train", train_ms * 0.5, train_ms)]
+        t = train_ms
+        for name, ms in monitors:
+            phases.append((name, "monitor", t, t + ms * scale))
+            t += ms * scale
+        feed(shared, step_spans(i, phases, t))
+    return build_costs(ov.snapshot(), budget.budget, budget.critical, run_id=setup)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.001])
+def test_the_field_notes_hung_setup_is_10_9_percent_and_critical(scale: float) -> None:
+    data = field_notes_run("hung", scale)
+    # 381 s of monitoring over 3500 s of training, as the notes compute it
+    assert data["training_time_seconds"] == pytest.approx(3500 * scale, rel=1e-6)
+    assert data["monitoring_time_seconds"] == pytest.approx(381 * scale, rel=1e-6)
+    assert data["total_percentage"] == pytest.approx(100 * 381 / 3500, abs=1e-3)  # 10.9%
+    assert data["steady_percentage"] == pytest.approx(100 * 381 / 3500, abs=1e-3)
+    assert data["budget_status"] == "critical"
+    assert data["wall_share"] == pytest.approx(381 / 3881)  # 9.8%: what the old ratio said
+    evo = data["operations"]["evolution_snapshot"]
+    assert (evo["calls"], evo["first_seconds"]) == (2, pytest.approx(180 * scale))
+    assert evo["total_time"] == pytest.approx(360 * scale)
+    assert evo["mean_time"] == evo["max_time"] == pytest.approx(180 * scale)
+    assert evo["percentage"] == pytest.approx(100 * 360 / 3500, abs=1e-3)  # 10.3%
+    assert data["operations"]["detail_collector"]["percentage"] == pytest.approx(
+        100 * 6 / 3500, abs=1e-3)
+    assert list(data["operations"])[0] == "evolution_snapshot"
+    advice = {a["operation"]: a for a in data["advisor"]}
+    # safe interval: 180 s / (5% x 3.5 s) = 1028.6 -> every 1029 steps
+    assert advice["evolution_snapshot"]["min_interval_steps"] == 1029
+    assert not advice["evolution_snapshot"]["within_budget"]
+    assert advice["detail_collector"]["within_budget"]
+    assert "run it every >= 1029 steps" in str(data)
+    assert "10.89% of training time" in str(data) and "CRITICAL" in str(data)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.001])
+def test_the_field_notes_acceptable_setup_is_half_a_percent_and_ok(scale: float) -> None:
+    data = field_notes_run("acceptable", scale)
+    assert data["monitoring_time_seconds"] == pytest.approx(17 * scale, rel=1e-6)
+    assert data["total_percentage"] == pytest.approx(100 * 17 / 3500, abs=1e-3)  # 0.5%
+    assert data["budget_status"] == "ok"
+    assert all(a["within_budget"] for a in data["advisor"])

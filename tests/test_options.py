@@ -144,6 +144,12 @@ def test_env_value_breaking_a_rule_names_the_variable():
     ({"rank": -1}, "rank"),
     ({"world_size": 0}, "world_size"),
     ({"rank": 2, "world_size": 2}, "rank"),
+    ({"warmup_steps": -1}, "warmup_steps"),
+    ({"warmup_steps": 2.5}, "warmup_steps"),
+    ({"console_breakdown_min_share": 1.5}, "console_breakdown_min_share"),
+    ({"console_breakdown_min_share": "5%"}, "console_breakdown_min_share"),
+    ({"eval_operations": "val_loss"}, "eval_operations"),
+    ({"eval_operations": ["val_loss", ""]}, "eval_operations"),
 ])
 def test_other_bad_options_are_rejected_naming_the_option(kwargs, name):
     with pytest.raises(ValueError, match=repr(name)):
@@ -160,3 +166,20 @@ def test_start_run_rejects_a_bad_budget_before_starting_anything(tmp_path):
 def test_exporter_none_from_env_means_no_export():
     opts = RunOptions.resolve(environ={"OTEL_TRAIN_EXPORTER": "none"})
     assert opts.exporter == "none"
+
+
+def test_signal_options_have_defaults_and_read_their_environment():
+    opts = RunOptions.resolve(environ={})
+    assert opts.warmup_steps == 5
+    assert opts.console_breakdown_min_share == 0.05
+    assert opts.eval_operations == ()
+    assert opts.slow_step_factor == 2.5
+    env = {"OTEL_TRAIN_WARMUP_STEPS": "0", "OTEL_TRAIN_CONSOLE_BREAKDOWN_MIN_SHARE": "0.2",
+           "OTEL_TRAIN_EVAL_OPERATIONS": " inference, val_loss ,"}
+    opts = RunOptions.resolve(environ=env)
+    assert opts.warmup_steps == 0
+    assert opts.console_breakdown_min_share == 0.2
+    assert opts.eval_operations == ("inference", "val_loss")
+    assert RunOptions.resolve(environ={}, eval_operations=["x"]).eval_operations == ("x",)
+    with pytest.raises(ValueError, match="OTEL_TRAIN_WARMUP_STEPS"):
+        RunOptions.resolve(environ={"OTEL_TRAIN_WARMUP_STEPS": "five"})

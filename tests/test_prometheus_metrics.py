@@ -66,9 +66,12 @@ def test_contract_metrics_have_their_names_labels_and_values() -> None:
     ckpt = (("kind", "monitor"), ("loader", ""), ("phase", "checkpoint"), ("rank", "0"))
     assert s[("otel_train_phase_duration_seconds_sum", ckpt)] == pytest.approx(0.04)
     cum = (("rank", "0"), ("window", "cumulative"))
-    assert s[("otel_train_monitoring_overhead_ratio", cum)] == pytest.approx(0.19 / 2.04)  # 10 x 10 ms + 50 ms + 40 ms
+    # monitoring 10 x 10 ms + 50 ms + 40 ms over training 2.04 s of wall time minus those
+    assert s[("otel_train_monitoring_overhead_ratio", cum)] == pytest.approx(0.19 / 1.85)
+    assert s[("otel_train_monitoring_wall_share_ratio", cum)] == pytest.approx(0.19 / 2.04)
+    assert ("otel_train_monitoring_overhead_ratio", (("rank", "0"), ("window", "steady"))) in s
     op = (("operation", "inference"), ("rank", "0"))
-    assert s[("otel_train_operation_overhead_ratio", op)] == pytest.approx(0.1 / 2.04)
+    assert s[("otel_train_operation_overhead_ratio", op)] == pytest.approx(0.1 / 1.85)
     assert s[("otel_train_monitoring_budget_ratio", ())] == 0.05
     assert s[("otel_train_step_in_progress_seconds", r)] == 12.5
     assert s[("otel_train_last_step_timestamp_seconds", r)] >= 1_700_000_000.0
