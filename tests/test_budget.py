@@ -124,3 +124,17 @@ def test_a_slow_first_validation_pass_leaves_the_run_ok_and_the_advisor_on_stead
 def test_budget_must_be_below_critical() -> None:
     with pytest.raises(ValueError, match="budget"):
         BudgetSpanProcessor(OverheadSpanProcessor(), budget=0.2, critical=0.1)
+
+
+def test_with_several_ranks_budget_warnings_name_their_rank(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ov = OverheadSpanProcessor()
+    budget = BudgetSpanProcessor(ov, min_steps=1, slow_operation_seconds=0.01, world_size=4)
+    shared = SharedStepSpanProcessor([ov, budget])
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=50))
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("otel-train: rank 0: monitoring CRITICAL") for m in msgs)
+    assert any(m.startswith("otel-train: rank 0: monitoring operation 'inference'")
+               for m in msgs)
