@@ -47,7 +47,7 @@ _log = logging.getLogger("otel_train")
 SCHEMA = "otel-train/monitoring-costs/v1"
 
 
-class CostsReport(dict):  # type: ignore[type-arg]
+class CostsReport(dict[str, Any]):
     """The costs report: a plain dict for code and JSON, the table when printed."""
 
     def __str__(self) -> str:

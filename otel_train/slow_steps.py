@@ -57,7 +57,7 @@ _MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spre
 class _Baseline:
     """Rolling training times of one loader: a window and the same values sorted."""
 
-    __slots__ = ("window", "ordered")
+    __slots__ = ("ordered", "window")
 
     def __init__(self) -> None:
         self.window: deque[int] = deque()
@@ -136,9 +136,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.steps_seen += 1
         if ordinal < self.warmup_steps:
             return  # warm-up: not judged, and kept out of the baseline
-        train = view.duration_ns - view.monitor_ns
-        if train < 0:
-            train = 0
+        train = max(0, view.duration_ns - view.monitor_ns)
         base = self._baselines.get(view.loader)
         if base is None:
             base = self._baselines[view.loader] = _Baseline()
@@ -172,10 +170,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
                      f"explanations per {self._explain_window} steps)")
             self._unexplained_pending = 0
         self.last_slow = text
-        try:
-            self._log.warning("%s", text)
-        except Exception:  # a broken handler must not break the pipeline
-            pass
+        self._log.warning("%s", text)  # logging reports a failing handler itself
 
     def median_seconds(self) -> float | None:
         """The largest per-loader median training time, or None before ``min_history`` steps."""

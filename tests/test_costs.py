@@ -188,7 +188,7 @@ def test_the_field_notes_hung_setup_is_10_9_percent_and_critical(scale: float) -
     assert evo["percentage"] == pytest.approx(100 * 360 / 3500, abs=1e-3)  # 10.3%
     assert data["operations"]["detail_collector"]["percentage"] == pytest.approx(
         100 * 6 / 3500, abs=1e-3)
-    assert list(data["operations"])[0] == "evolution_snapshot"
+    assert next(iter(data["operations"])) == "evolution_snapshot"
     advice = {a["operation"]: a for a in data["advisor"]}
     # safe interval: 180 s / (5% x 3.5 s) = 1028.6 -> every 1029 steps
     assert advice["evolution_snapshot"]["min_interval_steps"] == 1029
