@@ -2,7 +2,8 @@
 
 - Fast log, every ``log_every`` steps: one line with the step time and its phases::
 
-      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s) | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]
+      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s)
+          | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]        (one line)
 
 - Full breakdown, only on steps whose monitoring is material: at least
   ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations

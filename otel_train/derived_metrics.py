@@ -24,7 +24,6 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 

@@ -20,7 +20,8 @@ field notes did by hand. Explanations are limited by count: at most ``max_explan
 per ``explain_window_steps`` steps (5 per 100), so the second slow step of a burst is
 explained too; the ones left out are counted and said in the next explanation::
 
-    otel-train: slow step 1234: training 9.850 s (3.1x the median 3.200 s of loader 'train'); step 9.900 s
+    otel-train: slow step 1234: training 9.850 s (3.1x the median 3.200 s of loader 'train');
+      step 9.900 s                                                  (one line)
       forward       8.100 s  81.8%
       backward      1.700 s  17.2%
       inference     0.050 s   0.5%  [monitor]

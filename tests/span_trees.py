@@ -81,7 +81,8 @@ def monitor_span(name: str, after_step: int, duration_ms: float, *,
     attrs = {A.RUN_ID: RUN, A.STEP: after_step, A.RANK: rank, A.WORLD_SIZE: 1,
              A.PHASE: name, A.PHASE_KIND: A.KIND_MONITOR}
     return ReadableSpan(name=name, context=_ctx(random.getrandbits(128) or 1), parent=None,
-                        attributes=attrs, start_time=t0, resource=RESOURCE, end_time=t0 + int(duration_ms * MS))
+                        attributes=attrs, start_time=t0, resource=RESOURCE,
+                        end_time=t0 + int(duration_ms * MS))
 
 
 def feed(processor: Any, spans: Sequence[ReadableSpan]) -> None:
