@@ -72,7 +72,7 @@ def _between(span: ReceivedSpan, seconds: float) -> None:
 def test_training_steps_arrive_as_one_trace_each_following_the_contract(tmp_path, collector):
     protocol, receiver = collector
     with _start(tmp_path, protocol, receiver, run_id="e2e-run", service_name="tiny-gpt",
-                slow_step_seconds=SLOW_STEP_SECONDS) as run:
+                slow_step_seconds=SLOW_STEP_SECONDS, warmup_steps=0) as run:
         _train(run)
         assert run.current_step is None
     spans = receiver.wait_for_spans(
@@ -93,7 +93,9 @@ def test_training_steps_arrive_as_one_trace_each_following_the_contract(tmp_path
         assert root.status_code == 0
         assert root.scope_name == "otel_train"
         assert root.attributes["train.step"] == index
-        assert root.attributes["train.slow"] is (index == 1)
+        # step 1 lasts ~0.26 s > slow_step_seconds only because of its monitoring: slow steps
+        # are judged on training time (~0.09 s here), so neither is slow
+        assert root.attributes["train.slow"] is False
         assert root.attributes["train.dataloader"] == "train"
         for span in step_spans:
             attrs = span.attributes
