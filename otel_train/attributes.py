@@ -1,6 +1,6 @@
 """The telemetry contract's names: span names, span attributes and metric names.
 
-Dashboards, alert rules and tests depend on these exact strings (see DESIGN.md). Extend,
+Dashboards, alert rules and tests depend on these exact strings (see docs/architecture.md). Extend,
 never rename.
 """
 

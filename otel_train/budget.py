@@ -11,7 +11,7 @@ seen only once (so one evaluation at step 0 or a slow first call does not cry wo
 when one monitoring call runs longer than ``slow_operation_seconds`` (30 s); both are
 rate-limited.
 
-The advisor does the field notes' "estimate costs before enabling" for the user: from each
+The advisor does the "estimate the cost before enabling it" arithmetic for the user: from each
 operation's steady cost per call ``c``, its interval ``k`` (steps between calls) and the
 steady training time per step ``s``, its projected overhead is ``c / (k*s)`` and the
 smallest interval that keeps it within budget ``b`` alone is ``ceil(c / (b*s))``: a 180 s

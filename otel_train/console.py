@@ -1,4 +1,4 @@
-"""Two-tier console report, as the field notes printed by hand (to stderr).
+"""Two-tier console report, as hand-timed training loops print it (to stderr).
 
 - Fast log, every ``log_every`` steps: one line with the step time and its phases::
 
@@ -50,7 +50,8 @@ from otel_train.steps_view import (
 )
 
 OTHER = "other"  # time of the step in no phase
-# Share of a step above which a phase is a red flag (seed 000's "red flags").
+# Share of a step above which a phase is a red flag: inference above 90% of an eval step
+# usually means generation is hanging; a validation pass above 50%, a set too large.
 DEFAULT_RED_FLAGS: Mapping[str, float] = {
     A.PHASE_INFERENCE: 0.90,  # model generation is probably hanging (check its timeout)
     A.PHASE_VAL_LOSS: 0.50,   # validation set too large, or inefficient

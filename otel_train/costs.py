@@ -1,6 +1,6 @@
 """What monitoring cost: ``run.costs()``, ``monitoring_costs.json``, and its table.
 
-The report (schema ``otel-train/monitoring-costs/v1``) speaks the field notes' language:
+The report (schema ``otel-train/monitoring-costs/v1``) speaks the language of hand-made cost trackers (so old ``jq`` one-liners keep working):
 ``total_percentage`` (monitoring over training time, monitoring excluded from training, in
 percent, everything counted) and ``budget_status`` at the top, and per operation under
 ``operations.<name>``: ``calls``, ``total_time``, ``mean_time``, ``max_time`` (seconds),
@@ -67,7 +67,7 @@ def build_costs(
     ops: dict[str, Any] = {}
     for name, op in sorted(snapshot.operations.items(), key=lambda kv: -kv[1].total_seconds):
         ops[name] = {
-            # the field notes' names (seconds; percentage of training time)
+            # the hand-made trackers' names (seconds; percentage of training time)
             "calls": op.calls,
             "total_time": round(op.total_seconds, 6),
             "mean_time": round(op.mean_seconds, 6),

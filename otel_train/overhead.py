@@ -1,4 +1,4 @@
-"""Monitoring overhead: monitoring time over *training* time, as the field notes compute it.
+"""Monitoring overhead: monitoring time over *training* time, as teams budget it (1000 steps x 3.5 s = 3500 s of training, 381 s of monitoring = 10.9%).
 
 Definitions (the telemetry contract's ``otel_train_monitoring_overhead_ratio``):
 

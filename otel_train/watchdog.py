@@ -137,7 +137,7 @@ class StallWatchdog:
     def check_operation(self) -> str | None:
         """Warn once while a monitoring operation runs longer than slow_operation_seconds.
 
-        The field notes' eval hook froze training for 20 minutes: say so at 30 s, while it
+        An eval hook that runs inference on 100 examples can freeze training for 20 minutes: say so at 30 s, while it
         still runs, not when it finally ends (the budget processor reports its final time).
         """
         if self._slow_op_s is None:

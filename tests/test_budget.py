@@ -89,7 +89,7 @@ def test_advisor_projects_share_and_smallest_interval_within_budget() -> None:
 
 def test_advisor_says_to_run_an_expensive_operation_less_often() -> None:
     ov = OverheadSpanProcessor()
-    for i in range(11):  # 180 s snapshot every 5 steps of 3.5 s (the field notes' case)
+    for i in range(11):  # 180 s snapshot every 5 steps of 3.5 s (the 'hung' evolution-snapshot case)
         feed(ov, train_step(i, step_ms=3500 + (180_000 if i % 5 == 0 else 0),
                             monitor_ms=180_000 if i % 5 == 0 else 0, monitor="evolution"))
     (adv,) = advise(ov.snapshot(), 0.05)

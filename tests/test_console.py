@@ -63,7 +63,7 @@ def test_full_breakdown_with_percentages_on_steps_that_ran_monitoring() -> None:
     assert "forward:        0.345s (4.2%)" in text
     assert "other:          0.310s (3.8%)" in text
     assert "(data[val] inside monitoring: 0.100s)" in text
-    # the field notes' summary: inference / val loss above, then training and other/overhead
+    # the hand-timed summary: inference / val loss above, then training and other/overhead
     assert "monitoring: 92.0% of this step (training 4.2%, other/overhead 3.8%)" in text
 
 

@@ -1,5 +1,5 @@
-"""The costs report (the field notes' language), its atomic file, the table, `otel-train
-costs`, and the field notes' cost table replayed at two scales."""
+"""The costs report (the language of hand-made cost trackers), its atomic file, the table, `otel-train
+costs`, and the monitoring-cost table of a hung run replayed at two scales."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_the_report_has_per_operation_costs_total_share_status_and_advice() -> N
     assert data["training_time_seconds"] == pytest.approx(1.96)
     assert data["wall_time_seconds"] == pytest.approx(2.05)
     inf = data["operations"]["inference"]
-    # the field notes' names
+    # the names hand-made cost trackers use
     assert inf["calls"] == 2
     assert inf["total_time"] == pytest.approx(0.04)
     assert inf["mean_time"] == pytest.approx(0.02)
@@ -141,7 +141,7 @@ SECOND = 1000.0  # milliseconds
 
 
 def field_notes_run(setup: str, scale: float) -> CostsReport:
-    """The field notes' cost table: 1000 steps x 3.5 s of training, with their monitoring.
+    """A hung run's monitoring-cost table: 1000 steps x 3.5 s of training, with their monitoring.
 
     ``scale`` shrinks every duration alike (1.0: the notes' seconds; 0.001: milliseconds):
     the spans are hand-built, so nothing sleeps.
