@@ -29,7 +29,12 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
-from otel_train.costs import CostsFileWriter, CostsReport, build_costs, write_json_atomic
+from otel_train.costs import (
+    CostsFileWriter,
+    CostsReport,
+    build_costs,
+    write_json_atomic,
+)
 from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
 from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor

@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,8 @@ class Run:
             self.status_dir = Path(options.status_dir or "otel-train-runs")
             self.device: DeviceTiming = resolve_device_timing("off")
             self.self_cost = SelfCostMeter(0.0)
-            # Queue bound 0 and a counter nobody reads: finished steps are simply let go.
-            self._recorder = Recorder(0, DropCounter(), None)
+            self._recorder = Recorder(1, DropCounter(), None)
+            self._recorder.queue = deque(maxlen=0)  # finished steps are let go, for free
             self._telemetry: RunTelemetry | DisabledTelemetry = DisabledTelemetry(
                 self.disabled_by)
             self._context_token = None
@@ -278,9 +279,8 @@ class Run:
         self._closed = True
         rec = self._recorder
         rec.closed = True
-        rec.max_queued = 0
-        rec.queue.clear()
-        rec.drops = DropCounter()  # nobody reads it: the child's copy records nothing
+        rec.queue = deque(maxlen=0)  # the child's copy records nothing (the parent exports)
+        rec.drops = DropCounter()  # fresh: the inherited lock may be held by a lost thread
         rec.held = None
         rec._held_lock = threading.RLock()
         try:
