@@ -62,11 +62,36 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     runs = list(_live)
     _live.clear()
+    if runs:
+        _drop_stale_import_locks()
     for run in runs:
         try:
             run._after_fork_in_child()
         except Exception:  # never break a fork (DataLoader workers fork all the time)
             pass
+
+
+def _drop_stale_import_locks() -> None:
+    """Forget per-module import locks that a thread lost in the fork still holds.
+
+    Our export threads import lazily on every request (``requests`` does ``from netrc import
+    ...`` in each one): a fork at that instant leaves the child a module lock nobody will ever
+    release, and the child's next import of that module (its own run exporting, say) hangs.
+    CPython re-creates the global import lock after fork, not the per-module ones (3.11), so
+    drop those whose owner is gone: the next import of that module makes a fresh lock.
+    """
+    try:
+        import importlib._bootstrap as bootstrap
+
+        me = threading.get_ident()
+        locks = bootstrap._module_locks  # name -> weakref to _ModuleLock
+        for name, ref in list(locks.items()):
+            lock = ref()
+            owner = getattr(lock, "owner", 0) if lock is not None else 0
+            if owner and owner != me:
+                locks.pop(name, None)
+    except Exception:  # private API: if it changes, we only lose this safety net
+        pass
 
 
 def _install_sigterm() -> None:

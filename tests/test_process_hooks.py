@@ -20,7 +20,7 @@ from otlp_receivers import HttpOtlpReceiver
 pytestmark = pytest.mark.timeout(120)
 
 _FORK_SCRIPT = textwrap.dedent("""
-    import os, random, sys, time
+    import faulthandler, os, random, sys, time
     import otel_train
 
     endpoint, status_dir = sys.argv[1], sys.argv[2]
@@ -40,6 +40,8 @@ _FORK_SCRIPT = textwrap.dedent("""
                 kind = len(children) % 3
                 pid = os.fork()
                 if pid == 0:
+                    # a hang shows its stack (stderr) and fails the child instead of stalling
+                    faulthandler.dump_traceback_later(15, exit=True)
                     if kind == 0:
                         sys.exit(0)  # the inherited run's atexit path must not hang
                     if kind == 1:
@@ -85,7 +87,7 @@ def test_random_forks_never_hang_nor_export_the_parents_spans_twice(tmp_path: Pa
         _, children, _, hung, _, trained = line.split()
         assert int(children) >= 20, proc.stdout
         assert int(hung) == 0, proc.stdout + proc.stderr[-3000:]
-        assert "CHILD-FAILED" not in proc.stdout, proc.stdout
+        assert "CHILD-FAILED" not in proc.stdout, proc.stdout + proc.stderr[-6000:]
         # the parent's 240 steps x 4 spans; each training child's 3 steps x 3 spans
         spans = recv.wait_for_spans(240 * 4 + int(trained) * 3 * 3, timeout_seconds=20)
     parent = [s for s in spans if s.attributes.get("train.run.id") == "parent"]
