@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
-from otel_train.export import JsonLinesSpanExporter
+from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
 from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.options import RunOptions
 from otel_train.otlp_transport import (
@@ -155,7 +155,7 @@ def test_create_exporter_builds_the_planned_exporter(tmp_path):
         assert isinstance(http, SingleAttemptHttpSpanExporter)
         assert isinstance(http.sdk_exporter, HttpExporter)
         assert http.sdk_exporter._endpoint == "http://h:4318/v1/traces"
-        assert isinstance(jsonl, JsonLinesSpanExporter)
+        assert isinstance(jsonl, OtlpJsonFileSpanExporter)  # the OpenTelemetry file format
         assert create_exporter(ExportPlan("none")) is None
     finally:
         for exporter in (grpc, http, jsonl):
