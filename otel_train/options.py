@@ -62,10 +62,11 @@ class RunOptions:
     otlp_endpoint: str | None = None
     otlp_protocol: str | None = None
     spans_path: str | None = None
-    # The local span file (OTLP JSON lines): rotation size, total cap (None: no cap), gzip.
+    # The local span file (OTLP JSON lines): rotation size, total cap (None: no cap), and
+    # compression (gzip by default: ~190 bytes per step instead of ~3.6 KB, measured).
     spans_file_max_bytes: int = 256 * 1024 * 1024
     spans_total_max_bytes: int | None = None
-    spans_compression: str = "none"
+    spans_compression: str = "gzip"
     # The HTML report written at shutdown (report.html in the status dir); None: on when
     # the console is on.
     report: bool | None = None

@@ -162,11 +162,15 @@ def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: in
         else:
             name = "spans.jsonl" if world_size == 1 else f"spans-rank{rank}.jsonl"
             path = status_dir / name
-        if options.spans_compression == "gzip" and not path.name.endswith(".gz"):
+        compression = options.spans_compression
+        if options.spans_path and "spans_compression" not in options.sources:
+            # A path the user named is used as named: its suffix says whether it is gzip.
+            compression = "gzip" if path.name.endswith(".gz") else "none"
+        if compression == "gzip" and not path.name.endswith(".gz"):
             path = path.with_name(path.name + ".gz")
         return ExportPlan("jsonl", path=path, max_file_bytes=options.spans_file_max_bytes,
                           max_total_bytes=options.spans_total_max_bytes,
-                          compression=options.spans_compression)
+                          compression=compression)
     return ExportPlan(kind)
 
 

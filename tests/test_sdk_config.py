@@ -54,12 +54,16 @@ def _warnings(caplog, text: str) -> list[logging.LogRecord]:
 
 def test_no_endpoint_and_no_exporter_means_a_span_file_in_the_status_dir():
     plan = _plan({})
-    assert (plan.kind, plan.path) == ("jsonl", Path("/status/spans.jsonl"))
+    # gzip by default (the OTLP JSON lines compress ~19x: a few hundred bytes per step).
+    assert (plan.kind, plan.path) == ("jsonl", Path("/status/spans.jsonl.gz"))
+    assert plan.compression == "gzip"
+    plain = _plan({}, spans_compression="none")
+    assert (plain.path, plain.compression) == (Path("/status/spans.jsonl"), "none")
     assert str(plan.path) in plan.describe()
 
 
 def test_each_rank_gets_its_own_span_file():
-    assert _plan({}, rank=3, world_size=4).path == Path("/status/spans-rank3.jsonl")
+    assert _plan({}, rank=3, world_size=4).path == Path("/status/spans-rank3.jsonl.gz")
 
 
 def test_spans_path_option_wins_for_the_file():
