@@ -20,42 +20,35 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from otel_train.otlp_json_file import iter_span_dicts
+from otel_train.otlp_json_file import _iter_lines, iter_line_span_fields, span_files
 
 TRACE_NAME = "trace.json"
 _TID = 1
 _ARG_KEYS = {"train.step": "step", "train.phase.kind": "kind", "train.dataloader": "loader",
-             "train.slow": "slow", "train.loss": "loss", "train.device.synced": "synced"}
+             "train.slow": "slow", "train.loss": "loss", "train.device.synced": "synced",
+             "error": "error"}
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _arg(value: dict[str, Any]) -> Any:
-    for t in ("stringValue", "boolValue", "doubleValue"):
-        if t in value:
-            return value[t]
-    if "intValue" in value:
-        return int(value["intValue"])
-    return None
+def _event(name: str, start: int, end: int, attrs: dict[str, Any]) -> tuple[int, str]:
+    rank = int(attrs.get("train.rank", 0) or 0)
+    args = {short: attrs[key] for key, short in _ARG_KEYS.items() if key in attrs}
+    loader = args.get("loader")
+    is_step = name == "train.step"
+    if name == "data" and loader:
+        name = f"data[{loader}]"
+    cat = "step" if is_step else ("monitoring" if args.get("kind") == "monitor" else "phase")
+    return rank, ('{"name":%s,"cat":"%s","ph":"X","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
+                  '"args":%s}' % (_dumps(name), cat, rank, _TID, start / 1000.0,
+                                  max(0, end - start) / 1000.0, _dumps(args)))
 
 
-def _event(span: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    args: dict[str, Any] = {}
-    rank = 0
-    for kv in span.get("attributes", ()):
-        key = kv["key"]
-        if key == "train.rank":
-            rank = int(_arg(kv["value"]) or 0)
-        elif key in _ARG_KEYS:
-            args[_ARG_KEYS[key]] = _arg(kv["value"])
-    start = int(span["startTimeUnixNano"])
-    end = int(span["endTimeUnixNano"])
-    name = span.get("name", "")
-    if name == "data" and args.get("loader"):
-        name = f"data[{args['loader']}]"
-    kind = args.get("kind")
-    cat = "step" if span.get("name") == "train.step" else (
-        "monitoring" if kind == "monitor" else "phase")
-    return rank, {"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": _TID,
-                  "ts": start / 1000.0, "dur": max(0, end - start) / 1000.0, "args": args}
+def _metadata(rank: int) -> list[dict[str, Any]]:
+    return [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+            {"name": "process_sort_index", "ph": "M", "pid": rank,
+             "args": {"sort_index": rank}},
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": _TID,
+             "args": {"name": "training steps"}}]
 
 
 def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str, int]:
@@ -63,25 +56,25 @@ def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str
     ranks: set[int] = set()
     events = 0
     fh.write('{"displayTimeUnit":"ms","otherData":{"source":"otel-train"},"traceEvents":[\n')
-    first = True
-    for span in iter_span_dicts(run_dir):
-        rank, event = _event(span)
-        status = span.get("status", {}).get("code")
-        if status == 2:
-            event["args"]["error"] = span.get("status", {}).get("message", True)
-        if rank not in ranks:
-            ranks.add(rank)
-            for meta in ({"name": "process_name", "ph": "M", "pid": rank,
-                          "args": {"name": f"rank {rank}"}},
-                         {"name": "process_sort_index", "ph": "M", "pid": rank,
-                          "args": {"sort_index": rank}},
-                         {"name": "thread_name", "ph": "M", "pid": rank, "tid": _TID,
-                          "args": {"name": "training steps"}}):
-                fh.write(("" if first else ",\n") + json.dumps(meta))
-                first = False
-        fh.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
-        first = False
-        events += 1
+    sep = ""
+    for path in span_files(run_dir):
+        for line in _iter_lines(path):
+            if not line.strip():
+                continue
+            try:
+                fields = list(iter_line_span_fields(line))
+            except ValueError:
+                continue  # a torn line (a run in progress, or a writer killed mid-line)
+            for _sid, _pid, name, start, end, attrs in fields:
+                rank, event = _event(name, start, end, attrs)
+                if rank not in ranks:
+                    ranks.add(rank)
+                    for meta in _metadata(rank):
+                        fh.write(sep + _dumps(meta))
+                        sep = ",\n"
+                fh.write(sep + event)
+                sep = ",\n"
+                events += 1
     fh.write("\n]}\n")
     return {"events": events, "ranks": len(ranks)}
 

@@ -25,11 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_train.otlp_json_file import _iter_lines, span_files
+from otel_train.otlp_json_file import (
+    _iter_lines,
+    attribute_pattern,
+    iter_line_span_fields,
+    span_files,
+)
 
 _STEP_SPAN = "train.step"
-_WANTED = {"train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
-           "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes", "train.world_size"}
+# Only what the report uses: each attribute found costs time on a 1M-step run.
+_REPORT_ATTRS = attribute_pattern([
+    "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
+    "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes"])
 
 
 @dataclass
@@ -125,19 +132,6 @@ class _Pending:
         self.monitor = 0
 
 
-def _attrs(span: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for kv in span.get("attributes", ()):
-        key = kv["key"]
-        if key in _WANTED:
-            v = kv["value"]
-            for t in ("intValue", "stringValue", "doubleValue", "boolValue"):
-                if t in v:
-                    out[key] = v[t]
-                    break
-    return out
-
-
 class RunReader:
     """Folds spans into a :class:`RunData`, within fixed bounds."""
 
@@ -161,40 +155,37 @@ class RunReader:
             if not line.strip():
                 continue
             try:
-                request = json.loads(line)
+                lo, hi = self._fold_line(line)
             except ValueError:
                 self.data.torn_lines += 1
                 continue
-            lo, hi = self._fold_request(request)
             if lo <= hi:
                 ranges.append((n, lo, hi))
         # Pending steps stay: a step's children may end one file and its root begin the next.
 
-    def _fold_request(self, request: dict[str, Any]) -> tuple[int, int]:
+    def _fold_line(self, line: bytes) -> tuple[int, int]:
         lo, hi = 1 << 62, -1
         data = self.data
-        for rs in request.get("resourceSpans", ()):
-            for ss in rs.get("scopeSpans", ()):
-                for span in ss.get("spans", ()):
-                    data.spans += 1
-                    a = _attrs(span)
-                    step = a.get("train.step")
-                    if step is None:
-                        continue
-                    step = int(step)
-                    lo, hi = min(lo, step), max(hi, step)
-                    self._fold_span(span, a, step)
+        # The whole line first: a torn one raises before anything is folded.
+        fields = list(iter_line_span_fields(line, _REPORT_ATTRS))
+        for span_id, parent_id, name, start, end, a in fields:
+            data.spans += 1
+            step = a.get("train.step")
+            if step is None:
+                continue
+            step = int(step)
+            lo, hi = min(lo, step), max(hi, step)
+            self._fold_span(span_id, parent_id, name, start, end, a, step)
         return lo, hi
 
-    def _fold_span(self, span: dict[str, Any], a: dict[str, Any], step: int) -> None:
+    def _fold_span(self, span_id: str, parent_id: str, name: str, start: int, end: int,
+                   a: dict[str, Any], step: int) -> None:
         rank = int(a.get("train.rank", 0))
-        start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
-        name = span.get("name", "")
         kind = a.get("train.phase.kind", "train")
-        if name == _STEP_SPAN:
+        if name == _STEP_SPAN and not parent_id:
             self._finish_step(rank, step, start, end, a)
             return
-        if not span.get("parentSpanId"):
+        if not parent_id:
             # Monitoring between steps (run.monitor): its own root, after step ``step``.
             self._add_bucket(step, None, {(name, "monitor"): (end - start) / 1e9}, 0, a)
             return
@@ -207,8 +198,7 @@ class RunReader:
         label = name
         if name == "data" and a.get("train.dataloader"):
             label = f"data[{a['train.dataloader']}]"
-        pending.phases.append((label, kind, start, end, span.get("parentSpanId", ""),
-                               span.get("spanId", "")))
+        pending.phases.append((label, kind, start, end, parent_id, span_id))
 
     def _finish_step(self, rank: int, step: int, start: int, end: int,
                      a: dict[str, Any]) -> None:
@@ -302,7 +292,7 @@ class RunReader:
             for n, line in enumerate(_iter_lines(path)):
                 if n in lines:
                     try:
-                        sub._fold_request_keep(json.loads(line), steps, found)
+                        sub._fold_line_keep(line, steps, found)
                     except ValueError:
                         continue
         out: dict[int, list[StepRecord]] = {}
@@ -310,27 +300,24 @@ class RunReader:
             out.setdefault(step, []).append(rec)
         return out
 
-    def _fold_request_keep(self, request: dict[str, Any], steps: set[int],
-                           found: dict[tuple[int, int], StepRecord]) -> None:
-        for rs in request.get("resourceSpans", ()):
-            for ss in rs.get("scopeSpans", ()):
-                for span in ss.get("spans", ()):
-                    a = _attrs(span)
-                    step = a.get("train.step")
-                    if step is None or int(step) not in steps:
-                        continue
-                    step = int(step)
-                    if span.get("name") == _STEP_SPAN and span.get("parentSpanId") is None:
-                        rank = int(a.get("train.rank", 0))
-                        pending = self._pending.pop((rank, step), None)
-                        phases = pending.phases if pending is not None else []
-                        ids = {p[5] for p in phases}
-                        found[(rank, step)] = StepRecord(
-                            rank, step, int(span["startTimeUnixNano"]),
-                            int(span["endTimeUnixNano"]), bool(a.get("train.slow")),
-                            [(p[0], p[1], p[2], p[3], p[4] not in ids) for p in phases])
-                    elif span.get("parentSpanId"):
-                        self._fold_span(span, a, step)
+    def _fold_line_keep(self, line: bytes, steps: set[int],
+                        found: dict[tuple[int, int], StepRecord]) -> None:
+        for span_id, parent_id, name, start, end, a in list(
+                iter_line_span_fields(line, _REPORT_ATTRS)):
+            step = a.get("train.step")
+            if step is None or int(step) not in steps:
+                continue
+            step = int(step)
+            if name == _STEP_SPAN and not parent_id:
+                rank = int(a.get("train.rank", 0))
+                pending = self._pending.pop((rank, step), None)
+                phases = pending.phases if pending is not None else []
+                ids = {p[5] for p in phases}
+                found[(rank, step)] = StepRecord(
+                    rank, step, start, end, bool(a.get("train.slow")),
+                    [(p[0], p[1], p[2], p[3], p[4] not in ids) for p in phases])
+            elif parent_id:
+                self._fold_span(span_id, parent_id, name, start, end, a, step)
 
     def slowest(self) -> list[StepRecord]:
         """The slowest steps kept, slowest first."""

@@ -176,3 +176,23 @@ def test_a_run_writes_its_spans_in_the_file_format_with_the_umask_for_every_file
     for name in ("spans.jsonl.gz", "monitoring_costs.json"):
         mode = stat.S_IMODE((tmp_path / name).stat().st_mode)
         assert mode == 0o640, (name, oct(mode))
+
+
+def test_the_fast_reader_agrees_with_the_json_parser_on_every_span(tmp_path):
+    from otel_train.otlp_json_file import OtlpJsonEncoder, fast_span_fields, span_fields
+
+    ours = _step_spans(tmp_path)  # data spans, monitoring, an error, a float loss
+    enc = OtlpJsonEncoder()
+    line = enc.request(ours).encode()
+    fast = fast_span_fields(line)
+    assert fast is not None and len(fast) == len(ours)
+    slow = [span_fields(s) for rs in json.loads(line)["resourceSpans"]
+            for ss in rs["scopeSpans"] for s in ss["spans"]]
+    keys = {"train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
+            "train.loss", "train.device.synced", "error"}
+    for f, s in zip(fast, slow):
+        assert f[:5] == s[:5]
+        assert f[5] == {k: v for k, v in s[5].items() if k in keys}
+    assert any(f[5].get("error") for f in fast)
+    # A line it cannot account for in full (links) goes to the JSON parser.
+    assert fast_span_fields(enc.request(_sdk_spans()).encode()) is None
