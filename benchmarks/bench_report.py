@@ -58,8 +58,10 @@ def bytes_per_step(steps: int = 2000) -> None:
         d = Path(tempfile.mkdtemp(prefix="otel-train-bench-"))
         with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(d),
                                   spans_compression=compression, report=False,
+                                  shutdown_timeout_seconds=60.0,  # export every span
                                   run_id="20261121-231646-519c94") as run:
             _train(run, steps)
+        assert not run.dropped_spans(), run.dropped_spans()
         size = sum(p.stat().st_size for p in d.glob("spans*"))
         print(f"  {compression:5s}: {size / steps:7.0f} bytes/step  ({size:,} bytes)")
 
@@ -213,6 +215,8 @@ def main() -> None:
     if args.child:
         child(args.child, args.chrome)
         return
+    import logging
+    logging.getLogger("otel_train").setLevel(logging.ERROR)  # no slow-step logs in the figures
     if not args.skip_real:
         bytes_per_step()
         encoding_cost()
