@@ -44,6 +44,8 @@ def _demo(args: argparse.Namespace) -> int:
         options["status_dir"] = args.status_dir
     if args.quiet:
         options["console"] = False
+    if args.no_report:
+        options["report"] = False
     try:
         costs = run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                          **options)

@@ -46,11 +46,53 @@ def report_path(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / REPORT_NAME
 
 
+def plotly_available() -> bool:
+    """Whether the 'report' extra (plotly) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("plotly") is not None
+
+
+def report_enabled(options: Any) -> bool:
+    """Whether a run writes its report at shutdown: option ``report``, else the console's."""
+    wanted = options.report if options.report is not None else options.console
+    return bool(wanted)
+
+
+def shutdown_banner_line(status_dir: Path) -> str:
+    """The start-up banner's line for the report."""
+    if not plotly_available():
+        return f"  report  -> off ({MISSING_PLOTLY.split(': ', 1)[1]})"
+    return f"  report  -> {report_path(status_dir)} (written at shutdown)"
+
+
+def write_report_at_shutdown(status_dir: Path, time_limit_seconds: float = 60.0,
+                             announce: bool = True) -> Path | None:
+    """Write the report as a run ends and say where (stderr); log, never raise: training is
+    over, it did not fail."""
+    import logging
+    import sys
+
+    log = logging.getLogger("otel_train")
+    if not plotly_available():
+        return None
+    try:
+        path = write_report(status_dir, time_limit_seconds=time_limit_seconds)
+    except Exception as exc:
+        log.warning("otel-train: the report could not be written: %r (try `otel-train "
+                    "report %s`)", exc, status_dir)
+        return None
+    if announce:
+        print(f"otel-train: report -> {path}", file=sys.stderr, flush=True)
+    return path
+
+
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
-                 max_buckets: int = 2000) -> Path:
+                 max_buckets: int = 2000, time_limit_seconds: float | None = None) -> Path:
     """Render the report of ``run_dir`` (finished or in progress); return its path."""
     pio = _plotly()
-    data = load_run(Path(run_dir), max_buckets=max_buckets)
+    data = load_run(Path(run_dir), max_buckets=max_buckets,
+                    time_limit_seconds=time_limit_seconds)
     target = Path(out) if out is not None else report_path(run_dir)
     page = _Page(data, pio).render()
     tmp = target.with_name(f".{target.name}.tmp")
@@ -142,6 +184,10 @@ class _Page:
              f"{d.bucket_width} steps per point (downsampled)"),
             ("generated", html.escape(time.strftime("%Y-%m-%d %H:%M:%S %z"))),
         ]
+        if d.stopped_early:
+            rows.append(("partial", f"<b>reading stopped at the time limit ("
+                         f"{html.escape(d.stopped_early)})</b>: run <code>otel-train report "
+                         f"{html.escape(str(d.run_dir))}</code> for the whole run"))
         return "<table class='kv'>" + "".join(
             f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 

@@ -21,6 +21,7 @@ import bisect
 import heapq
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,8 @@ class RunData:
     removed: list[dict[str, Any]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     torn_lines: int = 0
+    # Set when reading stopped at the time limit: the page says how far it got.
+    stopped_early: str | None = None
 
     def missing_steps(self) -> dict[int, int]:
         """Per rank: step indices between its first and last step that no span file holds."""
@@ -136,8 +139,10 @@ class RunReader:
     """Folds spans into a :class:`RunData`, within fixed bounds."""
 
     def __init__(self, data: RunData, max_buckets: int = 2000, warmup_steps: int = 50,
-                 max_slow_steps: int = 30, max_pending: int = 20000) -> None:
+                 max_slow_steps: int = 30, max_pending: int = 20000,
+                 deadline: float | None = None) -> None:
         self.data = data
+        self.deadline = deadline  # time.monotonic() after which reading stops
         self.max_buckets = max_buckets
         self.warmup_steps = warmup_steps
         self.max_slow = max_slow_steps
@@ -152,6 +157,9 @@ class RunReader:
         """Fold every complete line of one span file."""
         ranges = self.line_ranges.setdefault(path, [])
         for n, line in enumerate(_iter_lines(path)):
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.data.stopped_early = f"{path.name}, line {n + 1}"
+                return
             if not line.strip():
                 continue
             try:
@@ -332,16 +340,21 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int = 6,
-             warmup_steps: int = 50) -> RunData:
-    """Read a run directory (finished or in progress) into a :class:`RunData`."""
+             warmup_steps: int = 50, time_limit_seconds: float | None = None) -> RunData:
+    """Read a run directory (finished or in progress) into a :class:`RunData`; with a time
+    limit, stop reading span files when it is reached (``stopped_early`` says where)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
     data = RunData(run_dir)
-    reader = RunReader(data, max_buckets=max_buckets, warmup_steps=warmup_steps)
+    deadline = None if time_limit_seconds is None else time.monotonic() + time_limit_seconds
+    reader = RunReader(data, max_buckets=max_buckets, warmup_steps=warmup_steps,
+                       deadline=deadline)
     data.files = span_files(run_dir)
     for path in data.files:
         reader.read_file(path)
+        if data.stopped_early:
+            break
     data.slow_steps = reader.slowest()
     for p in sorted(run_dir.glob("monitoring_costs*.json")):
         costs = _read_json(p)
