@@ -257,10 +257,15 @@ class _Page:
              "name": f"critical {self.critical:.0%}",
              "line": {"color": "#d62728", "dash": "dash"}},
         ]
+        yaxis: dict[str, Any] = {"title": {"text": "monitoring / training time"},
+                                 "tickformat": ".0%", "rangemode": "tozero"}
+        if len(ratio) > points:
+            # The first window holds few training steps (an eval at step 0 reads as several
+            # hundred percent): scale to the rest of the run, which the budget is about.
+            top = max(max(ratio[points:]), max(cumulative[points:]), self.critical)
+            yaxis["range"] = [0, top * 1.15]
         return self.figure({"data": traces, "layout": {
-            "xaxis": {"title": {"text": "step"}},
-            "yaxis": {"title": {"text": "monitoring / training time"}, "tickformat": ".0%",
-                      "rangemode": "tozero"}}}, "fig-overhead") + (
+            "xaxis": {"title": {"text": "step"}}, "yaxis": yaxis}}, "fig-overhead") + (
             f"<p class='note'>Monitoring time over training time (step time minus its "
             f"monitoring phases) over the last {self.window_steps} steps at each point; "
             "monitoring between steps counts as monitoring. The dotted line accumulates from "
@@ -354,7 +359,7 @@ class _Page:
         for step, recs in d.timeline_steps.items():
             out.append(f"<h3 id='step-{step}'>step {step}</h3>")
             out.append(self.figure(self._gantt(recs), f"fig-step-{step}",
-                                   max(220, 120 + 40 * len(recs))))
+                                   max(260, 160 + 40 * len(recs))))
         return "".join(out)
 
     def _gantt(self, recs: list[StepRecord]) -> dict[str, Any]:
@@ -388,7 +393,8 @@ class _Page:
             "barmode": "overlay",
             "xaxis": {"title": {"text": "milliseconds from the step's earliest start"}},
             "yaxis": {"categoryorder": "array", "categoryarray": rows[::-1]},
-            "legend": {"orientation": "v", "x": 1.01, "y": 1}}}
+            "margin": {"l": 60, "r": 20, "t": 70, "b": 50},
+            "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"}}}
 
     def _drops(self) -> str:
         d = self.data
