@@ -156,3 +156,29 @@ def test_removed_span_files_and_missing_steps_are_counted_on_the_page(tmp_path):
     assert re.search(r"removed by spans_total_max_bytes.*?<td class='count'>1,234</td>", html)
     assert re.search(r"steps missing from the span files, rank 0</th><td class='count'>0<",
                      html)
+
+
+def test_a_run_with_the_console_on_says_where_the_report_goes_and_writes_it(tmp_path, capsys):
+    with start_test_run(tmp_path, spans_path=None, console=True) as run:
+        for step in run.steps(range(3)):
+            with step.phase("forward"):
+                pass
+    err = capsys.readouterr().err
+    path = tmp_path / "report.html"
+    assert f"  report  -> {path} (written at shutdown)" in err
+    assert f"otel-train: report -> {path}" in err
+    assert load_run(tmp_path).steps_per_rank == {0: 3} and path.exists()
+
+
+def test_the_report_follows_the_console_unless_the_option_says_otherwise(tmp_path, capsys):
+    with start_test_run(tmp_path / "quiet", spans_path=None, console=False):
+        pass
+    with start_test_run(tmp_path / "asked", spans_path=None, console=False, report=True):
+        pass
+    with start_test_run(tmp_path / "off", spans_path=None, console=True, report=False):
+        pass
+    assert not (tmp_path / "quiet" / "report.html").exists()
+    assert (tmp_path / "asked" / "report.html").exists()
+    assert not (tmp_path / "off" / "report.html").exists()
+    err = capsys.readouterr().err
+    assert "report  ->" not in err and "report ->" not in err
