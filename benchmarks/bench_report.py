@@ -80,10 +80,10 @@ def encoding_cost() -> None:
     d = Path(tempfile.mkdtemp(prefix="otel-train-bench-"))
     with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(d),
                               exporter="none", report=False) as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         _train(run, 200)
-        spans = [s for r in list(run._recorder.queue) for s in run._builder.build(r)]
-        run._worker.paused = False
+        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
+        run._telemetry.worker.paused = False
     steps = 200
     ours, fast = OtlpJsonEncoder(), _Encoder()
     ours.request(spans)
@@ -117,13 +117,13 @@ def generate(run_dir: Path, steps: int) -> float:
     with otel_train.start_run(prometheus_port=None, console=False, exporter="none",
                               status_dir=str(run_dir / "_tmpl"), report=False,
                               run_id="synthetic") as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         _train(run, 2)  # step 0 has an eval, step 1 does not
         records = list(run._recorder.queue)
         from otel_train.otlp_json_file import OtlpJsonEncoder
         enc = OtlpJsonEncoder()
-        lines = [json.loads(enc.request(run._builder.build(r))) for r in records]
-        run._worker.paused = False
+        lines = [json.loads(enc.request(run._telemetry.builder.build(r))) for r in records]
+        run._telemetry.worker.paused = False
     templates = []
     head = None
     for line in lines:
@@ -190,11 +190,11 @@ def child(run_dir: str, chrome: bool) -> None:
     """Measure in this fresh process: report time and peak RSS (and the chrome trace)."""
     from otel_train.report import write_report
 
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     path = write_report(run_dir)
-    report_s = time.monotonic() - t0
+    report_s, cpu_s = time.monotonic() - t0, time.process_time() - c0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = {"report_seconds": report_s, "peak_rss_mb": rss_mb,
+    out = {"report_seconds": report_s, "report_cpu_seconds": cpu_s, "peak_rss_mb": rss_mb,
            "report_mb": path.stat().st_size / 1e6}
     if chrome:
         from otel_train.chrome_trace import export_chrome_trace
@@ -238,9 +238,11 @@ def main() -> None:
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
             m = json.loads(res.stdout.strip().splitlines()[-1])
             line = (f"  {steps:>9,} steps: files {size / 1e6:7.1f} MB gzip (generated in "
-                    f"{gen_s:.0f} s); report {m['report_seconds']:6.1f} s, "
-                    f"{m['report_seconds'] / steps * 1e6:5.1f} us/step, peak RSS "
-                    f"{m['peak_rss_mb']:.0f} MB, page {m['report_mb']:.1f} MB")
+                    f"{gen_s:.0f} s); report {m['report_seconds']:6.1f} s wall, "
+                    f"{m['report_cpu_seconds']:6.1f} s CPU "
+                    f"({m['report_cpu_seconds'] / steps * 1e6:5.1f} us/step), peak RSS "
+                    f"{m['peak_rss_mb']:.0f} MB (baseline {base_rss:.0f}), page "
+                    f"{m['report_mb']:.1f} MB")
             if "chrome_trace_seconds" in m:
                 line += (f"; chrome-trace {m['chrome_trace_seconds']:.1f} s, "
                          f"{m['chrome_trace_mb']:.0f} MB")

@@ -51,7 +51,7 @@ def _decode_line(line: dict) -> ExportTraceServiceRequest:
 
 def _step_spans(tmp_path, steps: int = 3):
     with start_test_run(tmp_path / "src") as run:
-        run._worker.paused = True
+        run._telemetry.worker.paused = True
         for step in run.steps(range(steps), loader="train"):
             with step.phase("forward"):
                 pass
@@ -64,8 +64,8 @@ def _step_spans(tmp_path, steps: int = 3):
                 with pytest.raises(RuntimeError):
                     with step.phase("optimizer"):
                         raise RuntimeError("nan loss")
-        spans = [s for r in list(run._recorder.queue) for s in run._builder.build(r)]
-        run._worker.paused = False
+        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
+        run._telemetry.worker.paused = False
     return spans
 
 
