@@ -372,8 +372,11 @@ def _iter_lines(path: Path) -> Iterator[bytes]:
         gz = path.name.endswith(".gz")
         dec = zlib.decompressobj(31) if gz else None
         rest = b""
+        # Small compressed reads: gzip of these lines inflates ~20-40x, and the whole chunk
+        # is held twice while it is split into lines (memory must not grow with the run).
+        size = (64 << 10) if gz else (1 << 20)
         while True:
-            chunk = fh.read(1 << 20)
+            chunk = fh.read(size)
             if not chunk:
                 break
             if dec is not None:

@@ -26,7 +26,7 @@ def _short_run(tmp_path: Path, steps: int = 40, **options) -> Path:
                         run_id="report-run", **options) as run:
         for step in run.steps(range(steps), loader="train"):
             with step.phase("forward"):
-                time.sleep(0.004 if step.index != 25 else 0.08)  # step 25 is slow
+                time.sleep(0.004 if step.index != 25 else 0.4)  # step 25 is slow
             with step.phase("backward"):
                 time.sleep(0.002)
             if step.index % 10 == 0:
