@@ -280,7 +280,9 @@ class _Page:
             status = html.escape(str(c.get("budget_status", "?")))
             out.append(f"<h3>{html.escape(c['_file'])} (rank {rank})</h3><p>monitoring "
                        f"<b class='total-share'>{_pct(c.get('total_share'))}</b> of training time"
-                       f" (recent {_pct(c.get('recent_share'))}) over {c.get('steps', 0)} "
+                       + (f", steady state {_pct(c.get('steady_share'))}"
+                          if c.get("steady_share") is not None else "")
+                       + f" (recent {_pct(c.get('recent_share'))}) over {c.get('steps', 0)} "
                        f"steps; budget {float(c.get('budget') or 0):.1%}: "
                        f"<b class='status-{status}'>{status.upper()}</b></p>")
             rows = []
