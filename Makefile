@@ -3,15 +3,17 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup prometheus test demo bench
+.PHONY: setup prometheus chromium test demo bench
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # torch==2.13.0 first: a loose torch requirement with nothing installed pulls a multi-GB CUDA build.
+# numpy beside it: torch's CPU wheel does not require it, and warns "Failed to initialize
+# NumPy" on every import without it.
 setup: $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 numpy
 	$(BIN)/pip install -q -e '.[dev]'
 
 # The real Prometheus server and promtool (Debian's package) for the end-to-end tests.
@@ -19,7 +21,12 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
-test: setup prometheus
+# A real headless Chromium (Debian's package) for the report test.
+chromium:
+	@command -v chromium >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: setup prometheus chromium
 	$(BIN)/python -m pytest -q
 
 demo: setup
@@ -31,3 +38,4 @@ bench: setup
 	$(BIN)/python benchmarks/bench_collector_down.py
 	$(BIN)/python benchmarks/bench_hooks.py
 	$(BIN)/python benchmarks/bench_shutdown.py --skip-sdk
+	$(BIN)/python benchmarks/bench_report.py

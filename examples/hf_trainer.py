@@ -18,7 +18,12 @@ import os
 import tempfile
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+try:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+except ImportError as exc:  # the 'hf' extra is not installed: say which one
+    raise SystemExit(f"examples/hf_trainer.py needs {exc.name or 'transformers'!r} (the 'hf' "
+                     "extra): pip install -e '.[hf]'") from None
 
 from otel_train.integrations.hf import TrainerStepTraceCallback
 

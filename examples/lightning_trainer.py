@@ -15,9 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 
-import lightning as L
 import torch
 from torch.nn import functional as F
+
+try:
+    import lightning as L
+except ImportError as exc:  # the 'lightning' extra is not installed: say which one
+    raise SystemExit(f"examples/lightning_trainer.py needs {exc.name or 'lightning'!r} (the "
+                     "'lightning' extra): pip install -e '.[lightning]'") from None
 
 from otel_train.integrations.lightning import LightningStepTraceCallback
 

@@ -27,7 +27,7 @@ RANK = "train.rank"
 WORLD_SIZE = "train.world_size"
 PHASE = "train.phase"
 PHASE_KIND = "train.phase.kind"  # "train" | "monitor"
-DATALOADER = "train.dataloader"  # on "data" spans (and any phase of a step fed by that loader)
+DATALOADER = "train.dataloader"  # on "data" spans only (the loader that fetch read)
 SLOW = "train.slow"  # on the root span
 DEVICE_SYNCED = "train.device.synced"  # True when a device synchronize bracketed the span
 # Extensions (not renaming anything above)

@@ -5,6 +5,8 @@ Usage::
     otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
     otel-train costs otel-train-runs/<run>/       # monitoring_costs.json as a readable table
     otel-train costs                              # the latest run under otel-train-runs/
+    otel-train report otel-train-runs/<run>/      # one self-contained HTML page, opens offline
+    otel-train export otel-train-runs/<run>/ --format chrome-trace   # for Perfetto
     otel-train version
 """
 
@@ -42,6 +44,8 @@ def _demo(args: argparse.Namespace) -> int:
         options["status_dir"] = args.status_dir
     if args.quiet:
         options["console"] = False
+    if args.no_report:
+        options["report"] = False
     try:
         costs = run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                          **options)
@@ -66,6 +70,38 @@ def _costs(args: argparse.Namespace) -> int:
     return main_costs([args.path, *(["--json"] if args.json else [])])
 
 
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from otel_train.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"otel-train report: {run_dir} is not a directory (pass a run's status "
+              "directory, e.g. otel-train-runs/<run id>)", file=sys.stderr)
+        return 2
+    try:
+        path = write_report(run_dir, out=args.output)
+    except ImportError as exc:  # plotly is the optional 'report' extra
+        print(f"otel-train report: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from otel_train.chrome_trace import export_chrome_trace
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"otel-train export: {run_dir} is not a directory", file=sys.stderr)
+        return 2
+    print(export_chrome_trace(run_dir, out=args.output))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``otel-train`` console script."""
     from otel_train.demo import add_arguments
@@ -84,6 +120,20 @@ def main(argv: list[str] | None = None) -> int:
                             "latest run there; default: otel-train-runs)")
     costs.add_argument("--json", action="store_true", help="print the JSON instead")
     costs.set_defaults(func=_costs)
+    report = sub.add_parser("report", help="write a run's report: one HTML file that opens "
+                            "offline (needs the 'report' extra: plotly)")
+    report.add_argument("run_dir", help="the run's status directory (otel-train-runs/<run id>)")
+    report.add_argument("-o", "--output", default=None,
+                        help="where to write it (default RUN_DIR/report.html)")
+    report.set_defaults(func=_report)
+    export = sub.add_parser("export", help="convert a run's span files for other tools")
+    export.add_argument("run_dir", help="the run's status directory (otel-train-runs/<run id>)")
+    export.add_argument("--format", required=True, choices=["chrome-trace"],
+                        help="chrome-trace: Trace Event Format JSON for Perfetto and "
+                             "chrome://tracing")
+    export.add_argument("-o", "--output", default=None,
+                        help="where to write it (default RUN_DIR/trace.json)")
+    export.set_defaults(func=_export)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda a: print(__version__) or 0)
     args = ap.parse_args(argv)

@@ -108,7 +108,12 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
     train_loader = itertools.islice(_batches(train_data, block, batch, seed), steps)
 
     options.setdefault("service_name", "otel-train-demo")
+    # The demo writes its report itself, after the run (printing where at start), so that
+    # --quiet gets one too and it never depends on the console.
+    want_report = options.pop("report", True)
+    options["report"] = False
     with otel_train.start_run(**options) as run:
+        _where_files_go(run, want_report)
         for step in run.steps(train_loader, loader="train"):
             x, y = step.batch
             with step.phase("forward"):
@@ -138,7 +143,29 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
                     print(f"[demo] step {step.index}: val loss {val_loss:.3f} "
                           f"(ppl {math.exp(val_loss):.1f}) sample: {sample[:40]!r}")
         costs = run.costs()
+    if want_report:
+        from otel_train.report import write_report_at_shutdown
+        write_report_at_shutdown(run.status_dir, time_limit_seconds=None)
     return costs
+
+
+def _where_files_go(run: Any, want_report: bool) -> None:
+    """Where everything goes: the run's banner when the console is off (--quiet), and the
+    report's line; on stderr, like the banner."""
+    import sys
+
+    from otel_train.report import shutdown_banner_line
+
+    lines = []
+    if not run.options.console:
+        lines += [f"otel-train: run {run.run_id} rank {run.rank}/{run.world_size}",
+                  f"  spans   -> {run.export_plan.describe()}",
+                  f"  metrics -> {run.prometheus_url + '/metrics' if run.prometheus_url else 'off'}",
+                  f"  costs   -> {run.status_dir}/"]
+    if want_report:
+        lines.append(shutdown_banner_line(run.status_dir).replace("at shutdown", "at the end"))
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -150,6 +177,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prometheus-port", default=None,
                     help="metrics port: a number, 0 for a free port, 'none' for off "
                          "(default: OTEL_TRAIN_PROMETHEUS_PORT or 9464 + local rank)")
-    ap.add_argument("--status-dir", default=None, help="where spans.jsonl and "
-                    "monitoring_costs.json go (default otel-train-runs/<run id>)")
-    ap.add_argument("--quiet", action="store_true", help="no console timing report")
+    ap.add_argument("--status-dir", default=None, help="where the span files, "
+                    "monitoring_costs.json and report.html go (default otel-train-runs/<run id>)")
+    ap.add_argument("--quiet", action="store_true", help="no console timing report (the "
+                    "banner and where the files went still print)")
+    ap.add_argument("--no-report", action="store_true",
+                    help="do not write the HTML report (RUN_DIR/report.html) at the end")

@@ -16,8 +16,9 @@ is back. No span is sent twice: a request that timed out after it was sent is co
 dropped (and un-counted should its answer still come). ``benchmarks/bench_collector_down.py
 --flapping`` measures it against a collector down 3 s / up 3 s for a minute.
 
-``JsonLinesSpanExporter`` is the embedded default: one JSON object per span per line in a
-local file, so a first run needs no collector.
+``JsonLinesSpanExporter`` writes one JSON object per span per line (the SDK's ``to_json``
+shape). The embedded default is ``otlp_json_file.OtlpJsonFileSpanExporter`` (the
+OpenTelemetry file format), so a first run needs no collector.
 """
 
 from __future__ import annotations

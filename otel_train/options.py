@@ -62,6 +62,14 @@ class RunOptions:
     otlp_endpoint: str | None = None
     otlp_protocol: str | None = None
     spans_path: str | None = None
+    # The local span file (OTLP JSON lines): rotation size, total cap (None: no cap), and
+    # compression (gzip by default: ~190 bytes per step instead of ~3.6 KB, measured).
+    spans_file_max_bytes: int = 256 * 1024 * 1024
+    spans_total_max_bytes: int | None = None
+    spans_compression: str = "gzip"
+    # The HTML report written at shutdown (report.html in the status dir); None: on when
+    # the console is on.
+    report: bool | None = None
     recent_window_steps: int = 100
     # A step is slow when its training time (monitoring excluded) is over factor x the
     # rolling median of its loader's training times (and far outside their spread).
@@ -157,6 +165,18 @@ class RunOptions:
         for name in ("console", "enabled"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "must be True or False")
+        if self.report is not None and not isinstance(self.report, bool):
+            self._fail("report", "must be True, False or None (None: on with the console)")
+        if self.spans_compression not in ("none", "gzip"):
+            self._fail("spans_compression", "must be 'none' or 'gzip'")
+        v = self.spans_file_max_bytes
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            self._fail("spans_file_max_bytes", "must be an integer >= 1")
+        v = self.spans_total_max_bytes
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                              or v < self.spans_file_max_bytes):
+            self._fail("spans_total_max_bytes", "must be None (no cap) or an integer >= "
+                       f"spans_file_max_bytes ({self.spans_file_max_bytes})")
         for name in ("log_every", "recent_window_steps", "max_queued_steps", "max_queued_spans",
                      "export_batch_size"):
             v = getattr(self, name)
@@ -218,6 +238,14 @@ def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
             if low in _FALSE:
                 return False
             raise ValueError("expected true/false")
+        if kind == "optional_bool":
+            if low in ("", "auto", "default"):
+                return None
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected true/false/auto")
         if kind == "optional_float":
             return None if low in _NONE else float(raw)
         if kind == "optional_int":
@@ -275,6 +303,10 @@ _ENV_KINDS = {
     "local_rank": "optional_int",
     "status_dir": "optional_str",
     "spans_path": "optional_str",
+    "spans_file_max_bytes": "int",
+    "spans_total_max_bytes": "optional_int",
+    "spans_compression": "choice",
+    "report": "optional_bool",
     "exporter": "choice",
     "otlp_endpoint": "optional_str",
     "otlp_protocol": "choice",

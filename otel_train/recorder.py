@@ -626,7 +626,8 @@ def _outside(name: str) -> RuntimeError:
 def _ended(step: Step, name: str) -> RuntimeError:
     return RuntimeError(
         f"phase {name!r} opened on step {step.index}, which has already ended; "
-        "open phases inside the step's loop body")
+        "open phases inside the step's loop body, and time work after the loop (a final "
+        f"eval) with run.monitor({name!r}) instead")
 
 
 def _detach(value: Any) -> Any:

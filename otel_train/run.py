@@ -235,6 +235,10 @@ class Run:
         if dropped:
             _log.warning("otel-train: %d span(s) were dropped during this run: %s",
                          dropped, self.drops.counts())
+        if self._writes_report():
+            # After everything is exported: the report reads the files it just flushed.
+            from otel_train.report import write_report_at_shutdown
+            write_report_at_shutdown(self.status_dir, announce=self.options.console)
 
     def __enter__(self) -> Run:
         return self
@@ -289,6 +293,13 @@ class Run:
             pass
         self._telemetry.after_fork_in_child()
 
+    def _writes_report(self) -> bool:
+        """report.html at shutdown: option ``report`` (default: with the console), rank 0,
+        when spans go to the run directory's files."""
+        from otel_train.report import report_enabled
+        return (self.disabled_by is None and self.identity.rank == 0
+                and self.export_plan.kind == "jsonl" and report_enabled(self.options))
+
     def _banner(self) -> None:
         ident = self.identity
         if self.disabled_by is not None:
@@ -305,6 +316,9 @@ class Run:
             f"  metrics -> {self.prometheus_url + '/metrics' if self.prometheus_url else 'off'}",
             f"  timing  -> {self.device.describe()}",
         ]
+        if self._writes_report():
+            from otel_train.report import shutdown_banner_line
+            lines.append(shutdown_banner_line(self.status_dir))
         text = "\n".join(lines)
         if self.options.console:
             print(text, file=sys.stderr, flush=True)

@@ -55,6 +55,10 @@ class ExportPlan:
     # OTLP/HTTP: a generic endpoint (option or OTEL_EXPORTER_OTLP_ENDPOINT) gets /v1/traces
     # appended; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used exactly as given (the spec).
     endpoint_is_signal_specific: bool = False
+    # The local span file (kind 'jsonl'): OTLP JSON lines, rotated and capped.
+    max_file_bytes: int = 256 * 1024 * 1024
+    max_total_bytes: int | None = None
+    compression: str = "none"
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     # Names (never values) of the OTLP headers configured through the environment.
@@ -69,7 +73,7 @@ class ExportPlan:
                 text += f" (headers: {', '.join(f'{n}=***' for n in self.header_names)})"
             return text
         if self.kind == "jsonl":
-            return f"span file {self.path}"
+            return f"span file {self.path} (OTLP JSON lines)"
         return self.kind
 
 
@@ -158,7 +162,15 @@ def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: in
         else:
             name = "spans.jsonl" if world_size == 1 else f"spans-rank{rank}.jsonl"
             path = status_dir / name
-        return ExportPlan("jsonl", path=path)
+        compression = options.spans_compression
+        if options.spans_path and "spans_compression" not in options.sources:
+            # A path the user named is used as named: its suffix says whether it is gzip.
+            compression = "gzip" if path.name.endswith(".gz") else "none"
+        if compression == "gzip" and not path.name.endswith(".gz"):
+            path = path.with_name(path.name + ".gz")
+        return ExportPlan("jsonl", path=path, max_file_bytes=options.spans_file_max_bytes,
+                          max_total_bytes=options.spans_total_max_bytes,
+                          compression=compression)
     return ExportPlan(kind)
 
 
@@ -227,9 +239,11 @@ def create_exporter(plan: ExportPlan, env: Mapping[str, str] | None = None) -> S
             kwargs["endpoint"] = endpoint  # userinfo here is sent as HTTP basic auth
         return SingleAttemptHttpSpanExporter(**kwargs)
     if plan.kind == "jsonl":
-        from otel_train.export import JsonLinesSpanExporter
+        # The OpenTelemetry file format (OTLP JSON lines), as the spec's file exporter.
+        from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
         assert plan.path is not None
-        return JsonLinesSpanExporter(plan.path)
+        return OtlpJsonFileSpanExporter(plan.path, plan.max_file_bytes, plan.max_total_bytes,
+                                        plan.compression)
     if plan.kind == "console":
         return ConsoleSpanExporter()
     return None

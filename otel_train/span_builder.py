@@ -106,7 +106,9 @@ class StepSpanBuilder:
             attrs = dict(base)
             attrs[_PHASE] = phase.name
             attrs[_PHASE_KIND] = kinds[ordinal]
-            loader = phase.loader or step_loader
+            # Only data spans carry a loader: a monitoring or compute phase reads none itself
+            # (validation data inside val_loss is its own data span, with its own loader).
+            loader = phase.loader or (step_loader if phase.name == A.PHASE_DATA else None)
             if loader is not None:
                 attrs[_DATALOADER] = loader
             if device_seconds:

@@ -88,7 +88,10 @@ def test_prometheus_sees_a_10_percent_overhead_a_slow_step_and_a_stuck_step(
             assert op == pytest.approx(ratio, abs=1e-9)
             assert value(prom.query("otel_train_slow_steps_total")) == 1
             assert value(prom.query("otel_train_monitoring_budget_ratio")) == 0.05
+            # Only data phases carry a loader (issue 11): forward has none, data has its own.
             loaders = prom.query('otel_train_phase_duration_seconds_count{phase="forward"}')
+            assert [r["metric"].get("loader") for r in loaders] == [None]
+            loaders = prom.query('otel_train_phase_duration_seconds_count{phase="data"}')
             assert [r["metric"]["loader"] for r in loaders] == ["train"]
             # the stuck step: visible while its span has not ended
             stuck = prom.wait_for("otel_train_step_in_progress_seconds > 1.5", timeout=30)

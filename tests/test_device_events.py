@@ -7,10 +7,10 @@ import time
 
 import pytest
 from fake_accelerator import FakeAccelerator
+from train_helpers import FileSpan, read_file_spans
 
 import otel_train
 from otel_train import device as device_mod
-from otel_train.export import read_spans_jsonl
 
 
 def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str):
@@ -25,18 +25,14 @@ def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str):
 
 
 def _spans_by_name(run):
-    out: dict[str, list[dict]] = {}
-    for s in read_spans_jsonl(run.spans_path):
-        out.setdefault(s["name"], []).append(s)
+    out: dict[str, list[FileSpan]] = {}
+    for s in read_file_spans(run.spans_path):
+        out.setdefault(s.name, []).append(s)
     return out
 
 
-def _seconds(span: dict) -> float:
-    from datetime import datetime
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
-    start = datetime.strptime(span["start_time"], fmt)
-    end = datetime.strptime(span["end_time"], fmt)
-    return (end - start).total_seconds()
+def _seconds(span: FileSpan) -> float:
+    return span.duration_seconds
 
 
 def test_sync_mode_charges_async_device_work_to_the_phase_that_launched_it(monkeypatch,
@@ -51,8 +47,8 @@ def test_sync_mode_charges_async_device_work_to_the_phase_that_launched_it(monke
     spans = _spans_by_name(run)
     assert all(_seconds(s) >= 0.15 for s in spans["forward"])
     assert all(_seconds(s) < 0.1 for s in spans["optimizer"])
-    assert all(s["attributes"]["train.device.synced"] is True for s in spans["forward"])
-    assert all(s["attributes"]["train.device.type"] == "cuda" for s in spans["train.step"])
+    assert all(s.attributes["train.device.synced"] is True for s in spans["forward"])
+    assert all(s.attributes["train.device.type"] == "cuda" for s in spans["train.step"])
     assert dev.synchronize_calls >= 2 * 2 * 2  # every boundary of every phase, explicitly
 
 
@@ -68,7 +64,7 @@ def test_off_mode_lets_async_work_land_in_whichever_phase_waits_for_the_device(m
     spans = _spans_by_name(run)
     assert _seconds(spans["forward"][0]) < 0.1
     assert _seconds(spans["optimizer"][0]) >= 0.13
-    assert spans["forward"][0]["attributes"]["train.device.synced"] is False
+    assert spans["forward"][0].attributes["train.device.synced"] is False
     assert dev.synchronize_calls == 1  # only the user's own
 
 
@@ -87,14 +83,14 @@ def test_events_mode_measures_device_time_per_phase_without_stalling_training(mo
     assert host_seconds < 0.3  # the host never waited for 0.6 s of device work
     assert dev.synchronize_calls == 0
     spans = _spans_by_name(run)
-    fwd = [s["attributes"]["train.device.duration_seconds"] for s in spans["forward"]]
-    bwd = [s["attributes"]["train.device.duration_seconds"] for s in spans["backward"]]
+    fwd = [s.attributes["train.device.duration_seconds"] for s in spans["forward"]]
+    bwd = [s.attributes["train.device.duration_seconds"] for s in spans["backward"]]
     assert fwd[0] == pytest.approx(0.2, abs=0.03)
     assert bwd[0] == pytest.approx(0.1, abs=0.03)
-    roots = [s["attributes"]["train.device.duration_seconds"] for s in spans["train.step"]]
+    roots = [s.attributes["train.device.duration_seconds"] for s in spans["train.step"]]
     assert all(r >= 0.29 for r in roots)
     assert all(_seconds(s) < 0.1 for s in spans["forward"])  # host time stays host time
-    assert spans["forward"][0]["attributes"]["train.device.synced"] is False
+    assert spans["forward"][0].attributes["train.device.synced"] is False
 
 
 def test_device_modes_fall_back_to_the_host_clock_on_a_cpu_only_machine():

@@ -410,7 +410,7 @@ def test_without_endpoint_or_exporter_spans_go_to_the_status_dir_file(tmp_path, 
     with otel_train.start_run(prometheus_port=None, console=True, status_dir=str(tmp_path),
                               run_id="file-run") as run:
         _one_step(run)
-    path = tmp_path / "spans.jsonl"
+    path = tmp_path / "spans.jsonl.gz"  # OTLP JSON lines, gzip by default
     assert run.spans_path == path
     spans = read_file_spans(path)
     assert sorted(s.name for s in spans) == ["data", "forward", "train.step"]
@@ -423,7 +423,7 @@ def test_the_default_status_dir_is_per_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with otel_train.start_run(prometheus_port=None, console=False, run_id="cwd-run") as run:
         _one_step(run)
-    expected = tmp_path / "otel-train-runs" / "cwd-run" / "spans.jsonl"
+    expected = tmp_path / "otel-train-runs" / "cwd-run" / "spans.jsonl.gz"
     assert run.spans_path.resolve() == expected
     assert len(read_file_spans(expected)) == 3
 
@@ -435,7 +435,7 @@ def test_otel_traces_exporter_none_writes_no_file(tmp_path, monkeypatch):
         _one_step(run)
     assert run.export_plan.kind == "none"
     assert run.spans_path is None
-    assert not list(tmp_path.glob("*.jsonl"))
+    assert not list(tmp_path.glob("*.jsonl*"))
 
 
 def test_otel_sdk_disabled_exports_nothing_but_training_works(tmp_path, monkeypatch):
@@ -453,7 +453,7 @@ def test_otel_sdk_disabled_exports_nothing_but_training_works(tmp_path, monkeypa
             pass
     assert seen == [1, 2, 3]
     assert run.export_plan.kind == "none"
-    assert not list(tmp_path.glob("*.jsonl"))
+    assert not list(tmp_path.glob("*.jsonl*"))
     assert run.dropped_spans() == {}
 
 

@@ -249,8 +249,12 @@ def test_a_phase_on_an_ended_step_raises(tmp_path):
             pass
         with pytest.raises(RuntimeError, match="already ended"):
             step.phase("forward")
-        with pytest.raises(RuntimeError, match="already ended"):
+        # A final eval written like the quick start's: the error names the way to do it.
+        with pytest.raises(RuntimeError, match=r"already ended.*run\.monitor\('inference'\)"):
             step.monitor("inference")
+        with run.monitor("inference"):
+            pass
+    assert one(run_spans(run), "inference").attributes["train.phase.kind"] == "monitor"
 
 
 def test_a_kept_step_cannot_open_phases_in_the_step_that_follows_it(tmp_path):

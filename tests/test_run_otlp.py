@@ -178,7 +178,7 @@ def test_the_endpoint_can_come_from_the_otel_env(tmp_path, monkeypatch):
                 pass
         assert run.export_plan.kind == "otlp"
         assert len(receiver.wait_for_spans(2, 10)) == 2
-    assert not list(tmp_path.glob("*.jsonl"))
+    assert not list(tmp_path.glob("*.jsonl*"))
 
 
 # -- a sick collector -------------------------------------------------------------------------

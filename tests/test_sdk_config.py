@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
-from otel_train.export import JsonLinesSpanExporter
+from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
 from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.options import RunOptions
 from otel_train.otlp_transport import (
@@ -54,12 +54,16 @@ def _warnings(caplog, text: str) -> list[logging.LogRecord]:
 
 def test_no_endpoint_and_no_exporter_means_a_span_file_in_the_status_dir():
     plan = _plan({})
-    assert (plan.kind, plan.path) == ("jsonl", Path("/status/spans.jsonl"))
+    # gzip by default (the OTLP JSON lines compress ~19x: a few hundred bytes per step).
+    assert (plan.kind, plan.path) == ("jsonl", Path("/status/spans.jsonl.gz"))
+    assert plan.compression == "gzip"
+    plain = _plan({}, spans_compression="none")
+    assert (plain.path, plain.compression) == (Path("/status/spans.jsonl"), "none")
     assert str(plan.path) in plan.describe()
 
 
 def test_each_rank_gets_its_own_span_file():
-    assert _plan({}, rank=3, world_size=4).path == Path("/status/spans-rank3.jsonl")
+    assert _plan({}, rank=3, world_size=4).path == Path("/status/spans-rank3.jsonl.gz")
 
 
 def test_spans_path_option_wins_for_the_file():
@@ -155,7 +159,7 @@ def test_create_exporter_builds_the_planned_exporter(tmp_path):
         assert isinstance(http, SingleAttemptHttpSpanExporter)
         assert isinstance(http.sdk_exporter, HttpExporter)
         assert http.sdk_exporter._endpoint == "http://h:4318/v1/traces"
-        assert isinstance(jsonl, JsonLinesSpanExporter)
+        assert isinstance(jsonl, OtlpJsonFileSpanExporter)  # the OpenTelemetry file format
         assert create_exporter(ExportPlan("none")) is None
     finally:
         for exporter in (grpc, http, jsonl):

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from fake_accelerator import FakeAccelerator  # noqa: F401  (re-exported for the
 
 import otel_train
 from otel_train import rate_limited_log
-from otel_train.export import read_spans_jsonl
+from otel_train.otlp_json_file import attributes_dict, read_span_dicts
 
 # Environment variables that change what a run does; tests start without any of them.
 _IDENTITY_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -55,15 +54,9 @@ def start_test_run(tmp_path: Path, **options: Any) -> otel_train.Run:
     return otel_train.start_run(**opts)
 
 
-def _iso_to_ns(text: str) -> int:
-    # ReadableSpan.to_json writes microsecond ISO-8601 in UTC ("...Z").
-    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return int(round(dt.timestamp() * 1e6)) * 1000
-
-
 @dataclass(frozen=True)
 class FileSpan:
-    """One span read back from a JSON-lines span file."""
+    """One span read back from a span file (OTLP JSON lines)."""
 
     name: str
     trace_id: int
@@ -86,25 +79,27 @@ class FileSpan:
         return self.parent_id is None
 
 
+_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+
 def read_file_spans(path: str | Path) -> list[FileSpan]:
-    """Every span in a span file, decoded."""
+    """Every span in a span file (or a run directory's span files), decoded."""
     out = []
-    for d in read_spans_jsonl(path):
-        ctx: dict[str, Any] = d["context"]  # type: ignore[assignment]
-        status: dict[str, Any] = d["status"]  # type: ignore[assignment]
-        parent = d.get("parent_id")
+    for d in read_span_dicts(path):
+        status: dict[str, Any] = d.get("status", {})
+        parent = d.get("parentSpanId")
         out.append(FileSpan(
             name=str(d["name"]),
-            trace_id=int(ctx["trace_id"], 16),
-            span_id=int(ctx["span_id"], 16),
-            parent_id=int(parent, 16) if parent else None,  # type: ignore[arg-type]
-            start_ns=_iso_to_ns(str(d["start_time"])),
-            end_ns=_iso_to_ns(str(d["end_time"])),
-            attributes=dict(d["attributes"]),  # type: ignore[arg-type]
-            events=[(e["name"], dict(e["attributes"])) for e in d["events"]],  # type: ignore
-            status_code=status["status_code"],
-            status_message=status.get("description"),
-            resource=dict(d["resource"]["attributes"]),  # type: ignore[index]
+            trace_id=int(d["traceId"], 16),
+            span_id=int(d["spanId"], 16),
+            parent_id=int(parent, 16) if parent else None,
+            start_ns=int(d["startTimeUnixNano"]),
+            end_ns=int(d["endTimeUnixNano"]),
+            attributes=attributes_dict(d.get("attributes")),
+            events=[(e["name"], attributes_dict(e.get("attributes"))) for e in d.get("events", ())],
+            status_code=_STATUS[int(status.get("code", 0))],
+            status_message=status.get("message"),
+            resource=dict(d["resource"]),
         ))
     return out
 

@@ -1,0 +1,79 @@
+"""``otel-train export --format chrome-trace``: valid Trace Event Format, one track per rank,
+steps with their phases nested inside by time, monitoring marked as such."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from train_helpers import clean_env, start_test_run  # noqa: F401
+
+from otel_train.cli import main
+
+
+def _two_rank_run(tmp_path) -> None:
+    """Two ranks of one run writing their per-rank span files into one directory."""
+    for rank in (0, 1):
+        with start_test_run(tmp_path, spans_path=None, rank=rank, world_size=2,
+                            run_id="two-ranks") as run:
+            for step in run.steps(range(4), loader="train"):
+                with step.phase("forward"):
+                    pass
+                if step.index == 2:
+                    with step.monitor("val_loss"):
+                        for _ in step.iter_data([1, 2], loader="val"):
+                            pass
+            with run.monitor("checkpoint"):
+                pass
+
+
+def _check_trace_event_format(doc: dict) -> list[dict]:
+    """The Trace Event Format rules Perfetto and chrome://tracing rely on."""
+    assert isinstance(doc["traceEvents"], list)
+    events = doc["traceEvents"]
+    for e in events:
+        assert e["ph"] in ("X", "M"), e
+        assert isinstance(e["pid"], int) and isinstance(e["name"], str)
+        if e["ph"] == "X":
+            assert isinstance(e["tid"], int)
+            assert isinstance(e["ts"], (int, float)) and e["ts"] > 1.6e15  # epoch µs
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+    return [e for e in events if e["ph"] == "X"]
+
+
+def test_the_export_is_trace_event_format_with_one_track_per_rank(tmp_path, capsys):
+    _two_rank_run(tmp_path)
+    assert main(["export", str(tmp_path), "--format", "chrome-trace"]) == 0
+    path = tmp_path / "trace.json"
+    assert capsys.readouterr().out.strip() == str(path)
+    doc = json.loads(path.read_text())
+    events = _check_trace_event_format(doc)
+    tracks = {(e["pid"], e["tid"]) for e in events}
+    assert tracks == {(0, 1), (1, 1)}  # one track per rank
+    names = {e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    for rank in (0, 1):
+        mine = [e for e in events if e["pid"] == rank]
+        steps = [e for e in mine if e["cat"] == "step"]
+        assert sorted(e["args"]["step"] for e in steps) == [0, 1, 2, 3]
+        # Every phase lies inside its step on the same track (how the viewers nest them).
+        by_step = {e["args"]["step"]: e for e in steps}
+        for e in mine:
+            if e["cat"] == "phase" or (e["cat"] == "monitoring" and e["name"] != "checkpoint"):
+                s = by_step[e["args"]["step"]]
+                assert s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 0.002
+        monitoring = {e["name"] for e in mine if e["cat"] == "monitoring"}
+        # Validation data read inside val_loss is monitoring work too.
+        assert monitoring == {"val_loss", "data[val]", "checkpoint"}
+        assert {e["name"] for e in mine if e["cat"] == "phase"} == {"data[train]", "forward"}
+
+
+def test_export_of_a_missing_directory_says_so(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), "--format", "chrome-trace"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_an_unknown_export_format_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["export", str(tmp_path), "--format", "svg"])
