@@ -13,7 +13,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -52,22 +51,16 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad option or a taken port: say it plainly
         print(f"otel-train demo: {exc}", file=sys.stderr)
         return 2
-    print(_costs_text(costs))
+    print(costs)  # the costs report prints as its table
     return 0
 
 
-def _costs_text(data: dict[str, Any]) -> str:
-    try:
-        from otel_train.costs import format_costs_table
-    except ImportError:  # pragma: no cover - the costs module ships with the package
-        return json.dumps(data, indent=2)
-    return format_costs_table(data)
-
-
 def _costs(args: argparse.Namespace) -> int:
-    from otel_train.costs import main_costs
+    from pathlib import Path
 
-    return main_costs([args.path, *(["--json"] if args.json else [])])
+    from otel_train.costs import print_costs
+
+    return print_costs(Path(args.path), as_json=args.json)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ table ``otel-train costs`` prints, so ``print(run.costs())`` reads like the comm
 
 The file is written atomically (a temporary file, then ``os.replace``) from a background
 thread every ``interval_seconds`` and at shutdown, never on the training thread.
-``otel-train costs PATH`` prints it as a table (``main_costs``), replacing the jq commands;
+``otel-train costs PATH`` prints it as a table (``print_costs``), replacing the jq commands;
 PATH may be the file, a run directory, or the runs root (the latest run is picked and named).
 
 Usage::
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -233,16 +233,8 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def main_costs(argv: Sequence[str] | None = None) -> int:
+def print_costs(path: Path, as_json: bool = False) -> int:
     """``otel-train costs PATH``: print a costs file (or a run's, or the latest run's)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
-    paths = [a for a in args if a != "--json"]
-    if len(paths) != 1:
-        print("usage: otel-train costs [--json] PATH  (monitoring_costs.json, its run "
-              "directory, or the runs root: the latest run)", file=sys.stderr)
-        return 2
-    path = Path(paths[0])
     found, picked = find_costs_files(path)
     if not found:
         print(f"otel-train costs: no monitoring_costs*.json in {path} nor in a run directory "

@@ -16,7 +16,7 @@ from otel_train.costs import (
     CostsReport,
     build_costs,
     format_costs_table,
-    main_costs,
+    print_costs,
     write_json_atomic,
 )
 from otel_train.overhead import OverheadSpanProcessor
@@ -100,15 +100,14 @@ def test_the_table_lists_operations_total_budget_and_advice() -> None:
     assert "calls over slow_operation_seconds: inference x1" in text
 
 
-def test_main_costs_prints_a_file_or_a_directory(tmp_path: Path,
+def test_print_costs_prints_a_file_or_a_directory(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     write_json_atomic(tmp_path / "monitoring_costs.json", report())
-    assert main_costs([str(tmp_path)]) == 0
+    assert print_costs(tmp_path) == 0
     assert "inference" in capsys.readouterr().out
-    assert main_costs([str(tmp_path / "monitoring_costs.json"), "--json"]) == 0
+    assert print_costs(tmp_path / "monitoring_costs.json", as_json=True) == 0
     assert json.loads(capsys.readouterr().out)["run_id"] == "r1"
-    assert main_costs([str(tmp_path / "missing.json")]) == 1
-    assert main_costs([]) == 2
+    assert print_costs(tmp_path / "missing.json") == 1
 
 
 def test_the_report_prints_as_the_table_and_is_still_a_mapping() -> None:
@@ -126,14 +125,14 @@ def test_the_runs_root_picks_the_latest_run_and_says_which(
     write_json_atomic(new / "monitoring_costs.json", {**report(), "run_id": "new"})
     os.utime(old / "monitoring_costs.json", (1_700_000_000, 1_700_000_000))  # written earlier
     (tmp_path / "no-costs-here").mkdir()
-    assert main_costs([str(tmp_path)]) == 0
+    assert print_costs(tmp_path) == 0
     out, err = capsys.readouterr()
     assert out.startswith("run new rank")
     assert f"latest run under {tmp_path}: {new}" in err
-    assert main_costs([str(tmp_path), "--json"]) == 0
+    assert print_costs(tmp_path, as_json=True) == 0
     assert json.loads(capsys.readouterr().out)["run_id"] == "new"  # stdout stays JSON
     empty = tmp_path / "no-costs-here"
-    assert main_costs([str(empty)]) == 1
+    assert print_costs(empty) == 1
     assert "no monitoring_costs*.json" in capsys.readouterr().err
 
 

@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
-from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
 from otel_train.global_provider import RunScopedTracerProvider
 from otel_train.options import RunOptions
+from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
 from otel_train.otlp_transport import (
     SingleAttemptGrpcSpanExporter,
     SingleAttemptHttpSpanExporter,
