@@ -1,0 +1,698 @@
+"""What otel-train costs a real training loop, to 1%, beside the other ways to trace it.
+
+Workloads (CPU): ``gpt``, the demo's tiny GPT (``otel_train.demo.build_model``; ~10 ms per
+step), and ``mlp``, a small MLP (~1 ms per step). Each step takes a batch from a
+``DataLoader``, runs forward, backward and the optimizer; every 50 steps an eval (validation
+loss over a few batches) runs as monitoring. Both with ``torch.set_num_threads(1)`` and with
+torch's default thread count.
+
+Variants, each compared with the bare loop:
+
+- ``otel-otlp``: otel-train exporting OTLP/HTTP to a real local receiver (the receivers of
+  ``tests/otlp_receivers.py``, in their own process as a collector would be), Prometheus
+  metrics served and the console report on (it goes to stderr, sent to /dev/null);
+- ``otel-none``: otel-train with ``exporter="none"`` (spans built, metrics derived, no export);
+- ``instrument``: ``otel_train.instrument(model, opt, dataloader)`` (zero-code hooks) on the
+  same OTLP run;
+- ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
+  ``BatchSpanProcessor``, the SDK's OTLP/HTTP exporter, same receiver;
+- ``record-function``: ``torch.profiler.record_function`` per step and phase (no profiler
+  active: the annotations a codebase leaves in);
+- peers (the ``bench`` extra): ``torchtel`` (its ``setup_opentelemetry`` + ``PyTorchInstrumentor``,
+  OTLP/HTTP to the receiver) and ``traceml-ai`` (``traceml run`` + ``trace_step``, its default
+  summary mode). Skipped with a line saying so when not installed.
+
+Method. This machine's speed drifts by ~10% over seconds, so whole-run comparisons cannot
+resolve 1%. Instead each comparison is a series of short blocks (50 GPT steps, 100 MLP
+steps), bare and variant alternating (ABBA order), many times, and every figure is a paired
+ratio of neighbouring blocks: drift hits both blocks of a pair alike. We print the median
+of the paired ratios with a bootstrap 95% interval (2000 resamples of the pairs).
+
+- Where a variant can be switched on and off, it is, in one process: the otel-train run,
+  the SDK provider and the receiver stay up for the whole series; a bare block runs the bare
+  loop while they idle, a variant block runs the instrumented loop. (``instrument`` hooks are
+  installed before and removed after each of its blocks, outside the clock.)
+- Work a block caused but has not finished when its last step ends (spans still queued for
+  building or export) would spill into the next, bare, block. So after each variant block
+  the pipeline is flushed and timed as the block's ``drain``: ``ratio+drain`` charges it
+  (every span of the block built and delivered before the clock stops; conservative, since
+  the drain serializes work that would partly overlap training), ``ratio`` does not.
+- Peers patch torch globally and set global providers: they run in alternating short
+  subprocesses (bare, peer, peer, bare, ...), each a warm-up block then one timed block.
+
+Per block we also read, for the training thread: its CPU (``time.thread_time_ns``) and its
+``/proc/self/task/<tid>/schedstat`` (tid from ``threading.get_native_id()``): field 1 is time
+on a CPU, field 2 time runnable but waiting for one (run-queue wait). The rest of the wall
+time the thread was blocked: on CPython, mostly waiting for the GIL that otel-train's
+background threads hold. ``stall`` = run-queue wait + blocked, per step; the headline is the
+variant's stall minus bare's (paired), i.e. what the variant's other threads (and the drain)
+take from training. Process CPU per step (all threads) minus bare's is the variant's total
+CPU per step. Spans delivered are counted at the receiver. For otel-otlp (and the SDK), gc
+collections per 1000 steps (all generations, all threads) are counted through
+``gc.callbacks`` in the timed blocks, and a separate block under ``tracemalloc`` gives the
+Python memory blocks allocated at peak and kept after the block (per step), bare beside it.
+
+The machine is shared: absolute figures are noisy; read the paired ratios.
+
+Usage::
+
+    python benchmarks/bench_training_loop.py                 # full (~10-15 min)
+    python benchmarks/bench_training_loop.py --smoke         # seconds; the test runs it
+    python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --pairs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_PROCESS = ("otel-otlp", "otel-none", "instrument", "otel-sdk", "record-function")
+PEERS = ("torchtel", "traceml")
+PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
+BLOCK_STEPS = {"gpt": 50, "mlp": 100}
+SMOKE_BLOCK_STEPS = {"gpt": 5, "mlp": 10}
+EVAL_EVERY = 50
+
+
+# -- measurement --------------------------------------------------------------------------
+
+class ThreadClock:
+    """Wall, thread CPU, process CPU and schedstat of the calling (training) thread."""
+
+    def __init__(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._ok = os.path.exists(self._path)
+
+    def read(self) -> tuple[int, int, int, int, int]:
+        """(wall, thread cpu, process cpu, on-cpu, run-queue wait) in ns."""
+        on = wait = 0
+        if self._ok:
+            with open(self._path) as f:
+                fields = f.read().split()
+            on, wait = int(fields[0]), int(fields[1])
+        return (time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns(), on, wait)
+
+
+class GcCounter:
+    """Counts gc collections by generation while ``active``."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.counts = [0, 0, 0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if self.active and phase == "start":
+            self.counts[info["generation"]] += 1
+
+
+def timed_block(clock: ThreadClock, body: Any, drain: Any = None) -> dict[str, int]:
+    """Run ``body()`` (and ``drain()`` after it, timed apart); the block's figures."""
+    a = clock.read()
+    body()
+    b = clock.read()
+    out = {"wall": b[0] - a[0], "thread_cpu": b[1] - a[1], "proc_cpu": b[2] - a[2],
+           "runq": b[4] - a[4], "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4])),
+           "drain_wall": 0, "drain_proc_cpu": 0, "drain_thread_cpu": 0}
+    if drain is not None:
+        drain()
+        c = clock.read()
+        out.update(drain_wall=c[0] - b[0], drain_proc_cpu=c[2] - b[2], drain_thread_cpu=c[1] - b[1])
+    return out
+
+
+# -- workloads ----------------------------------------------------------------------------
+
+class Workload:
+    """Model, optimizer, DataLoader, validation batches and one global step counter."""
+
+    def __init__(self, name: str, eval_every: int) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(0)
+        self.name = name
+        self.eval_every = eval_every
+        self.k = 0
+        if name == "gpt":
+            from otel_train.demo import _corpus, build_model
+
+            text = _corpus()
+            chars = sorted(set(text))
+            data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+            block = 32
+            starts = torch.arange(0, len(data) - block - 1, 3)
+            xs = torch.stack([data[i:i + block] for i in starts])
+            ys = torch.stack([data[i + 1:i + 1 + block] for i in starts])
+            self.model = build_model(len(chars), block_size=block)
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3)
+            batch = 8
+
+            def forward(x: Any, y: Any) -> Any:
+                return self.model(x, y)[1]
+        else:
+            xs = torch.randn(8192, 128)
+            ys = torch.randint(10, (8192,))
+            self.model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256),
+                                       nn.ReLU(), nn.Linear(256, 10))
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+            batch = 32
+            loss_fn = nn.functional.cross_entropy
+
+            def forward(x: Any, y: Any) -> Any:
+                return loss_fn(self.model(x), y)
+        self.forward = forward
+        dataset = torch.utils.data.TensorDataset(xs, ys)
+        self.loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True,
+                                                  drop_last=True)
+        self.val = [(xs[i * batch:(i + 1) * batch], ys[i * batch:(i + 1) * batch])
+                    for i in range(4)]
+
+    def batches(self, n: int) -> Any:
+        """A fresh DataLoader iterator (one per block, in every variant), cycling."""
+        it = iter(self.loader)
+        for _ in range(n):
+            try:
+                yield next(it)
+            except StopIteration:
+                it = iter(self.loader)
+                yield next(it)
+
+    def evaluate(self) -> None:
+        """Validation loss over the held batches (the monitoring work)."""
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            for vx, vy in self.val:
+                self.forward(vx, vy).item()
+        self.model.train()
+
+
+def loop_bare(w: Workload, n: int) -> None:
+    """The user's loop, nothing added."""
+    forward, opt = w.forward, w.opt
+    for x, y in w.batches(n):
+        loss = forward(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        w.k += 1
+        if w.k % w.eval_every == 0:
+            w.evaluate()
+
+
+def loop_otel(w: Workload, n: int, run: Any) -> None:
+    """The README's loop: run.steps (data phase) + forward/backward/optimizer + monitor."""
+    forward, opt = w.forward, w.opt
+    for step in run.steps(w.batches(n), loader="train"):
+        x, y = step.batch
+        with step.phase("forward"):
+            loss = forward(x, y)
+        with step.phase("backward"):
+            loss.backward()
+        with step.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        w.k += 1
+        if w.k % w.eval_every == 0:
+            with step.monitor("val_loss"):
+                w.evaluate()
+
+
+def loop_spans(w: Workload, n: int, span: Any) -> None:
+    """Same loop, ``span(name)`` around the step and each phase (SDK or record_function)."""
+    forward, opt = w.forward, w.opt
+    it = w.batches(n)
+    for _ in range(n):
+        with span("train.step"):
+            with span("data"):
+                x, y = next(it)
+            with span("forward"):
+                loss = forward(x, y)
+            with span("backward"):
+                loss.backward()
+            with span("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            w.k += 1
+            if w.k % w.eval_every == 0:
+                with span("val_loss"):
+                    w.evaluate()
+
+
+def loop_traceml(w: Workload, n: int, traceml: Any) -> None:
+    """traceml's documented plain-PyTorch loop: trace_step around each step."""
+    forward, opt = w.forward, w.opt
+    for x, y in w.batches(n):
+        with traceml.trace_step(w.model):
+            loss = forward(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        w.k += 1
+        if w.k % w.eval_every == 0:
+            w.evaluate()
+
+
+# -- one worker process: a series of paired blocks --------------------------------------
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def worker_in_process(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Each of ``cfg['variants']`` in turn: a series of paired blocks; figures by variant."""
+    _set_threads(cfg["threads"])
+    w = Workload(cfg["workload"], cfg["eval_every"])
+    clock = ThreadClock()
+    gcc = GcCounter()
+    return {v: _series(v, w, clock, gcc, cfg) for v in cfg["variants"]}
+
+
+def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
+            cfg: dict[str, Any]) -> dict[str, Any]:
+    """Bare and ``variant`` blocks alternating (ABBA) in this process."""
+    import torch
+
+    n = cfg["block_steps"]
+    tmp = tempfile.mkdtemp(prefix="bench-loop-")
+    run = provider = None
+    spans_built = 0
+    devnull = open(os.devnull, "w")
+    stderr = sys.stderr
+    import otel_train
+
+    if variant in ("otel-otlp", "instrument"):
+        sys.stderr = devnull  # the console report (stderr) is on: its cost counts, not its text
+        run = otel_train.start_run(
+            exporter="otlp", otlp_endpoint=cfg["endpoint"], otlp_protocol="http/protobuf",
+            prometheus_port=0, console=True, status_dir=tmp, service_name="bench")
+    elif variant == "otel-none":
+        run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                                   status_dir=tmp, service_name="bench")
+    if variant == "otel-sdk":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "bench-sdk"}))
+        provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=cfg["endpoint"] + "/v1/traces")))
+        tracer = provider.get_tracer("bench")
+        body = lambda: loop_spans(w, n, tracer.start_as_current_span)  # noqa: E731
+        drain = lambda: provider.force_flush()  # noqa: E731
+    elif variant == "record-function":
+        body = lambda: loop_spans(w, n, torch.profiler.record_function)  # noqa: E731
+        drain = None
+    elif variant == "instrument":
+        holder: list[Any] = []
+
+        def body() -> None:
+            loop_bare(w, n)
+
+        def drain() -> None:
+            holder.pop().uninstrument()
+            run.flush()
+    else:
+        body = lambda: loop_otel(w, n, run)  # noqa: E731
+        drain = lambda: run.flush()  # noqa: E731
+    bare = lambda: loop_bare(w, n)  # noqa: E731
+
+    def run_variant() -> dict[str, int]:
+        if variant == "instrument":  # hooks go on outside the clock (off in the drain)
+            holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
+        return timed_block(clock, body, drain)
+
+    # Warm-up: caches, allocator, first-use paths of both loops.
+    run_variant(), timed_block(clock, bare)
+    gc.collect()
+    pairs = []
+    gc_bare, gc_var = [0, 0, 0], [0, 0, 0]
+    for i in range(cfg["pairs"]):
+        order = ("bare", "var") if i % 2 == 0 else ("var", "bare")
+        got = {}
+        for which in order:
+            gcc.counts = [0, 0, 0]
+            gcc.active = True
+            got[which] = run_variant() if which == "var" else timed_block(clock, bare)
+            gcc.active = False
+            acc = gc_var if which == "var" else gc_bare
+            for g in range(3):
+                acc[g] += gcc.counts[g]
+        pairs.append(got)
+
+    memory = None
+    if cfg.get("memory") and variant in ("otel-otlp", "otel-sdk"):
+        memory = {"bare": _traced_block(bare, None), "var": _traced_block(body, drain)}
+        memory["steps"] = n
+    if run is not None:
+        run.flush()
+        spans_built = run._telemetry.worker.spans_built
+        run.shutdown()
+    if provider is not None:
+        provider.shutdown()
+    sys.stderr = stderr
+    devnull.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"pairs": pairs, "steps": n, "gc_bare": gc_bare, "gc_var": gc_var,
+            "gc_steps": n * cfg["pairs"], "spans_built": spans_built, "memory": memory}
+
+
+def _traced_block(body: Any, drain: Any) -> dict[str, int]:
+    """Python memory blocks allocated at peak and kept after one block, under tracemalloc."""
+    gc.collect()
+    tracemalloc.start()
+    base_size, _ = tracemalloc.get_traced_memory()
+    body()
+    if drain is not None:
+        drain()
+    gc.collect()
+    snap = tracemalloc.take_snapshot()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    stats = snap.statistics("filename")
+    return {"kept_blocks": sum(s.count for s in stats), "kept_bytes": sum(s.size for s in stats),
+            "peak_bytes": peak - base_size}
+
+
+def worker_subprocess_block(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One warm-up and one timed block of ``cfg['variant']`` (bare or a peer) in this process."""
+    _set_threads(cfg["threads"])
+    variant, n = cfg["variant"], cfg["block_steps"]
+    w = Workload(cfg["workload"], cfg["eval_every"])
+    clock = ThreadClock()
+    drain = None
+    if variant == "bare":
+        body = lambda: loop_bare(w, n)  # noqa: E731
+    elif variant == "torchtel":
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = cfg["endpoint"]  # read at import
+        from opentelemetry import trace
+        from torchtel import PyTorchInstrumentor, setup_opentelemetry
+
+        tracer_provider, _ = setup_opentelemetry(service_name="bench-torchtel")
+        PyTorchInstrumentor().instrument(model=w.model)
+        body = lambda: loop_bare(w, n)  # noqa: E731
+        drain = lambda: trace.get_tracer_provider().force_flush()  # noqa: E731
+    elif variant == "traceml":
+        import traceml_ai as traceml
+
+        traceml.init(mode="auto")
+        body = lambda: loop_traceml(w, n, traceml)  # noqa: E731
+    else:
+        raise ValueError(f"variant must be bare, torchtel or traceml, not {variant!r}")
+    timed_block(clock, body, drain)  # warm-up
+    gc.collect()
+    return {"block": timed_block(clock, body, drain), "steps": n}
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+_RECEIVER_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from otlp_receivers import HttpOtlpReceiver
+with HttpOtlpReceiver() as r:
+    print(r.endpoint, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "count":
+            print(len(r.spans()), flush=True)
+"""
+
+
+class ReceiverProcess:
+    """tests/otlp_receivers.py's real OTLP/HTTP receiver, in its own process."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _RECEIVER_SCRIPT, str(ROOT / "tests")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.endpoint = self._proc.stdout.readline().strip()
+        if not self.endpoint.startswith("http"):
+            raise RuntimeError("the OTLP receiver did not start")
+
+    def count(self) -> int:
+        """Spans received so far."""
+        self._proc.stdin.write("count\n")
+        self._proc.stdin.flush()
+        return int(self._proc.stdout.readline())
+
+    def close(self) -> None:
+        """Stop the receiver (bounded)."""
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+def _spawn(cfg: dict[str, Any], launcher: list[str] | None = None,
+           timeout_seconds: float = 600) -> dict[str, Any]:
+    """Run a worker (this file, ``--worker``) and return its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cfg = dict(cfg, result_path=str(out))
+        args = [str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+        cmd = (launcher + [args[0], "--args", *args[1:]]) if launcher else [sys.executable, *args]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp,
+                              timeout=timeout_seconds)
+        if not out.exists():
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-6:]
+            raise RuntimeError(f"worker {cfg['variant']} failed (rc {proc.returncode}): "
+                               + " | ".join(tail))
+        return json.loads(out.read_text())
+
+
+def _median_ci(values: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Median and its bootstrap 95% interval."""
+    rng = random.Random(seed)
+    med = statistics.median(values)
+    if len(values) < 2:
+        return med, med, med
+    boots = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return med, boots[49], boots[1949]
+
+
+def _fmt_ci(values: list[float]) -> str:
+    m, lo, hi = _median_ci(values)
+    return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
+
+
+def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int,
+         delivered: str) -> str:
+    """One table row from (bare, variant) block pairs."""
+    ratio = [v["wall"] / b["wall"] for b, v in pairs]  # per step: blocks have equal steps
+    ratio_d = [(v["wall"] + v["drain_wall"]) / b["wall"] for b, v in pairs]
+    us = 1000.0 * steps
+
+    def med(f: Any) -> float:
+        return statistics.median(f(b, v) for b, v in pairs) / us
+
+    stall = med(lambda b, v: v["runq"] + v["blocked"])
+    stall_d = med(lambda b, v: (v["runq"] + v["blocked"]) - (b["runq"] + b["blocked"]))
+    runq_d = med(lambda b, v: v["runq"] - b["runq"])
+    gil_d = med(lambda b, v: v["blocked"] - b["blocked"])
+    tcpu_d = med(lambda b, v: v["thread_cpu"] - b["thread_cpu"])
+    pcpu_d = med(lambda b, v: v["proc_cpu"] + v["drain_proc_cpu"] - b["proc_cpu"])
+    return (f"{name:<16}{_fmt_ci(ratio):>24}{_fmt_ci(ratio_d):>24}{stall:9.0f}{stall_d:+8.0f}"
+            f"{runq_d:+8.0f}{gil_d:+8.0f}{tcpu_d:+9.0f}{pcpu_d:+9.0f}  {delivered}")
+
+
+HEADER = (f"{'variant':<16}{'ratio [95% CI]':>24}{'ratio+drain [95% CI]':>24}"
+          f"{'stall':>9}{'+stall':>8}{'+runq':>8}{'+GIL':>8}{'+thrCPU':>9}{'+procCPU':>9}  spans delivered")
+
+
+def _bare_line(pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int) -> str:
+    us = 1000.0 * steps
+    b = [p[0] for p in pairs]
+
+    def med(key: str) -> float:
+        return statistics.median(x[key] for x in b) / us
+
+    return (f"{'bare':<16}  {med('wall') / 1000:.2f} ms/step; training thread CPU "
+            f"{med('thread_cpu'):.0f} us, process CPU {med('proc_cpu'):.0f} us, "
+            f"stall {med('runq') + med('blocked'):.0f} us (run-queue {med('runq'):.0f}) per step")
+
+
+def _peer_installed(peer: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(PEER_MODULES[peer]) is not None
+
+
+def run_config(workload: str, threads: int, args: argparse.Namespace,
+               receiver: ReceiverProcess) -> None:
+    """All variants for one workload and thread setting; prints a table."""
+    n = args.block_steps or (SMOKE_BLOCK_STEPS if args.smoke else BLOCK_STEPS)[workload]
+    label = "torch default" if threads == 0 else str(threads)
+    print(f"\n== {workload}, threads={label}: {args.pairs} pairs of {n}-step blocks "
+          f"(eval every {args.eval_every}); per-step figures in us, '+' = variant - bare "
+          "(paired median)", flush=True)
+    print(HEADER)
+    base = {"workload": workload, "threads": threads, "block_steps": n,
+            "eval_every": args.eval_every, "endpoint": receiver.endpoint, "pairs": args.pairs}
+    first_bare = True
+    ours = [v for v in args.variants if v not in PEERS]
+    # One process per variant (isolation); --smoke runs them all in one (fewer startups).
+    groups = [ours] if args.smoke else [[v] for v in ours]
+    for group in groups:
+        before = receiver.count()
+        try:
+            results = _spawn(dict(base, variants=group, mode="pairs",
+                                  memory=args.memory))
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"{','.join(group):<16}  failed: {exc}")
+            continue
+        got = receiver.count() - before
+        for variant in group:
+            first_bare = _report_variant(variant, results[variant],
+                                         got if len(group) == 1 else None, n, first_bare)
+        if len(group) > 1:
+            print(f"{'':<16}  spans delivered to the receiver by this process: {got}")
+    for peer in PEERS:
+        if peer not in args.variants or threads not in args.peer_threads:
+            continue
+        if not _peer_installed(peer):
+            print(f"{peer:<16}  skipped: not installed (pip install -e '.[bench]')")
+            continue
+        run_peer(peer, base, args, receiver)
+
+
+def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
+                    first_bare: bool) -> bool:
+    """Print one variant's row (and gc/tracemalloc lines); False once bare was printed."""
+    pairs = [(p["bare"], p["var"]) for p in res["pairs"]]
+    if first_bare:
+        print(_bare_line(pairs, n))
+        first_bare = False
+    if got is None and variant in ("otel-otlp", "instrument", "otel-sdk"):
+        delivered = "(one process for all: total below)"
+    elif variant in ("otel-otlp", "instrument"):
+        delivered = f"{got}/{res['spans_built']} built"
+    elif variant == "otel-none":
+        delivered = f"0 (exporter none; {res['spans_built']} built)"
+    elif variant == "otel-sdk":
+        delivered = f"{got} (SDK BatchSpanProcessor)"
+    else:
+        delivered = "- (no export)"
+    print(_row(variant, pairs, n, delivered), flush=True)
+    gc_steps = res["gc_steps"]
+    if variant in ("otel-otlp", "otel-sdk"):
+        per_k = lambda c: "/".join(f"{1000 * x / gc_steps:.1f}" for x in c)  # noqa: E731
+        print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare {per_k(res['gc_bare'])}"
+              f", {variant} {per_k(res['gc_var'])}")
+    mem = res.get("memory")
+    if mem:
+        s = mem["steps"]
+
+        def per_step(m: dict[str, int]) -> str:
+            return (f"kept {m['kept_blocks'] / s:.1f} blocks ({m['kept_bytes'] / s:.0f} B), "
+                    f"peak {m['peak_bytes'] / s:.0f} B")
+
+        print(f"{'':<16}  tracemalloc per step: bare {per_step(mem['bare'])}; "
+              f"{variant} {per_step(mem['var'])}")
+    return first_bare
+
+
+def run_peer(peer: str, base: dict[str, Any], args: argparse.Namespace,
+             receiver: ReceiverProcess) -> None:
+    """Alternating short subprocesses: bare, peer, peer, bare, ..."""
+    launcher = None
+    if peer == "traceml":
+        exe = shutil.which("traceml") or str(Path(sys.executable).parent / "traceml")
+        launcher = [exe, "run", "--mode", "summary", "--logs-dir",
+                    tempfile.mkdtemp(prefix="bench-traceml-"), "--no-history"]
+    pairs = []
+    before = receiver.count()
+    try:
+        for i in range(args.subprocess_pairs):
+            order = ("bare", peer) if i % 2 == 0 else (peer, "bare")
+            got = {}
+            for v in order:
+                res = _spawn(dict(base, variant=v, mode="block"),
+                             launcher=launcher if v == peer else None)
+                got["bare" if v == "bare" else "var"] = res["block"]
+            pairs.append((got["bare"], got["var"]))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"{peer:<16}  failed: {exc}")
+        return
+    delivered = f"{receiver.count() - before} (OTLP/HTTP)" if peer == "torchtel" else \
+        "- (own aggregator, no OTLP)"
+    print(_row(peer + " (subproc)", pairs, base["block_steps"], delivered)
+          + f"  [{args.subprocess_pairs} subprocess pairs]", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="few, short blocks; no peers")
+    ap.add_argument("--workloads", default="gpt,mlp")
+    ap.add_argument("--threads", default="1,0", help="comma list; 0 = torch's default")
+    ap.add_argument("--variants", default=",".join(IN_PROCESS + PEERS))
+    ap.add_argument("--pairs", type=int, default=10, help="paired blocks per variant")
+    ap.add_argument("--subprocess-pairs", type=int, default=3, help="pairs of peer processes")
+    ap.add_argument("--peer-threads", default="1", help="thread settings the peers run in "
+                    "(their subprocesses are slow to start)")
+    ap.add_argument("--block-steps", type=int, default=0, help="steps per block (default: "
+                    f"{BLOCK_STEPS})")
+    ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    ap.add_argument("--no-memory", dest="memory", action="store_false",
+                    help="skip the tracemalloc blocks")
+    args = ap.parse_args(argv)
+    if args.worker:
+        cfg = json.loads(args.worker)
+        res = worker_in_process(cfg) if cfg["mode"] == "pairs" else worker_subprocess_block(cfg)
+        Path(cfg["result_path"]).write_text(json.dumps(res))
+        return 0
+    args.workloads = [x for x in args.workloads.split(",") if x]
+    args.variants = [x for x in args.variants.split(",") if x]
+    threads = [int(x) for x in args.threads.split(",") if x]
+    args.peer_threads = [int(x) for x in args.peer_threads.split(",") if x]
+    if args.smoke:
+        args.pairs, args.eval_every = 2, 5
+        threads = [1]
+        args.variants = [v for v in args.variants if v not in PEERS]
+    for bad in set(args.variants) - set(IN_PROCESS + PEERS):
+        raise SystemExit(f"--variants: unknown variant {bad!r}; known: {IN_PROCESS + PEERS}")
+    print(f"bench_training_loop: {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}")
+    receiver = ReceiverProcess()
+    t0 = time.monotonic()
+    try:
+        for workload in args.workloads:
+            for th in threads:
+                run_config(workload, th, args, receiver)
+    finally:
+        receiver.close()
+    print(f"\n(total {time.monotonic() - t0:.0f} s) columns: ratio = variant block wall / "
+          "bare block wall (steps only); ratio+drain adds the flush of what the block left "
+          "queued; stall = training thread's run-queue wait + blocked time (GIL) per step, "
+          "+stall its paired increase over bare, +runq its run-queue part, +GIL its blocked part "
+          "(waiting for the GIL, mostly); +thrCPU / +procCPU "
+          "= training-thread / whole-process CPU added per step (procCPU includes the drain).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
