@@ -622,7 +622,7 @@ def run_peer(peer: str, base: dict[str, Any], args: argparse.Namespace,
     if peer == "traceml":
         exe = shutil.which("traceml") or str(Path(sys.executable).parent / "traceml")
         launcher = [exe, "run", "--mode", "summary", "--logs-dir",
-                    tempfile.mkdtemp(prefix="bench-traceml-"), "--no-history"]
+                    tempfile.mkdtemp(prefix="bench-traceml-"), "--finalize-timeout-sec", "20"]
     pairs = []
     before = receiver.count()
     try:
