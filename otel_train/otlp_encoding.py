@@ -26,7 +26,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind, TraceState
 
 _log = logging.getLogger("otel_train")
 _pack_q = struct.Struct("<Q").pack
@@ -37,7 +37,14 @@ _SPAN_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3,
 _FLAGS_HAS_IS_REMOTE = 0x100
 _FLAGS_IS_REMOTE = 0x200
 _MAX_CACHED = 8192
-_SCALARS = frozenset((str, bool, int, float, bytes))
+# Floats are not cached: they are the values that change (a loss, a duration), and -0.0 == 0.0
+# would share an entry while their bytes differ.
+_SCALARS = frozenset((str, bool, int, bytes))
+_INTERNAL = SpanKind.INTERNAL
+# SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid);
+# the fast path unpacks it directly, and only if this SDK still lays it out so.
+_CTX_LAYOUT_OK = tuple(SpanContext(7, 9, True, trace_state=TraceState([("k", "v")])))[:3] == (
+    7, 9, True)
 
 
 def _varint(n: int) -> bytes:
@@ -90,15 +97,21 @@ class _Encoder:
 
     def __init__(self) -> None:
         self._kv: dict[tuple[bytes, str, type, Any], bytes] = {}
+        self._names: dict[str, bytes] = {}
         self._resources: dict[int, tuple[Any, bytes]] = {}
         self._scopes: dict[int, tuple[Any, bytes]] = {}
+        self._trace: tuple[int, bytes] = (-1, b"")
+        self._status: tuple[Any, bytes] = (None, b"")
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
         if not attrs:
             return []
+        return self._items(tag, attrs.items())
+
+    def _items(self, tag: bytes, items: Any) -> list[bytes]:
         cache = self._kv
         out = []
-        for key, value in attrs.items():
+        for key, value in items:
             t = type(value)
             if t in _SCALARS:
                 ck = (tag, key, t, value)
@@ -141,6 +154,89 @@ class _Encoder:
         return data
 
     def span(self, span: ReadableSpan) -> bytes:
+        """One Span message's bytes."""
+        if (_CTX_LAYOUT_OK and type(span) is ReadableSpan
+                and type(span._attributes) is dict and type(span._context) is SpanContext):
+            return self._plain_span(span)
+        return self._any_span(span)
+
+    def _plain_span(self, span: ReadableSpan) -> bytes:
+        """Spans as otel-train builds them (plain dicts and tuples): private fields read
+        directly (the public properties copy attributes, events and links), repeated parts
+        (trace id, name, status) cached."""
+        trace_id, span_id, _, _, state, _ = span._context
+        last_id, tid = self._trace
+        if trace_id != last_id:  # a step's spans share one trace: encode it once
+            tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+            self._trace = (trace_id, tid)
+        parts = [tid, b"\x12\x08" + span_id.to_bytes(8, "big")]
+        if state:
+            parts.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items())
+                             .encode("utf-8")))
+        parent = span._parent
+        if parent is not None:
+            parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+        name = span._name
+        if name:
+            enc = self._names.get(name)
+            if enc is None:
+                enc = _ld(b"\x2a", name.encode("utf-8"))
+                if len(self._names) >= _MAX_CACHED:
+                    self._names.clear()
+                self._names[name] = enc
+            parts.append(enc)
+        kind = span._kind
+        parts.append(b"\x30\x01" if kind is _INTERNAL else b"\x30" + _SMALL[_SPAN_KIND[kind]])
+        if span._start_time:
+            parts.append(b"\x39" + _pack_q(span._start_time))
+        if span._end_time:
+            parts.append(b"\x41" + _pack_q(span._end_time))
+        parts.extend(self.attributes(b"\x4a", span._attributes))
+        for event in span._events:
+            parts.append(self._event(event))
+        for link in span._links:
+            parts.append(self._link(link))
+        status = span._status
+        if status is not None:
+            last, enc = self._status
+            if status is not last:  # healthy spans share one UNSET Status instance
+                enc = self._status_bytes(status)
+                self._status = (status, enc)
+            parts.append(enc)
+        parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def _event(self, event: Any) -> bytes:
+        ev = []
+        if event.timestamp:
+            ev.append(b"\x09" + _pack_q(event.timestamp))
+        if event.name:
+            ev.append(_ld(b"\x12", event.name.encode("utf-8")))
+        ev.extend(self.attributes(b"\x1a", event.attributes))
+        if event.dropped_attributes:
+            ev.append(b"\x20" + _varint(event.dropped_attributes))
+        return _ld(b"\x5a", b"".join(ev))
+
+    def _link(self, link: Any) -> bytes:
+        lk = [b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
+              b"\x12\x08" + link.context.span_id.to_bytes(8, "big")]
+        lk.extend(self.attributes(b"\x22", link.attributes))
+        if link.dropped_attributes:
+            lk.append(b"\x28" + _varint(link.dropped_attributes))
+        lk.append(b"\x35" + _pack_i(_flags(link.context)))
+        return _ld(b"\x6a", b"".join(lk))
+
+    @staticmethod
+    def _status_bytes(status: Any) -> bytes:
+        st = []
+        if status.description:
+            st.append(_ld(b"\x12", status.description.encode("utf-8")))
+        if status.status_code.value:
+            st.append(b"\x18" + _SMALL[status.status_code.value])
+        return _ld(b"\x7a", b"".join(st))
+
+    def _any_span(self, span: ReadableSpan) -> bytes:
+        """Any ReadableSpan, through its public properties."""
         ctx = span.context
         parent = span.parent
         # The SDK's dropped_* properties do an ABC isinstance check each; spans built by
@@ -167,35 +263,16 @@ class _Encoder:
         if not plain and span.dropped_attributes:
             parts.append(b"\x50" + _varint(span.dropped_attributes))
         for event in span.events:
-            ev = []
-            if event.timestamp:
-                ev.append(b"\x09" + _pack_q(event.timestamp))
-            if event.name:
-                ev.append(_ld(b"\x12", event.name.encode("utf-8")))
-            ev.extend(self.attributes(b"\x1a", event.attributes))
-            if event.dropped_attributes:
-                ev.append(b"\x20" + _varint(event.dropped_attributes))
-            parts.append(_ld(b"\x5a", b"".join(ev)))
+            parts.append(self._event(event))
         if not plain and span.dropped_events:
             parts.append(b"\x60" + _varint(span.dropped_events))
         for link in span.links:
-            lk = [b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
-                  b"\x12\x08" + link.context.span_id.to_bytes(8, "big")]
-            lk.extend(self.attributes(b"\x22", link.attributes))
-            if link.dropped_attributes:
-                lk.append(b"\x28" + _varint(link.dropped_attributes))
-            lk.append(b"\x35" + _pack_i(_flags(link.context)))
-            parts.append(_ld(b"\x6a", b"".join(lk)))
+            parts.append(self._link(link))
         if not plain and span.dropped_links:
             parts.append(b"\x70" + _varint(span.dropped_links))
         status = span.status
         if status is not None:
-            st = []
-            if status.description:
-                st.append(_ld(b"\x12", status.description.encode("utf-8")))
-            if status.status_code.value:
-                st.append(b"\x18" + _SMALL[status.status_code.value])
-            parts.append(_ld(b"\x7a", b"".join(st)))
+            parts.append(self._status_bytes(status))
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
@@ -203,7 +280,7 @@ class _Encoder:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then by scope."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
         for span in spans:
-            resource = span.resource
+            resource = span._resource if type(span) is ReadableSpan else span.resource
             scope = span.instrumentation_scope or None
             by_scope = groups.setdefault(id(resource), (resource, {}))[1]
             by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))

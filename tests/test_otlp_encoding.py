@@ -101,6 +101,65 @@ def test_the_attribute_cache_keeps_span_event_and_link_attributes_apart():
     assert first == again == encode_spans(spans)
 
 
+def _plain_spans():
+    """ReadableSpans built directly with plain dicts, as otel-train's builder builds them, but
+    with every field the fast path handles: trace state, remote parent, events, links,
+    kinds, statuses, and heads of five attributes that differ only by type or by sign."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    resource = Resource.create({"service.name": "plain"})
+    scope = InstrumentationScope("otel-train", "0.1")
+    state = TraceState([("vendor", "v1")])
+    remote = SpanContext(0x77, 0x88, is_remote=True, trace_flags=TraceFlags(1), trace_state=state)
+    heads = [
+        {"run": "r1", "rank": 0, "world": 1, "synced": True, "type": "cpu"},
+        {"run": "r1", "rank": 0, "world": 1, "synced": 1, "type": "cpu"},  # 1 == True
+        {"run": "r1", "rank": 0, "world": 1, "synced": 0.0, "type": "cpu"},  # floats: not cached
+        {"run": "r1", "rank": 0, "world": 1, "synced": -0.0, "type": "cpu"},
+        {"run": "r1", "rank": 0, "world": 1, "synced": ["a"], "type": "cpu"},  # unhashable
+        {"run": "r1", "rank": 0},  # shorter than the head
+    ]
+    spans = []
+    for i, head in enumerate(heads * 2):  # twice: the second round comes from the caches
+        attrs = dict(head, **{"train.step": i, "loss": 0.5 * i, "phase": "forward"})
+        ctx = SpanContext(0xABC + i // 3, 0x100 + i, False, TraceFlags(1),
+                          state if i % 4 == 0 else None)
+        kind = (SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CONSUMER)[i % 3]
+        status = (Status(StatusCode.UNSET), Status(StatusCode.ERROR, "boom"),
+                  Status(StatusCode.OK))[i % 3]
+        events = (Event("exception", {"exception.type": "ValueError"}, timestamp=5 + i),) \
+            if i % 2 else ()
+        links = (Link(remote, {"link.attr": i}),) if i % 5 == 0 else ()
+        spans.append(ReadableSpan(
+            name=f"phase-{i % 4}", context=ctx, parent=remote if i % 3 == 0 else (
+                None if i % 3 == 1 else SpanContext(0xABC, 0x999, False)),
+            resource=resource, attributes=attrs, events=events, links=links, kind=kind,
+            status=status, start_time=1_000 + i, end_time=2_000 + i,
+            instrumentation_scope=scope))
+    return spans
+
+
+def test_plain_spans_take_the_fast_path_and_still_encode_exactly_as_the_sdk_does():
+    spans = _plain_spans()
+    _same(spans)
+    enc = _Encoder()  # one encoder, caches warm from the first request, as an exporter's are
+    assert ExportTraceServiceRequest.FromString(enc.request(spans)) == encode_spans(spans)
+    assert ExportTraceServiceRequest.FromString(enc.request(spans[::-1])) == encode_spans(
+        spans[::-1])
+
+
+def test_a_cached_block_of_run_constant_attributes_never_stands_in_for_other_types_or_signs():
+    enc = _Encoder()
+    for head in ({"a": "x", "b": 1, "c": 2, "d": True, "e": "y", "f": 1},
+                 {"a": "x", "b": 1, "c": 2, "d": 1, "e": "y", "f": 1},
+                 {"a": "x", "b": True, "c": 2, "d": 1, "e": "y", "f": 1}):
+        spans = [s for s in _plain_spans()[:1]]
+        spans[0]._attributes = head
+        ours = ExportTraceServiceRequest.FromString(enc.request(spans))
+        assert ours == encode_spans(spans), head
+
+
 def test_the_fast_encoder_is_several_times_cheaper_than_the_sdk_encoder(tmp_path):
     with start_test_run(tmp_path) as run:
         run._telemetry.worker.paused = True
