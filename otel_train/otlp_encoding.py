@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -45,6 +46,27 @@ _INTERNAL = SpanKind.INTERNAL
 # the fast path unpacks it directly, and only if this SDK still lays it out so.
 _CTX_LAYOUT_OK = tuple(SpanContext(7, 9, True, trace_state=TraceState([("k", "v")])))[:3] == (
     7, 9, True)
+
+
+class RunConstantAttributes(dict):  # type: ignore[type-arg]
+    """A span's attributes whose first items are the run's constants, as ``constants`` holds.
+
+    The span builder makes one subclass per run (:func:`run_attributes_type`) and builds every
+    span's attributes from it; the encoder writes those first items as one cached block of
+    bytes instead of one key/value at a time (the wire order stays the dict's order, so the
+    bytes are exactly the SDK's). Code that changes an attribute of a finished span replaces
+    the dict with a plain one (``steps_view.set_span_attribute``), so a changed constant can
+    never hide behind a cached block.
+    """
+
+    __slots__ = ()
+    constants: tuple[tuple[str, Any], ...] = ()
+
+
+def run_attributes_type(constants: Mapping[str, Any]) -> type[RunConstantAttributes]:
+    """A dict type for spans whose attributes start with ``constants`` (in that order)."""
+    return type("RunConstantAttributes", (RunConstantAttributes,),
+                {"__slots__": (), "constants": tuple(constants.items())})
 
 
 def _varint(n: int) -> bytes:
@@ -98,6 +120,7 @@ class _Encoder:
     def __init__(self) -> None:
         self._kv: dict[tuple[bytes, str, type, Any], bytes] = {}
         self._names: dict[str, bytes] = {}
+        self._blocks: dict[type, bytes] = {}
         self._resources: dict[int, tuple[Any, bytes]] = {}
         self._scopes: dict[int, tuple[Any, bytes]] = {}
         self._trace: tuple[int, bytes] = (-1, b"")
@@ -156,7 +179,7 @@ class _Encoder:
     def span(self, span: ReadableSpan) -> bytes:
         """One Span message's bytes."""
         if (_CTX_LAYOUT_OK and type(span) is ReadableSpan
-                and type(span._attributes) is dict and type(span._context) is SpanContext):
+                and isinstance(span._attributes, dict) and type(span._context) is SpanContext):
             return self._plain_span(span)
         return self._any_span(span)
 
@@ -191,7 +214,19 @@ class _Encoder:
             parts.append(b"\x39" + _pack_q(span._start_time))
         if span._end_time:
             parts.append(b"\x41" + _pack_q(span._end_time))
-        parts.extend(self.attributes(b"\x4a", span._attributes))
+        attrs = span._attributes
+        cls = type(attrs)
+        if cls is dict or not issubclass(cls, RunConstantAttributes):
+            parts.extend(self.attributes(b"\x4a", attrs))
+        else:  # the run's constants as one block, then the span's own attributes
+            block = self._blocks.get(cls)
+            if block is None:
+                block = b"".join(self._items(b"\x4a", cls.constants))
+                if len(self._blocks) >= 64:
+                    self._blocks.clear()
+                self._blocks[cls] = block
+            parts.append(block)
+            parts.extend(self._items(b"\x4a", islice(attrs.items(), len(cls.constants), None)))
         for event in span._events:
             parts.append(self._event(event))
         for link in span._links:

@@ -25,6 +25,7 @@ from otel_train import attributes as A
 from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
+from otel_train.otlp_encoding import run_attributes_type
 from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
@@ -67,6 +68,9 @@ class StepSpanBuilder:
             A.DEVICE_SYNCED: device_synced,
             A.DEVICE_TYPE: device_type,
         }
+        # Every span's attributes start with these run constants: the OTLP encoder writes
+        # them as one cached block (otlp_encoding.RunConstantAttributes).
+        self._attrs = run_attributes_type(self._base)
 
     def build(self, record: Step | MonitorRecord) -> list[ReadableSpan]:
         """All spans of one record, children before their parents (the order spans end)."""
@@ -90,7 +94,7 @@ class StepSpanBuilder:
             parent = ph.parent
             kinds.append(_MONITOR if parent >= 0 and kinds[parent] == _MONITOR
                          else ph.phase.kind)
-        base = dict(self._base)
+        base = self._attrs(self._base)
         base[_STEP] = step.index
         off = self._offset
         step_end = step.end_ns
@@ -103,7 +107,7 @@ class StepSpanBuilder:
         for ph in sorted(phases, key=lambda p: p.end_ns or step_end):
             phase = ph.phase
             ordinal = ph.ordinal
-            attrs = dict(base)
+            attrs = self._attrs(base)
             attrs[_PHASE] = phase.name
             attrs[_PHASE_KIND] = kinds[ordinal]
             # Only data spans carry a loader: a monitoring or compute phase reads none itself
@@ -153,7 +157,7 @@ class StepSpanBuilder:
     def _build_monitor(self, rec: MonitorRecord) -> ReadableSpan:
         trace_id, span_id = operation_ids(rec)
         flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
-        attrs = dict(self._base)
+        attrs = self._attrs(self._base)
         attrs[A.STEP] = rec.after_step
         attrs[A.PHASE] = rec.name
         attrs[A.PHASE_KIND] = A.KIND_MONITOR

@@ -26,7 +26,7 @@ from opentelemetry.trace import (
 )
 from train_helpers import clean_env, start_test_run  # noqa: F401
 
-from otel_train.otlp_encoding import _Encoder, encode_spans_fast
+from otel_train.otlp_encoding import RunConstantAttributes, _Encoder, encode_spans_fast
 
 
 def _same(spans) -> None:
@@ -89,8 +89,34 @@ def test_otel_train_step_spans_encode_exactly_as_the_sdk_encodes_them(tmp_path):
         spans = [s for r in records for s in run._telemetry.builder.build(r)]
         run._telemetry.worker.paused = False
     assert len(spans) >= 10
+    # The run constants head every span as one block the encoder caches.
+    assert all(isinstance(s._attributes, RunConstantAttributes) for s in spans)
     _same(spans)
     _same(spans + _sdk_spans())  # several resources and scopes in one batch
+    enc = _Encoder()
+    enc.request(spans)  # the cached block is warm from here on
+    assert ExportTraceServiceRequest.FromString(enc.request(spans)) == encode_spans(spans)
+
+
+def test_a_run_constant_changed_on_a_finished_span_is_encoded_as_changed(tmp_path):
+    from otel_train import attributes as A
+    from otel_train.steps_view import set_span_attribute
+
+    with start_test_run(tmp_path) as run:
+        run._telemetry.worker.paused = True
+        for step in run.steps(range(2)):
+            with step.phase("forward"):
+                pass
+        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
+        run._telemetry.worker.paused = False
+    enc = _Encoder()
+    enc.request(spans)  # warm: the constants' block is cached
+    set_span_attribute(spans[0], A.RANK, 5)
+    set_span_attribute(spans[1], A.SLOW, True)
+    got = ExportTraceServiceRequest.FromString(enc.request(spans))
+    assert got == encode_spans(spans)
+    first = got.resource_spans[0].scope_spans[0].spans[0]
+    assert {kv.key: kv.value.int_value for kv in first.attributes}[A.RANK] == 5
 
 
 def test_the_attribute_cache_keeps_span_event_and_link_attributes_apart():
