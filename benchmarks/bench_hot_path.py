@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-us", type=float, default=1000.0,
                     help="CPU spin per paced step (the training step's own work)")
     args = ap.parse_args(argv)
+    # Empty steps look slow and monitoring looks costly to the run: keep its warnings quiet.
+    logging.getLogger("otel_train").setLevel(logging.ERROR)
 
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
@@ -215,8 +217,6 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, 
 
     import otel_train
 
-    # The spin makes steps look slow and monitoring look costly: keep those warnings quiet.
-    logging.getLogger("otel_train").setLevel(logging.ERROR)
     clock = ThreadClock()
     step_ns = int(step_us * 1000)
     out: dict[str, list[dict[str, int]]] = {"floor": [], "paused": [], "running": []}
