@@ -20,7 +20,10 @@ does the work, so background work is neither hidden in nor charged to the hot pa
   thread's stall from ``/proc/self/task/<tid>/schedstat``: run-queue wait (field 2) and time
   blocked (wall - on-CPU - run-queue: on CPython mostly waiting for the GIL the background
   threads hold), and the background CPU per exported step (process CPU minus the training
-  thread's, the pipeline flushed after each chunk, outside the hot-path timing).
+  thread's, the pipeline flushed after each chunk, outside the hot-path timing). A fourth
+  variant prototypes an out-of-process exporter (``_PipeExportPrototype``): step records go
+  down a pipe as compact ``marshal``-ed tuples and nothing is built in this process, which
+  bounds what moving span building and encoding out of the training process could save.
 
 The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
@@ -208,8 +211,67 @@ def _paced_chunk(gen: Any, clock: Any, steps: int, step_ns: int, ours: bool) -> 
             "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4]))}
 
 
+class _PipeExportPrototype:
+    """Point 0's question, prototyped: what would the training process still pay if span
+    building and encoding ran in another process? A thread drains the recorder's queue every
+    50 ms (as the span worker does), writes each step as a compact record (phase codes and
+    timestamps, ``marshal``) to a pipe read by a child process, and does nothing else. Its
+    CPU, and the GIL it holds, is the floor of any out-of-process exporter."""
+
+    def __init__(self, recorder: Any) -> None:
+        import marshal
+        import os
+        import subprocess
+        import threading
+
+        self._queue = recorder.queue
+        self._dumps = marshal.dumps
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys\nwhile sys.stdin.buffer.read(1 << 16): pass"],
+            stdin=subprocess.PIPE)
+        self._fd = self._proc.stdin.fileno()
+        self._write = os.write
+        self._codes: dict[int, int] = {}
+        self.active = False
+        self.records = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            if self.active:
+                self.drain()
+
+    def drain(self) -> None:
+        """Send every queued step record down the pipe."""
+        with self._lock:
+            q, codes, out = self._queue, self._codes, []
+            while q:
+                rec = q.popleft()
+                ev = getattr(rec, "ev", None) or ()
+                flat = [codes.setdefault(id(x), len(codes)) if not isinstance(x, int) and
+                        x is not None else x for x in ev]
+                out.append((getattr(rec, "index", -1), rec.start_ns, rec.end_ns, flat))
+            if out:
+                data = self._dumps(out)
+                view = memoryview(data)
+                while view:
+                    view = view[self._write(self._fd, view):]
+                self.records += len(out)
+
+    def close(self) -> None:
+        """Stop the thread and the child."""
+        self._stop.set()
+        self._thread.join(1)
+        self._proc.stdin.close()
+        self._proc.wait(5)
+
+
 def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, int]]]:
-    """Floor, hot path (worker paused), hot path (worker running + OTLP export), interleaved."""
+    """Floor, hot path (worker paused), hot path (worker running + OTLP export), and the
+    out-of-process prototype (records down a pipe), interleaved."""
     if rounds <= 0:
         return {}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -219,7 +281,9 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, 
 
     clock = ThreadClock()
     step_ns = int(step_us * 1000)
-    out: dict[str, list[dict[str, int]]] = {"floor": [], "paused": [], "running": []}
+    out: dict[str, list[dict[str, int]]] = {"floor": [], "paused": [], "running": [],
+                                            "pipe": []}
+    kinds = ("floor", "paused", "running", "pipe")
     receiver = ReceiverProcess()
     try:
         with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
@@ -227,13 +291,19 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, 
             prometheus_port=None, console=False, status_dir=tmp,
         ) as run:
             worker = run._telemetry.worker
-            gen = run.steps(range((rounds + 1) * 2 * steps + 1))
+            proto = _PipeExportPrototype(run._recorder)
+            gen = run.steps(range((rounds + 1) * 3 * steps + 1))
             for r in range(rounds + 1):  # round 0 warms up
-                for kind in ("floor", "paused", "running") if r % 2 else (
-                        "running", "paused", "floor"):
-                    worker.paused = kind == "paused"
+                for kind in kinds if r % 2 else kinds[::-1]:
+                    worker.paused = kind in ("paused", "pipe")
+                    proto.active = kind == "pipe"
                     got = _paced_chunk(gen, clock, steps, step_ns, kind != "floor")
-                    if kind != "floor":
+                    if kind == "pipe":
+                        proto.active = False
+                        p0 = process_time_ns()
+                        proto.drain()
+                        got["flush_bg"] = process_time_ns() - p0
+                    elif kind != "floor":
                         # Everything the chunk left (queued steps, spans for export) is built
                         # and sent before the next chunk, its CPU charged to this chunk.
                         worker.paused = False
@@ -243,7 +313,9 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, 
                         got["flush_thread"] = thread_time_ns() - t0
                     if r:
                         out[kind].append(got)
+            proto.close()
             run.flush()
+            out["piped"] = proto.records  # type: ignore[assignment]
             out["spans_built"] = worker.spans_built  # type: ignore[assignment]
             out["expected"] = 7 * steps * 2 * (rounds + 1)  # type: ignore[assignment]
             time.sleep(0.2)
@@ -269,7 +341,8 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
           f"{'bg CPU':>10}")
     for kind, label in (("floor", "floor: 6 empty timestamp context managers"),
                         ("paused", "otel-train, worker paused"),
-                        ("running", "otel-train, worker running + OTLP export")):
+                        ("running", "otel-train, worker running + OTLP export"),
+                        ("pipe", "prototype: records to an exporter process")):
         hot = med(kind, lambda c: c["hot"])
         runq = med(kind, lambda c: c["runq"])
         gil = med(kind, lambda c: c["blocked"])
@@ -277,7 +350,8 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{label:<44}{hot:8.2f}us{hot / floor:8.2f}x{runq + gil:8.1f}us{runq:8.1f}us"
               f"{gil:8.1f}us{bg:8.1f}us")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
-          f"built, {paced['expected']} recorded (7 per step). bg CPU = all threads but the "
+          f"built, {paced['expected']} recorded (7 per step) in the paused and running chunks; "
+          f"{paced['piped']} step records piped by the prototype. bg CPU = all threads but the "
           "training thread, the flush after each chunk included (the paused chunk's spans are "
           "built in that flush). stall = run-queue wait + blocked (GIL) of the training thread "
           "(spin included), from schedstat. The per-step timing (two thread_time_ns calls "
