@@ -1,4 +1,4 @@
-"""OTLP span encoding written straight to protobuf wire format, 4-5x cheaper than the SDK's.
+"""OTLP span encoding written straight to protobuf wire format, ~7x cheaper than the SDK's.
 
 The SDK's ``encode_spans`` builds one protobuf message object per attribute, value, span and
 event: about 60 µs of GIL-holding CPU per span here, 0.45 ms per 7-span training step
@@ -11,6 +11,11 @@ field by field on our spans and on ordinary SDK spans).
 
 ``FastGrpcSpanExporter`` and ``FastHttpSpanExporter`` are the SDK's OTLP exporters with only
 the encoding step replaced; they fall back to the SDK's encoder if ours ever fails.
+
+Spans otel-train builds itself (plain ``ReadableSpan``s with dict attributes) take a fast path
+that reads their fields directly and encodes what repeats once: the step's trace id, span
+names, the shared UNSET status, and the run's constant attributes, which head every span's
+attributes as a :class:`RunConstantAttributes` dict and go out as one cached block.
 
 Usage::
 
