@@ -146,7 +146,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                     "slower than training or the collector is away; dropping the oldest "
                     "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
                 )
-        if len(q) >= self._batch:
+        if len(q) == self._batch:
+            # Once per batch, not per span: the exporter drains everything queued when it
+            # wakes, and while it backs off from a failed collector a wake per span would
+            # cut its waits short (one Event.set per span, each a lock and a notify).
             self._wake.set()
 
     # -- the worker -------------------------------------------------------------------------

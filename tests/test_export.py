@@ -90,6 +90,27 @@ def test_spans_are_exported_in_bounded_batches():
     assert exporter.shut
 
 
+def test_the_exporter_is_woken_once_per_batch_not_once_per_span():
+    exporter = Recording()
+    exporter.release.clear()  # the first export hangs: the queue grows behind it
+    proc = BoundedBatchSpanProcessor(exporter, DropCounter(), max_queue_size=1000,
+                                     max_batch_size=4, interval_seconds=30)
+    wakes = []
+    real_set = proc._wake.set
+    proc._wake.set = lambda: (wakes.append(1), real_set())[1]
+    spans = _spans(40)
+    for span in spans[:4]:
+        proc.on_end(span)
+    assert exporter.entered.wait(5)  # the first batch is out
+    for span in spans[4:]:
+        proc.on_end(span)  # 36 more queue behind it: one more wake, not 33
+    assert len(wakes) == 2
+    exporter.release.set()
+    assert proc.force_flush(5000)
+    proc.shutdown(2.0)
+    assert sum(len(b) for b in exporter.batches) == 40
+
+
 def test_unsampled_spans_are_not_exported():
     exporter = Recording()
     proc = BoundedBatchSpanProcessor(exporter, DropCounter(), interval_seconds=0.05)
