@@ -23,7 +23,9 @@ from otel_train.otlp_json_file import attributes_dict, read_span_dicts
 
 # Environment variables that change what a run does; tests start without any of them.
 _IDENTITY_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                  "TORCHELASTIC_RUN_ID")
+                  "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEPID",
+                  "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+                  "JOBSET_NAME", "KUBEFLOW_JOB_NAME", "K8S_POD_NAME", "POD_NAME")
 
 # Slack for duration upper bounds: durations are "at least the sleep, at most sleep + slack".
 SLACK_SECONDS = 0.25
