@@ -95,6 +95,7 @@ class DerivedMetricsStage:
                 eval_operations=options.eval_operations, warmup_steps=warmup,
                 world_size=world)
             chain.append(self.console)
+        self.otlp_metrics = self._otlp_metrics(chain)
         self.shared = SharedStepSpanProcessor(chain)
         self.processors: list[SpanProcessor] = [self.shared]
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
@@ -112,6 +113,18 @@ class DerivedMetricsStage:
         self.prometheus_url: str | None = None
         self._started = False
 
+    def _otlp_metrics(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
+        """Metrics over OTLP too (otlp_metrics.py), fed right after the Prometheus processor."""
+        from otel_train import otlp_metrics as om
+        self.metrics_plan = om.plan_metrics(self.options)
+        if not self.metrics_plan.otlp:
+            return None
+        proc = om.OtlpMetricsSpanProcessor(
+            om.create_metric_exporter(self.metrics_plan), self.metrics, self.identity.run_id,
+            om.metrics_resource(self.options, self.identity))
+        chain.insert(chain.index(self.metrics) + 1, proc)
+        return proc
+
     def start(self) -> None:
         """Start the Prometheus endpoint, then the threads.
 
@@ -119,7 +132,9 @@ class DerivedMetricsStage:
         warning; an explicit port that is taken raises ``ValueError`` (it was asked for).
         """
         port = self.options.prometheus_port
-        if port is DEFAULT:
+        if not self.metrics_plan.prometheus:
+            pass  # metrics over OTLP only: no endpoint (otlp_metrics.plan_metrics)
+        elif port is DEFAULT:
             self.prometheus_url = self._serve_default(self.options.prometheus_host)
         elif port is not None:
             self.prometheus_url = self._serve(self.options.prometheus_host, port)
@@ -208,6 +223,8 @@ class DerivedMetricsStage:
         def left(share: float) -> float:
             return max(0.0, (deadline - time.monotonic()) * share)
 
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown_within(left(0.5))  # the final push, bounded
         if not self._started:
             self.metrics.stop_server(left(1.0))
             return

@@ -28,6 +28,8 @@ _NONE = {"", "none", "null", "off", "disabled"}
 _DEVICE_SYNC = ("auto", "sync", "events", "off")
 _EXPORTERS = ("auto", "otlp", "jsonl", "console", "none")
 _PROTOCOLS = ("grpc", "http/protobuf")
+_METRICS_EXPORTERS = ("prometheus", "otlp", "none")
+_TRACE_EXPORT = ("own", "application")
 
 
 class _Default:
@@ -98,6 +100,19 @@ class RunOptions:
     rank: int | None = None
     world_size: int | None = None
     local_rank: int | None = None
+    # -- scale-out (issue 12) ----------------------------------------------------------------
+    # "prometheus" (endpoint), "otlp" (push), "prometheus,otlp", "none"; None: from
+    # OTEL_METRICS_EXPORTER, else prometheus.
+    metrics_exporter: str | None = None
+    # Share of ordinary steps whose spans are exported (by derived trace id, the same on
+    # every rank); None: OTEL_TRACES_SAMPLER's ratio, else 1.0. Slow, failed, monitoring
+    # and the first `sample_keep_first_steps` steps are always exported.
+    sample_ratio: float | None = None
+    sample_keep_first_steps: int = 10
+    # Where the spans go: "own" (bounded, drop-counting export stage, also when the
+    # application has an SDK TracerProvider: to its OTLP endpoint) or "application" (hand
+    # the spans to the application's provider's processors, as before).
+    trace_export: str = "own"
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -221,6 +236,24 @@ class RunOptions:
         if (self.rank is not None and self.world_size is not None
                 and self.rank >= self.world_size):
             self._fail("rank", f"must be < world_size ({self.world_size})")
+        self._validate_scale_out()
+
+    def _validate_scale_out(self) -> None:
+        if self.metrics_exporter is not None:
+            names = ([n.strip() for n in self.metrics_exporter.split(",")]
+                     if isinstance(self.metrics_exporter, str) else [None])
+            if not names or any(n not in _METRICS_EXPORTERS for n in names):
+                self._fail("metrics_exporter", "must be prometheus, otlp, none, or a "
+                           "comma-separated list of them (prometheus,otlp), or None")
+        v = self.sample_ratio
+        if v is not None and (not _is_number(v) or not 0.0 <= v <= 1.0):
+            self._fail("sample_ratio", "must be a ratio from 0 to 1 (0.1 keeps 10% of the "
+                       "ordinary steps) or None")
+        v = self.sample_keep_first_steps
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            self._fail("sample_keep_first_steps", "must be an integer >= 0")
+        if self.trace_export not in _TRACE_EXPORT:
+            self._fail("trace_export", f"must be one of {', '.join(_TRACE_EXPORT)}")
 
 
 def _is_number(v: Any) -> bool:
@@ -312,4 +345,8 @@ _ENV_KINDS = {
     "otlp_protocol": "choice",
     "service_name": "optional_str",
     "run_id": "optional_str",
+    "metrics_exporter": "choice",
+    "sample_ratio": "optional_float",
+    "sample_keep_first_steps": "int",
+    "trace_export": "choice",
 }
