@@ -95,7 +95,7 @@ class DerivedMetricsStage:
                 eval_operations=options.eval_operations, warmup_steps=warmup,
                 world_size=world)
             chain.append(self.console)
-        self.otlp_metrics = self._otlp_metrics(chain)
+        self.otlp_metrics: Any = self._scale_out(chain)
         self.shared = SharedStepSpanProcessor(chain)
         self.processors: list[SpanProcessor] = [self.shared]
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
@@ -113,9 +113,13 @@ class DerivedMetricsStage:
         self.prometheus_url: str | None = None
         self._started = False
 
-    def _otlp_metrics(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
-        """Metrics over OTLP too (otlp_metrics.py), fed right after the Prometheus processor."""
+    def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
+        """The tail sampler (sampling.py; run.py puts it before export, after these
+        processors), and metrics over OTLP too (otlp_metrics.py), after the Prometheus one."""
         from otel_train import otlp_metrics as om
+        from otel_train.sampling import build_step_sampler
+        self.sampler = build_step_sampler(self.options, self.identity.rank,
+                                          self.metrics.registry)
         self.metrics_plan = om.plan_metrics(self.options)
         if not self.metrics_plan.otlp:
             return None

@@ -237,7 +237,8 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         self._families: dict[str, Any] = {}
         self._families_lock = threading.Lock()
         self.observable_names: list[str] = []
-        for family in prometheus.collect():
+        # Every family the endpoint serves (extra collectors on its registry included).
+        for family in prometheus.registry.collect():
             counter = family.type == "counter"
             # prometheus_client strips _total from a counter family's name
             full = family.name + "_total" if counter else family.name
@@ -263,7 +264,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         with self._families_lock:
             now = time.monotonic()
             if now - self._families_at > 0.5:
-                self._families = {f.name: f for f in self.prometheus.collect()}
+                self._families = {f.name: f for f in self.prometheus.registry.collect()}
                 self._families_at = now
             family = self._families.get(prom_name)
         if family is None:

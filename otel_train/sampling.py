@@ -1,0 +1,222 @@
+"""Sampling that keeps what matters: a tail decision per step, consistent across ranks.
+
+At 1,000 ranks x 10 steps/s a fleet emits 70,000 spans/s. ``StepTailSampler`` sits between
+the derived-metrics processors (which still see every step) and the export stage. It holds a
+step's spans until its root ``train.step`` arrives — the library has the whole step before
+anything is exported — then keeps the step when any of these holds:
+
+- ``ratio``: the step's trace id passes the ``traceidratio`` rule of the OpenTelemetry SDK
+  (the low 64 bits below ``ratio * 2**64``). Trace ids are derived from (run id, step)
+  (identity.step_trace_id), so every rank keeps the same ordinary steps and a kept step's
+  trace shows all ranks;
+- ``slow``: the slow-step processor marked it (``train.slow``);
+- ``error``: the step or one of its phases failed;
+- ``monitor``: it ran monitoring (a phase of kind ``monitor``), or it is monitoring done
+  between steps;
+- ``first``: it is among the first ``keep_first_steps`` steps (start-up, compilation).
+
+The reason is written on the kept root as ``train.sample.reason``. Spans not exported because
+of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
+drops: they don't alarm. A trace whose root never comes is exported when evicted (fail open).
+
+Usage::
+
+    ratio = resolve_sample_ratio(options)              # option, else OTEL_TRACES_SAMPLER(_ARG)
+    sampler = StepTailSampler(ratio, keep_first_steps=10)
+    sampler.downstream = export_processor              # the bounded export stage
+    worker sinks: [*derived_metrics_processors, sampler]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.trace import StatusCode
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+
+from otel_train import attributes as A
+from otel_train.options import RunOptions
+from otel_train.rate_limited_log import warn_once
+from otel_train.steps_view import set_span_attribute
+
+_log = logging.getLogger("otel_train")
+
+SAMPLE_REASON = "train.sample.reason"  # on kept roots: ratio | slow | error | monitor | first
+METRIC_SPANS_SAMPLED_OUT = "otel_train_spans_sampled_out_total"
+_TRACE_ID_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT
+_ERROR = StatusCode.ERROR
+
+
+def resolve_sample_ratio(options: RunOptions,
+                         env: Mapping[str, str] | None = None) -> float | None:
+    """The share of ordinary steps to keep; None: no sampling (keep everything).
+
+    The ``sample_ratio`` option wins; else ``OTEL_TRACES_SAMPLER=traceidratio`` or
+    ``parentbased_traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` (SDK semantics: a bad or
+    missing argument means 1.0), or ``always_off`` (0.0: only the steps that matter).
+    """
+    if options.sample_ratio is not None:
+        return None if options.sample_ratio >= 1.0 else float(options.sample_ratio)
+    env = os.environ if env is None else env
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name in ("always_off", "parentbased_always_off"):
+        return 0.0
+    if name not in ("traceidratio", "parentbased_traceidratio"):
+        return None
+    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    try:
+        ratio = float(raw)
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(raw)
+    except ValueError:
+        warn_once("OTEL_TRACES_SAMPLER_ARG", "otel-train: OTEL_TRACES_SAMPLER_ARG=%r is not a "
+                  "ratio from 0 to 1; keeping every step", raw)
+        return None
+    return None if ratio >= 1.0 else ratio
+
+
+def ratio_keeps(trace_id: int, ratio: float) -> bool:
+    """The SDK's TraceIdRatioBased decision for ``trace_id`` (same on every rank)."""
+    return trace_id & _TRACE_ID_LOW_64 < TraceIdRatioBased.get_bound_for_rate(ratio)
+
+
+class StepTailSampler(SpanProcessor):
+    """Holds each step's spans until its root; forwards kept steps to ``downstream``."""
+
+    def __init__(self, ratio: float, keep_first_steps: int = 10,
+                 downstream: SpanProcessor | None = None,
+                 max_pending_traces: int = 256) -> None:
+        self.ratio = ratio
+        self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
+        self.keep_first_steps = keep_first_steps
+        self.downstream = downstream
+        self._max_pending = max_pending_traces
+        # trace id -> spans waiting for their root. Steps' spans come from the build worker,
+        # user spans from the training thread: one lock.
+        self._pending: dict[int, list[ReadableSpan]] = {}
+        self._lock = threading.Lock()
+        self.kept_steps = 0
+        self.sampled_out_steps = 0
+        self.sampled_out_spans = 0
+        self.evicted_traces = 0
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Nothing to do at start."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Hold a child; decide on a root; never raises into the caller."""
+        try:
+            ctx = span.context
+            if ctx is None:
+                return
+            trace_id = ctx.trace_id
+            parent = span.parent
+            if parent is not None and not parent.is_remote:
+                self._hold(trace_id, span)
+                return
+            with self._lock:
+                held = self._pending.pop(trace_id, None) or []
+            held.append(span)
+            reason = self._reason(span, held)
+            if reason is None:
+                self.sampled_out_steps += 1
+                self.sampled_out_spans += len(held)
+                return
+            self.kept_steps += 1
+            if span.name == A.STEP_SPAN_NAME:
+                set_span_attribute(span, SAMPLE_REASON, reason)
+            self._forward(held)
+        except Exception as exc:  # the export stage must never break the build worker
+            _log.debug("otel-train: tail sampler failed: %r", exc)
+
+    def _hold(self, trace_id: int, span: ReadableSpan) -> None:
+        evicted: list[ReadableSpan] | None = None
+        with self._lock:
+            held = self._pending.get(trace_id)
+            if held is None:
+                if len(self._pending) >= self._max_pending:
+                    oldest = next(iter(self._pending))
+                    evicted = self._pending.pop(oldest)
+                    self.evicted_traces += 1
+                held = self._pending[trace_id] = []
+            held.append(span)
+        if evicted:
+            self._forward(evicted)  # fail open: a trace without its root is still exported
+
+    def _reason(self, root: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
+        attrs = root.attributes or {}
+        if root.name != A.STEP_SPAN_NAME:
+            # Monitoring between steps, or a user's own root span: monitoring is always kept;
+            # anything else follows the ratio.
+            if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR:
+                return "monitor"
+            return "ratio" if self._by_ratio(root.context.trace_id) else None
+        if attrs.get(A.SLOW):
+            return "slow"
+        if any(s.status.status_code is _ERROR for s in spans):
+            return "error"
+        if any((s.attributes or {}).get(A.PHASE_KIND) == A.KIND_MONITOR for s in spans):
+            return "monitor"
+        step = attrs.get(A.STEP)
+        if isinstance(step, int) and step < self.keep_first_steps:
+            return "first"
+        if self._by_ratio(root.context.trace_id):
+            return "ratio"
+        return None
+
+    def _by_ratio(self, trace_id: int) -> bool:
+        return trace_id & _TRACE_ID_LOW_64 < self._bound
+
+    def _forward(self, spans: list[ReadableSpan]) -> None:
+        target = self.downstream
+        if target is None:
+            return
+        for s in spans:
+            target.on_end(s)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Spans still waiting for a root stay held (their step is not finished)."""
+        return True
+
+    def shutdown(self) -> None:
+        """Export what still waits for a root (fail open)."""
+        with self._lock:
+            left = list(self._pending.values())
+            self._pending.clear()
+        for spans in left:
+            self._forward(spans)
+
+
+class SampledOutCollector:
+    """Prometheus collector: ``otel_train_spans_sampled_out_total`` (not a drop)."""
+
+    def __init__(self, sampler: StepTailSampler, rank: Any) -> None:
+        self._sampler = sampler
+        self._rank = str(rank)
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family, read from the sampler."""
+        fam = CounterMetricFamily(
+            METRIC_SPANS_SAMPLED_OUT, "Spans not exported because sampling left their step "
+            "out (not dropped: every step still feeds the metrics).", labels=["rank"])
+        fam.add_metric([self._rank], self._sampler.sampled_out_spans)
+        yield fam
+
+
+def build_step_sampler(options: RunOptions, rank: Any, registry: Any = None,
+                       env: Mapping[str, str] | None = None) -> StepTailSampler | None:
+    """The run's tail sampler (None when every step is kept), counted on ``registry``."""
+    ratio = resolve_sample_ratio(options, env)
+    if ratio is None:
+        return None
+    sampler = StepTailSampler(ratio, options.sample_keep_first_steps)
+    if registry is not None:
+        registry.register(SampledOutCollector(sampler, rank))
+    return sampler
