@@ -38,7 +38,7 @@ from otel_train.device import DeviceTiming
 from otel_train.drop_counter import DropCounter
 from otel_train.export import BoundedBatchSpanProcessor
 from otel_train.global_provider import RunScopedTracerProvider, global_provider_for_run
-from otel_train.identity import RunIdentity
+from otel_train.identity import RunIdentity, resource_attributes
 from otel_train.options import RunOptions
 from otel_train.recorder import Recorder
 from otel_train.sdk_config import (
@@ -205,9 +205,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         resource = provider.resource
         sampler: Sampler = provider.sampler
     else:
-        resource = build_resource(
-            options.service_name,
-            {"service.instance.id": f"{identity.run_id}/rank{identity.rank}"})
+        # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py)
+        resource = build_resource(options.service_name, resource_attributes(identity))
         sampler = build_sampler()
 
     exporter = None
@@ -220,17 +219,24 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         export = BoundedBatchSpanProcessor(
             exporter, drops, options.max_queued_spans, options.export_batch_size,
             options.export_interval_seconds)
+    derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
+    # Tail sampling (sampling.py) between the derived metrics and export: it applies the
+    # ratio itself, so every step is built sampled and the SDK follows its parent.
+    export_stage: SpanProcessor | None = export
+    if derived.sampler is not None and export is not None and mode != MODE_APP:
+        derived.sampler.downstream = export
+        export_stage = derived.sampler
+        sampler = ParentBased(ALWAYS_ON)
     sdk_provider: TracerProvider | None = None
     if mode == MODE_OURS:
         # User spans opened with the OTel API go through this provider into our export.
         sdk_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
-        if export is not None:
-            sdk_provider.add_span_processor(export)
+        if export_stage is not None:
+            sdk_provider.add_span_processor(export_stage)
 
-    derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
     sinks: list[SpanProcessor] = list(derived.processors)
-    if export is not None:
-        sinks.append(export)
+    if export_stage is not None:
+        sinks.append(export_stage)
     if mode == MODE_APP:
         sinks.append(ApplicationProviderSink(provider))
 

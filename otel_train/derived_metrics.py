@@ -129,6 +129,16 @@ class DerivedMetricsStage:
         chain.insert(chain.index(self.metrics) + 1, proc)
         return proc
 
+    def scale_out_banner(self) -> str:
+        """Start-up lines for metrics over OTLP and sampling ('' when neither is on)."""
+        lines = []
+        if self.metrics_plan.otlp:
+            lines.append(f"  metrics -> {self.metrics_plan.describe()}")
+        if self.sampler is not None:
+            lines.append(f"  sampled -> {self.sampler.ratio:.0%} of ordinary steps by trace id; "
+                         "slow, failed, monitoring and first steps always")
+        return "\n".join(lines)
+
     def start(self) -> None:
         """Start the Prometheus endpoint, then the threads.
 

@@ -316,6 +316,9 @@ class Run:
             f"  metrics -> {self.prometheus_url + '/metrics' if self.prometheus_url else 'off'}",
             f"  timing  -> {self.device.describe()}",
         ]
+        scale_out = self._telemetry.derived.scale_out_banner()  # metrics over OTLP, sampling
+        if scale_out:
+            lines.append(scale_out)
         if self._writes_report():
             from otel_train.report import shutdown_banner_line
             lines.append(shutdown_banner_line(self.status_dir))

@@ -106,7 +106,7 @@ def test_a_run_pushes_over_grpc_the_same_metrics_as_its_prometheus_endpoint(
             _train(run)
             assert run.flush()
             pulled = _scrape(run.prometheus_url)
-            assert run._pipeline.otlp_metrics.force_flush(5000)
+            assert run._telemetry.derived.otlp_metrics.force_flush(5000)
             pushed = _pushed_samples(rx)
             latest = rx.latest()
         finally:
@@ -189,7 +189,7 @@ def test_recording_rules_and_dashboard_names_work_on_metrics_that_took_the_otlp_
             _train(run, steps=20, slow_at=15)
             run.flush()
             pulled = {n for n, _ in _scrape(run.prometheus_url)}
-            run._pipeline.otlp_metrics.force_flush(5000)
+            run._telemetry.derived.otlp_metrics.force_flush(5000)
         finally:
             run.shutdown()
         with PrometheusServer([collector.target], rule_files=RULE_FILES) as prom:

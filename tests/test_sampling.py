@@ -1,0 +1,215 @@
+"""Sampling that keeps what matters: the same ordinary steps on every rank, every slow,
+failed, monitoring and first step on the rank that saw it, and metrics that count every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode
+from otlp_receivers import GrpcOtlpReceiver
+from prometheus_client.parser import text_string_to_metric_families
+from train_helpers import clean_env, run_spans, start_test_run  # noqa: F401  (autouse)
+
+from otel_train import attributes as A
+from otel_train.identity import step_trace_id
+from otel_train.options import RunOptions
+from otel_train.sampling import (
+    SAMPLE_REASON,
+    StepTailSampler,
+    ratio_keeps,
+    resolve_sample_ratio,
+)
+from otel_train.trace_ids import SAMPLED
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent("""
+    import json, sys, time, urllib.request
+    import otel_train
+    rank, endpoint, status = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    slow = {0: {40, 120}, 1: {70, 150}}[rank]
+    run = otel_train.start_run(
+        run_id="sampled-run", rank=rank, world_size=2, sample_ratio=0.1,
+        sample_keep_first_steps=10, exporter="otlp", otlp_endpoint=endpoint,
+        otlp_protocol="grpc", prometheus_port=0, console=False, status_dir=status,
+        export_interval_seconds=0.2)
+    for step in run.steps(range(200)):
+        with step.phase("forward"):
+            time.sleep(0.08 if step.index in slow else 0.002)
+        with step.phase("backward"):
+            pass
+        if step.index == 100:
+            with step.monitor("inference"):
+                time.sleep(0.005)
+    run.flush()
+    with urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    run.shutdown()
+    print(json.dumps({"metrics": text}))
+""")
+PLANTED_SLOW = {0: {40, 120}, 1: {70, 150}}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def test_two_ranks_keep_the_same_ordinary_steps_and_every_step_that_matters(tmp_path: Path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    with GrpcOtlpReceiver() as rx:
+        procs = [subprocess.Popen(
+            [sys.executable, str(script), str(rank), rx.endpoint, str(tmp_path / f"r{rank}")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for rank in (0, 1)]
+        outs = [p.communicate(timeout=90) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0, err[-3000:]
+        roots = rx.spans("train.step")
+    metrics = [json.loads(out.strip().splitlines()[-1])["metrics"] for out, _ in outs]
+
+    expected = {s for s in range(10, 200) if ratio_keeps(step_trace_id("sampled-run", s), 0.1)}
+    assert 5 <= len(expected) <= 40  # about 10% of 190
+    kept: dict[int, dict[int, str]] = defaultdict(dict)
+    slow_kept: dict[int, set[int]] = defaultdict(set)
+    for r in roots:
+        rank, step = r.attributes["train.rank"], r.attributes["train.step"]
+        kept[rank][step] = r.attributes[SAMPLE_REASON]
+        if r.attributes["train.slow"]:
+            slow_kept[rank].add(step)
+    for rank in (0, 1):
+        steps = kept[rank]
+        # Every ordinary step the trace-id ratio keeps, on both ranks (so its trace is whole).
+        assert expected <= set(steps), sorted(expected - set(steps))
+        assert {s for s, why in steps.items() if why == "ratio"} <= expected
+        # Anything else kept was kept for a reason that matters on this rank.
+        assert {why for s, why in steps.items() if s not in expected} <= {
+            "slow", "monitor", "first", "error"}
+        assert set(range(10)) <= set(steps)
+        assert steps[100] in ("monitor", "slow", "ratio") and 100 in steps
+        assert PLANTED_SLOW[rank] <= slow_kept[rank], (rank, sorted(slow_kept[rank]))
+        for s in PLANTED_SLOW[rank]:
+            assert steps[s] == "slow"
+        # The metrics saw every step; what sampling left out is counted, not dropped.
+        text = metrics[rank]
+        assert _metric(text, "otel_train_steps_total", rank=str(rank)) == 200
+        assert _metric(text, "otel_train_slow_steps_total", rank=str(rank)) >= 2
+        spans_per_step = 4  # train.step, data, forward, backward
+        assert _metric(text, "otel_train_spans_sampled_out_total", rank=str(rank)) == \
+            spans_per_step * (200 - len(steps))
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "otel_train_spans_dropped":
+                assert all(s.value == 0 for s in fam.samples), fam.samples
+    # The ordinary steps kept are literally the same on both ranks.
+    ordinary = [{s for s, why in kept[r].items() if why == "ratio"} | (expected & set(kept[r]))
+                for r in (0, 1)]
+    assert ordinary[0] == ordinary[1] == expected
+
+
+def test_sample_ratio_comes_from_the_option_or_the_standard_sampler_variables():
+    opts = RunOptions.resolve(environ={})
+    assert resolve_sample_ratio(opts, env={}) is None
+    assert resolve_sample_ratio(RunOptions.resolve(environ={}, sample_ratio=0.25), env={
+        "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}) == 0.25
+    for name in ("traceidratio", "parentbased_traceidratio"):
+        assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": name,
+                                               "OTEL_TRACES_SAMPLER_ARG": "0.1"}) == 0.1
+    assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": "always_off"}) == 0.0
+    assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": "traceidratio",
+                                           "OTEL_TRACES_SAMPLER_ARG": "x"}) is None
+    with pytest.raises(ValueError, match="sample_ratio"):
+        RunOptions.resolve(environ={}, sample_ratio=1.5)
+
+
+def test_the_ratio_rule_is_the_sdks_traceidratio_rule():
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+    sdk = TraceIdRatioBased(0.1)
+    for step in range(500):
+        tid = step_trace_id("r", step)
+        assert ratio_keeps(tid, 0.1) == sdk.should_sample(None, tid, "x").decision.is_sampled()
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+
+def _step(trace_id: int, step: int, error: bool = False, kind: str = "train"):
+    root = SpanContext(trace_id, 1, False, SAMPLED)
+    child = ReadableSpan(name="forward", context=SpanContext(trace_id, 2, False, SAMPLED),
+                         parent=root, attributes={A.PHASE_KIND: kind},
+                         status=Status(StatusCode.ERROR if error else StatusCode.UNSET))
+    top = ReadableSpan(name=A.STEP_SPAN_NAME, context=root, parent=None,
+                       attributes={A.STEP: step, A.SLOW: False})
+    return [child, top]
+
+
+def test_a_failed_step_and_a_monitoring_step_are_kept_even_at_ratio_zero():
+    out = _Collect()
+    sampler = StepTailSampler(0.0, keep_first_steps=1, downstream=out)  # type: ignore[arg-type]
+    for span in (_step(11, 0) + _step(12, 5) + _step(13, 6, error=True)
+                 + _step(14, 7, kind="monitor")):
+        sampler.on_end(span)
+    reasons = {s.attributes[A.STEP]: s.attributes[SAMPLE_REASON] for s in out.spans
+               if s.name == A.STEP_SPAN_NAME}
+    assert reasons == {0: "first", 6: "error", 7: "monitor"}
+    assert (sampler.sampled_out_steps, sampler.sampled_out_spans) == (1, 2)
+
+
+def test_spans_whose_root_never_comes_are_exported_not_lost():
+    out = _Collect()
+    sampler = StepTailSampler(0.0, downstream=out, max_pending_traces=2)  # type: ignore
+    for tid in (21, 22, 23):
+        sampler.on_end(_step(tid, 50)[0])  # children only
+    assert len(out.spans) == 1  # the oldest, evicted
+    sampler.shutdown()
+    assert len(out.spans) == 3
+
+
+def test_a_run_without_sampling_exports_every_step(tmp_path: Path):
+    run = start_test_run(tmp_path)
+    for _ in run.steps(range(30)):
+        pass
+    run.shutdown()
+    roots = [s for s in run_spans(run) if s.name == A.STEP_SPAN_NAME]
+    assert len(roots) == 30
+    assert all(SAMPLE_REASON not in s.attributes for s in roots)
+
+
+def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_step(
+        tmp_path: Path):
+    from opentelemetry import trace
+    run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2)
+    tracer = trace.get_tracer("user")
+    for step in run.steps(range(20)):
+        with step.phase("forward"):
+            with tracer.start_as_current_span("user-work"):
+                pass
+    run.shutdown()
+    spans = run_spans(run)
+    # (A microsecond step can be flagged slow next to its neighbours: that is kept too.)
+    steps = sorted(s.attributes[A.STEP] for s in spans
+                   if s.name == A.STEP_SPAN_NAME and not s.attributes[A.SLOW])
+    assert steps == [0, 1]
+    kept_traces = {s.trace_id for s in spans if s.name == A.STEP_SPAN_NAME}
+    users = [s for s in spans if s.name == "user-work"]
+    assert len(users) == len(kept_traces) and {u.trace_id for u in users} == kept_traces
+    assert run.dropped_spans() == {}
