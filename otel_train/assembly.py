@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_train.application_export import exporter_like_application
 from otel_train.attributes import INSTRUMENTATION_SCOPE
 from otel_train.derived_metrics import DerivedMetricsStage
 from otel_train.device import DeviceTiming
@@ -210,10 +211,17 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         sampler = build_sampler()
 
     exporter = None
+    joins_app = mode == MODE_APP  # our spans go into the application's own processors
     if mode != MODE_APP or options.sources.get("exporter"):
         exporter = create_exporter(plan)
     elif mode == MODE_APP:
         plan = ExportPlan("application TracerProvider")
+        # Our bounded, counted, fast export stage to the application's endpoint instead
+        # (application_export.py); trace_export="application" keeps the old way.
+        found = exporter_like_application(provider) if options.trace_export == "own" else None
+        if found is not None:
+            exporter, where = found
+            plan, joins_app = ExportPlan(where), False
     export: BoundedBatchSpanProcessor | None = None
     if exporter is not None:
         export = BoundedBatchSpanProcessor(
@@ -223,7 +231,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # Tail sampling (sampling.py) between the derived metrics and export: it applies the
     # ratio itself, so every step is built sampled and the SDK follows its parent.
     export_stage: SpanProcessor | None = export
-    if derived.sampler is not None and export is not None and mode != MODE_APP:
+    if derived.sampler is not None and export is not None:
         derived.sampler.downstream = export
         export_stage = derived.sampler
         sampler = ParentBased(ALWAYS_ON)
@@ -237,7 +245,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     sinks: list[SpanProcessor] = list(derived.processors)
     if export_stage is not None:
         sinks.append(export_stage)
-    if mode == MODE_APP:
+    if joins_app:
         sinks.append(ApplicationProviderSink(provider))
 
     scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
