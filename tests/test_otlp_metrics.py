@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_support import RULE_FILES, load_dashboard, prometheus_queries, recording_rules
+from deploy_support import (
+    RULE_FILES,
+    alert_rules,
+    load_dashboard,
+    prometheus_queries,
+    recording_rules,
+)
 from otlp_metrics_receivers import (
     CUMULATIVE,
     DELTA,
@@ -179,20 +185,28 @@ def test_the_prometheus_endpoint_stays_the_default(tmp_path: Path):
 
 
 @pytest.mark.prometheus
-def test_recording_rules_and_dashboard_names_work_on_metrics_that_took_the_otlp_path(
+def test_recording_rules_alerts_and_dashboard_names_work_on_metrics_that_took_the_otlp_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")
-    with GrpcOtlpMetricsReceiver() as rx, ExpositionServer(rx) as collector:
+    # Prometheus scrapes a collector-shaped endpoint (the received OTLP metrics as Prometheus
+    # text) every second while the run pushes every 300 ms, so rates and increases exist.
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "300")
+    with GrpcOtlpMetricsReceiver() as rx, ExpositionServer(rx) as collector, \
+            PrometheusServer([collector.target], rule_files=RULE_FILES) as prom:
         run = start_test_run(tmp_path, prometheus_port=0, metrics_exporter="prometheus,otlp",
                              otlp_endpoint=rx.endpoint, otlp_protocol="grpc", run_id="e2e")
         try:
-            _train(run, steps=20, slow_at=15)
+            end = time.monotonic() + 5.0
+            for step in run.steps(range(100_000)):
+                with step.phase("forward"):
+                    time.sleep(0.08 if step.index == 15 else 0.01)
+                if step.index % 10 == 5:
+                    with step.monitor("inference"):
+                        time.sleep(0.01)  # ~10% of training time: over the 5% budget
+                if time.monotonic() > end:
+                    break
             run.flush()
             pulled = {n for n, _ in _scrape(run.prometheus_url)}
             run._telemetry.derived.otlp_metrics.force_flush(5000)
-        finally:
-            run.shutdown()
-        with PrometheusServer([collector.target], rule_files=RULE_FILES) as prom:
             prom.wait_for("otel_train_steps_total", timeout=30)
             names = {r["metric"]["__name__"] for r in prom.query(
                 'group by (__name__) ({__name__=~"otel_train_.+"})')}
@@ -205,8 +219,15 @@ def test_recording_rules_and_dashboard_names_work_on_metrics_that_took_the_otlp_
             for _, _, expr in prometheus_queries(load_dashboard()):
                 used |= set(re.findall(r"otel_train_[a-z_]+", expr))
             assert (used & pulled) <= names
-            # A recording rule evaluated by Prometheus on pushed data gives the run's figure.
+            # Recording rules evaluated by Prometheus on pushed data give the run's figures.
             mean = prom.wait_for("otel_train:step_duration_seconds:mean_run", timeout=30)
             assert mean[0]["metric"]["rank"] == "0"
-            assert 0.002 < float(mean[0]["value"][1]) < 0.1
-            assert prom.wait_for("otel_train:steps:rate5m", timeout=30)
+            assert 0.01 < float(mean[0]["value"][1]) < 0.1
+            rate = prom.wait_for("otel_train:steps:rate5m",
+                                 lambda r: r and float(r[0]["value"][1]) > 0, timeout=30)
+            assert rate[0]["metric"]["rank"] == "0"
+            # An alert's condition holds on pushed data as on pulled data (over budget).
+            over = alert_rules()["OtelTrainMonitoringOverBudget"]["expr"]
+            assert prom.wait_for(over, timeout=30)[0]["metric"]["rank"] == "0"
+        finally:
+            run.shutdown()
