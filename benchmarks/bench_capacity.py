@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,7 +182,7 @@ def main() -> None:
                f"{r['bytes_per_s'] / 1e3:.1f}", f"{r['bytes_per_span']:.0f}",
                f"{r['rx_cpu_us_per_span']:.1f}", f"{r['rx_cores']:.3f}",
                f"{r['exp_cpu_us_per_span']:.1f}", f"{r['kept_ratio']:.2f}", r["dropped"])
-        print(" ".join(f"{str(v):>11}" for v in row), flush=True)
+        print(" ".join(f"{v!s:>11}" for v in row), flush=True)
 
 
 if __name__ == "__main__":

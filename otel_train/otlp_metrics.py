@@ -43,13 +43,19 @@ from typing import Any
 from opentelemetry import trace as trace_api
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import attributes as A
 from otel_train.options import RunOptions
-from otel_train.prometheus_metrics import DEFAULT_BUCKETS, PrometheusMetricsSpanProcessor
+from otel_train.prometheus_metrics import (
+    DEFAULT_BUCKETS,
+    PrometheusMetricsSpanProcessor,
+)
 from otel_train.rate_limited_log import warn_once
 from otel_train.steps_view import P_DURATION, StepView, StepViewProcessor
 
@@ -182,7 +188,9 @@ def create_metric_exporter(plan: MetricsPlan) -> MetricExporter:
     if plan.endpoint:
         kwargs["endpoint"] = plan.endpoint
     if plan.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter,
+        )
         return OTLPMetricExporter(**kwargs)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,

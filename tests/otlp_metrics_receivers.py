@@ -210,7 +210,7 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, receiver: GrpcOtlpMetricsReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
         """Store one export request."""
         headers = {k.lower(): str(v) for k, v in context.invocation_metadata()}
         self._receiver._record(request, headers)
@@ -241,7 +241,7 @@ class GrpcOtlpMetricsReceiver(_MetricsReceiverBase):
 class _HttpHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         """Decode and store one export request."""
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -272,7 +272,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet."""
 
 
@@ -349,7 +349,7 @@ def exposition(metrics: dict[str, ReceivedMetric]) -> str:
 
 
 class _ExpositionHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         """Serve /metrics."""
         body = exposition(self.server.receiver.latest()).encode()  # type: ignore[attr-defined]
         self.send_response(200)
@@ -358,7 +358,7 @@ class _ExpositionHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet."""
 
 

@@ -173,7 +173,7 @@ def test_the_slurm_example_is_valid_bash_and_uses_the_library_defaults():
     assert bash
     subprocess.run([bash, "-n", str(SBATCH)], check=True)
     assert text.startswith("#!/bin/bash")
-    assert re.search(r"^#SBATCH --nodes=\d+$", text, re.M)
+    assert re.search(r"^#SBATCH --nodes=\d+$", text, re.MULTILINE)
     assert f"PROMETHEUS_PORT={DEFAULT_PROMETHEUS_PORT}" in text
     assert f"OTLP_PORT={OTLP_GRPC}" in text
     assert '--rdzv-id="$SLURM_JOB_ID"' in text  # every rank's run id: TORCHELASTIC_RUN_ID

@@ -200,9 +200,8 @@ def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_st
     run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2)
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
-        with step.phase("forward"):
-            with tracer.start_as_current_span("user-work"):
-                pass
+        with step.phase("forward"), tracer.start_as_current_span("user-work"):
+            pass
     run.shutdown()
     spans = run_spans(run)
     # (A microsecond step can be flagged slow next to its neighbours: that is kept too.)
