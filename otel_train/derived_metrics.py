@@ -146,9 +146,9 @@ class DerivedMetricsStage:
         warning; an explicit port that is taken raises ``ValueError`` (it was asked for).
         """
         port = self.options.prometheus_port
-        if not self.metrics_plan.prometheus:
-            pass  # metrics over OTLP only: no endpoint (otlp_metrics.plan_metrics)
-        elif port is DEFAULT:
+        if not self.metrics_plan.prometheus:  # metrics over OTLP only (plan_metrics)
+            port = None
+        if port is DEFAULT:
             self.prometheus_url = self._serve_default(self.options.prometheus_host)
         elif port is not None:
             self.prometheus_url = self._serve(self.options.prometheus_host, port)
@@ -229,6 +229,8 @@ class DerivedMetricsStage:
         """In a forked child: close the inherited metrics socket; start nothing, join nothing."""
         self._started = False
         self.metrics.close_inherited_socket()
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.after_fork_in_child()
 
     def shutdown(self, timeout_seconds: float) -> None:
         """Final monitoring_costs.json, then stop threads and the endpoint, within the bound."""

@@ -329,6 +329,19 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         except Exception:
             return False
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): never push the parent's metrics.
+
+        The SDK's periodic reader restarts its thread in every forked child; it must find
+        nothing to collect and stop.
+        """
+        self._stopped = True
+        reader = self.reader
+        reader.collect = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        event = getattr(reader, "_shutdown_event", None)
+        if event is not None:
+            event.set()
+
     def shutdown(self) -> None:
         """Final export and stop (bounded by the default shutdown bound)."""
         self.shutdown_within(2.0)

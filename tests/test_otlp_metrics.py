@@ -4,6 +4,7 @@ Prometheus running the recording rules on metrics that took that path."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import urllib.request
@@ -229,5 +230,48 @@ def test_recording_rules_alerts_and_dashboard_names_work_on_metrics_that_took_th
             # An alert's condition holds on pushed data as on pulled data (over budget).
             over = alert_rules()["OtelTrainMonitoringOverBudget"]["expr"]
             assert prom.wait_for(over, timeout=30)[0]["metric"]["rank"] == "0"
+        finally:
+            run.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_pushes_the_parents_metrics(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    # The SDK's periodic reader restarts its thread in every forked child (a DataLoader
+    # worker): without care, every worker would push the parent's metrics every interval.
+    # A long interval keeps the parent quiet (and no export in flight at the fork); the child
+    # then does what its restarted thread would do on its next tick.
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")
+    with HttpOtlpMetricsReceiver() as rx:
+        run = start_test_run(tmp_path, metrics_exporter="otlp", run_id="forked",
+                             otlp_endpoint=rx.endpoint, otlp_protocol="http/protobuf")
+        try:
+            _train(run, steps=5, slow_at=-1)
+            run.flush()
+            otlp = run._telemetry.derived.otlp_metrics
+            assert otlp.force_flush(5000)
+            before = len(rx.requests())
+            assert before >= 1
+            pid = os.fork()
+            if pid == 0:  # the child: one tick of the restarted reader, then leave
+                code = 0
+                try:
+                    otlp.reader.collect(timeout_millis=2000)
+                    code = 0 if otlp.reader._shutdown_event.is_set() else 3
+                except BaseException:
+                    code = 2
+                os._exit(code)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    pytest.fail("the forked child hung")
+                time.sleep(0.05)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            time.sleep(0.3)  # a request from the child would have arrived by now
+            assert len(rx.requests()) == before  # nothing came from the child
         finally:
             run.shutdown()
