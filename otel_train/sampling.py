@@ -60,14 +60,13 @@ def resolve_sample_ratio(options: RunOptions,
 
     The ``sample_ratio`` option wins; else ``OTEL_TRACES_SAMPLER=traceidratio`` or
     ``parentbased_traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` (SDK semantics: a bad or
-    missing argument means 1.0), or ``always_off`` (0.0: only the steps that matter).
+    missing argument means 1.0). ``always_off`` keeps its SDK meaning (nothing exported): it
+    is left to the SDK sampler, not turned into a ratio.
     """
     if options.sample_ratio is not None:
         return None if options.sample_ratio >= 1.0 else float(options.sample_ratio)
     env = os.environ if env is None else env
     name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-    if name in ("always_off", "parentbased_always_off"):
-        return 0.0
     if name not in ("traceidratio", "parentbased_traceidratio"):
         return None
     raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()

@@ -129,7 +129,8 @@ def test_sample_ratio_comes_from_the_option_or_the_standard_sampler_variables():
     for name in ("traceidratio", "parentbased_traceidratio"):
         assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": name,
                                                "OTEL_TRACES_SAMPLER_ARG": "0.1"}) == 0.1
-    assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": "always_off"}) == 0.0
+    # always_off keeps its SDK meaning (export nothing): not a ratio of ours
+    assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": "always_off"}) is None
     assert resolve_sample_ratio(opts, env={"OTEL_TRACES_SAMPLER": "traceidratio",
                                            "OTEL_TRACES_SAMPLER_ARG": "x"}) is None
     with pytest.raises(ValueError, match="sample_ratio"):
