@@ -196,14 +196,18 @@ def test_recording_rules_alerts_and_dashboard_names_work_on_metrics_that_took_th
         run = start_test_run(tmp_path, prometheus_port=0, metrics_exporter="prometheus,otlp",
                              otlp_endpoint=rx.endpoint, otlp_protocol="grpc", run_id="e2e")
         try:
-            end = time.monotonic() + 5.0
+            # Train until Prometheus has scraped the step counter rising (bounded: on a loaded
+            # machine its first scrape can come late), and for at least 3 s.
+            start = time.monotonic()
             for step in run.steps(range(100_000)):
                 with step.phase("forward"):
                     time.sleep(0.08 if step.index == 15 else 0.01)
                 if step.index % 10 == 5:
                     with step.monitor("inference"):
                         time.sleep(0.01)  # ~10% of training time: over the 5% budget
-                if time.monotonic() > end:
+                if step.index % 50 == 49 and time.monotonic() - start > 3.0 and (
+                        prom.query("changes(otel_train_steps_total[5m]) > 1")
+                        or time.monotonic() - start > 60):
                     break
             run.flush()
             pulled = {n for n, _ in _scrape(run.prometheus_url)}
