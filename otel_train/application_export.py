@@ -25,6 +25,8 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_train.otlp_encoding import make_grpc_exporter, make_http_exporter
+
 _log = logging.getLogger("otel_train")
 
 
@@ -68,7 +70,6 @@ def exporter_like_application(provider: TracerProvider) -> tuple[SpanExporter, s
     app = application_otlp_exporter(provider)
     if app is None:
         return None
-    from otel_train.otlp_encoding import make_grpc_exporter, make_http_exporter
     try:
         if ".grpc." in type(app).__module__:
             exporter = make_grpc_exporter(

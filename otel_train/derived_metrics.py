@@ -27,6 +27,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import SpanProcessor
 
+from otel_train import otlp_metrics as om
 from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
 from otel_train.costs import (
@@ -43,6 +44,7 @@ from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.recorder import Recorder
+from otel_train.sampling import build_step_sampler
 from otel_train.self_cost import SelfCostMeter
 from otel_train.slow_steps import SlowStepSpanProcessor
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
@@ -116,8 +118,6 @@ class DerivedMetricsStage:
     def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
         """The tail sampler (sampling.py; run.py puts it before export, after these
         processors), and metrics over OTLP too (otlp_metrics.py), after the Prometheus one."""
-        from otel_train import otlp_metrics as om
-        from otel_train.sampling import build_step_sampler
         self.sampler = build_step_sampler(self.options, self.identity.rank,
                                           self.metrics.registry)
         self.metrics_plan = om.plan_metrics(self.options)

@@ -51,12 +51,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import attributes as A
+from otel_train.identity import resource_attributes
 from otel_train.options import RunOptions
 from otel_train.prometheus_metrics import (
     DEFAULT_BUCKETS,
     PrometheusMetricsSpanProcessor,
 )
 from otel_train.rate_limited_log import warn_once
+from otel_train.sdk_config import build_resource, sdk_disabled
 from otel_train.steps_view import P_DURATION, StepView, StepViewProcessor
 
 METER_NAME = "otel_train"
@@ -149,7 +151,6 @@ def plan_metrics(options: RunOptions, env: Mapping[str, str] | None = None) -> M
         names -= unknown
     if not names:
         names = {"prometheus"}
-    from otel_train.sdk_config import sdk_disabled
     otlp = "otlp" in names and not sdk_disabled(env)
     explicit_port = "prometheus_port" in options.sources
     prometheus = "prometheus" in names or explicit_port
@@ -200,8 +201,6 @@ def create_metric_exporter(plan: MetricsPlan) -> MetricExporter:
 
 def metrics_resource(options: RunOptions, identity: Any) -> Resource:
     """The resource the run's spans carry (service, run, rank's instance, host, pod)."""
-    from otel_train.identity import resource_attributes
-    from otel_train.sdk_config import build_resource
     return build_resource(options.service_name, resource_attributes(identity))
 
 
