@@ -42,6 +42,11 @@ class _Default:
 DEFAULT: Any = _Default()
 
 
+def _choice(default: Any) -> Any:
+    """A field whose value is one of a few names: read from the environment lower-cased."""
+    return field(default=default, metadata={"env": "choice"})
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """All options of a run, validated. Build with :meth:`RunOptions.resolve`."""
@@ -50,7 +55,7 @@ class RunOptions:
     run_id: str | None = None
     # False (or OTEL_SDK_DISABLED=true): the API works, nothing is recorded or started.
     enabled: bool = True
-    device_sync: str = "auto"
+    device_sync: str = _choice("auto")
     budget: float = 0.05
     critical: float = 0.10
     console: bool = True
@@ -60,15 +65,15 @@ class RunOptions:
     prometheus_host: str = "127.0.0.1"
     shutdown_timeout_seconds: float = 2.0
     status_dir: str | None = None
-    exporter: str | None = None
+    exporter: str | None = _choice(None)
     otlp_endpoint: str | None = None
-    otlp_protocol: str | None = None
+    otlp_protocol: str | None = _choice(None)
     spans_path: str | None = None
     # The local span file (OTLP JSON lines): rotation size, total cap (None: no cap), and
     # compression (gzip by default: ~190 bytes per step instead of ~3.6 KB, measured).
     spans_file_max_bytes: int = 256 * 1024 * 1024
     spans_total_max_bytes: int | None = None
-    spans_compression: str = "gzip"
+    spans_compression: str = _choice("gzip")
     # The HTML report written at shutdown (report.html in the status dir); None: on when
     # the console is on.
     report: bool | None = None
@@ -103,7 +108,7 @@ class RunOptions:
     # -- scale-out (issue 12) ----------------------------------------------------------------
     # "prometheus" (endpoint), "otlp" (push), "prometheus,otlp", "none"; None: from
     # OTEL_METRICS_EXPORTER, else prometheus.
-    metrics_exporter: str | None = None
+    metrics_exporter: str | None = _choice(None)
     # Share of ordinary steps whose spans are exported (by derived trace id, the same on
     # every rank); None: OTEL_TRACES_SAMPLER's ratio, else 1.0. Slow, failed, monitoring
     # and the first `sample_keep_first_steps` steps are always exported.
@@ -112,7 +117,7 @@ class RunOptions:
     # Where the spans go: "own" (bounded, drop-counting export stage, also when the
     # application has an SDK TracerProvider: to its OTLP endpoint) or "application" (hand
     # the spans to the application's provider's processors, as before).
-    trace_export: str = "own"
+    trace_export: str = _choice("own")
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -306,47 +311,25 @@ def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:
         ) from None
 
 
-_ENV_KINDS = {
-    "console": "bool",
-    "enabled": "bool",
-    "budget": "float",
-    "critical": "float",
-    "log_every": "int",
-    "prometheus_port": "port",
-    "shutdown_timeout_seconds": "float",
-    "recent_window_steps": "int",
-    "slow_step_factor": "float",
-    "slow_step_seconds": "optional_float",
-    "warmup_steps": "int",
-    "console_breakdown_min_share": "float",
-    "eval_operations": "names",
-    "slow_operation_seconds": "float",
-    "stall_seconds": "optional_float",
-    "stall_min_seconds": "float",
-    "costs_interval_seconds": "float",
-    "watchdog_interval_seconds": "float",
-    "gpu_sample_interval_seconds": "float",
-    "max_queued_steps": "int",
-    "max_queued_spans": "int",
-    "export_batch_size": "int",
-    "export_interval_seconds": "float",
-    "export_max_request_bytes": "int",
-    "rank": "optional_int",
-    "world_size": "optional_int",
-    "local_rank": "optional_int",
-    "status_dir": "optional_str",
-    "spans_path": "optional_str",
-    "spans_file_max_bytes": "int",
-    "spans_total_max_bytes": "optional_int",
-    "spans_compression": "choice",
-    "report": "optional_bool",
-    "exporter": "choice",
-    "otlp_endpoint": "optional_str",
-    "otlp_protocol": "choice",
-    "service_name": "optional_str",
-    "run_id": "optional_str",
-    "metrics_exporter": "choice",
-    "sample_ratio": "optional_float",
-    "sample_keep_first_steps": "int",
-    "trace_export": "choice",
+# How an OTEL_TRAIN_<NAME> string becomes each option's type: derived from the annotations,
+# so a new option is read from the environment the day it is declared.
+_KIND_BY_ANNOTATION = {
+    "bool": "bool", "bool | None": "optional_bool", "int": "int", "int | None": "optional_int",
+    "float": "float", "float | None": "optional_float", "str": "str",
+    "str | None": "optional_str", "tuple[str, ...]": "names",
 }
+
+
+def _env_kinds() -> dict[str, str]:
+    kinds = {}
+    for f in dataclasses.fields(RunOptions):
+        if f.name == "sources":
+            continue
+        if f.default is DEFAULT:
+            kinds[f.name] = "port"  # None: off, "default": the computed default, or a number
+        else:
+            kinds[f.name] = f.metadata.get("env") or _KIND_BY_ANNOTATION[str(f.type)]
+    return kinds
+
+
+_ENV_KINDS = _env_kinds()

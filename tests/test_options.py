@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
@@ -183,3 +185,12 @@ def test_signal_options_have_defaults_and_read_their_environment():
     assert RunOptions.resolve(environ={}, eval_operations=["x"]).eval_operations == ("x",)
     with pytest.raises(ValueError, match="OTEL_TRAIN_WARMUP_STEPS"):
         RunOptions.resolve(environ={"OTEL_TRAIN_WARMUP_STEPS": "five"})
+
+
+def test_every_option_is_read_from_the_environment_by_its_type():
+    from otel_train.options import _ENV_KINDS
+    names = {f.name for f in dataclasses.fields(RunOptions)} - {"sources"}
+    assert set(_ENV_KINDS) == names  # derived from the annotations: none can be forgotten
+    opts = RunOptions.resolve(environ={"OTEL_TRAIN_DEVICE_SYNC": "Events",
+                                       "OTEL_TRAIN_PROMETHEUS_HOST": "0.0.0.0"})
+    assert opts.device_sync == "events" and opts.prometheus_host == "0.0.0.0"
