@@ -31,7 +31,6 @@ from otel_train.sdk_config import (
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _plan(env: dict[str, str], rank: int = 0, world_size: int = 1, **options):
