@@ -34,6 +34,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_hot_path.py
+	$(BIN)/python benchmarks/bench_disabled.py
 	$(BIN)/python benchmarks/bench_processors.py
 	$(BIN)/python benchmarks/bench_collector_down.py
 	$(BIN)/python benchmarks/bench_hooks.py

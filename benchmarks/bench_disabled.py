@@ -15,47 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
-from time import perf_counter_ns, thread_time_ns
-from typing import Any
+from pathlib import Path
 
-CHUNK = 50
-
-
-class _EmptyTimer:
-    __slots__ = ("t",)
-
-    def __enter__(self) -> _EmptyTimer:
-        self.t = perf_counter_ns()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        perf_counter_ns()
-
-
-def _floor() -> int:
-    t0 = thread_time_ns()
-    for _ in range(CHUNK):
-        for _ in range(6):
-            with _EmptyTimer():
-                pass
-    return thread_time_ns() - t0
-
-
-def _steps(gen: Any) -> int:
-    t0 = thread_time_ns()
-    for _, step in zip(range(CHUNK), gen):
-        with step.phase("forward"):
-            pass
-        with step.phase("backward"):
-            pass
-        with step.phase("optimizer"):
-            pass
-        with step.monitor("inference"):
-            pass
-        with step.monitor("val_loss"):
-            pass
-    return thread_time_ns() - t0
+# The same floor and the same 7-span step as bench_hot_path.py, so the figures compare.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hot_path import CHUNK, _floor_chunk, _ours_chunk  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         gen_off, gen_on = off.steps(range(n)), on.steps(range(n))
         floor, disabled, enabled = [], [], []
         for _ in range(args.rounds):
-            floor.append(_floor())
-            disabled.append(_steps(gen_off))
-            enabled.append(_steps(gen_on))
+            floor.append(_floor_chunk())
+            disabled.append(_ours_chunk(gen_off))
+            enabled.append(_ours_chunk(gen_on))
         gen_off.close()
         gen_on.close()
         off.shutdown()
