@@ -65,8 +65,9 @@ def test_a_disabled_run_trains_with_no_thread_socket_or_file(tmp_path, monkeypat
         port = taken.getsockname()[1]
         with otel_train.start_run(prometheus_port=port, status_dir=str(tmp_path / "run"),
                                   **kwargs) as run:
-            assert {t.ident for t in threading.enumerate()} == threads
-            assert _socket_fds() == sockets + 1  # only the test's own socket
+            # nothing new (threads an earlier test left behind may end meanwhile)
+            assert {t.ident for t in threading.enumerate()} <= threads
+            assert _socket_fds() <= sockets + 1  # only the test's own socket
             assert _train(run) == [0, 1, 2, 3, 4]
             assert run.prometheus_url is None and run.spans_path is None
             assert run.costs()["enabled"] is False
