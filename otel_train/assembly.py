@@ -23,12 +23,14 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -38,6 +40,7 @@ from otel_train.derived_metrics import DerivedMetricsStage
 from otel_train.device import DeviceTiming
 from otel_train.drop_counter import DropCounter
 from otel_train.export import BoundedBatchSpanProcessor
+from otel_train.export_process import ExportProcessClient
 from otel_train.global_provider import RunScopedTracerProvider, global_provider_for_run
 from otel_train.identity import RunIdentity, resource_attributes
 from otel_train.options import RunOptions
@@ -51,7 +54,12 @@ from otel_train.sdk_config import (
     sdk_disabled,
 )
 from otel_train.self_cost import SelfCostMeter
-from otel_train.span_builder import SpanBuildWorker, StepSpanBuilder, epoch_offset_ns
+from otel_train.span_builder import (
+    RowRoute,
+    SpanBuildWorker,
+    StepSpanBuilder,
+    epoch_offset_ns,
+)
 from otel_train.version import __version__
 
 _log = logging.getLogger("otel_train")
@@ -61,6 +69,7 @@ MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provide
 MODE_APP = "app"  # the application installed an SDK TracerProvider: our spans join its pipeline
 MODE_FOREIGN = "foreign"  # some other API-level provider: left alone, we export on our own
 MODE_DISABLED = "disabled"  # OTEL_SDK_DISABLED
+_PROCESS_KINDS = ("otlp", "jsonl")  # exporters the exporter process makes from the plan
 
 
 class ApplicationProviderSink(SpanProcessor):
@@ -151,6 +160,9 @@ class RunTelemetry:
         gp = self.global_provider
         if gp is not None:
             gp.after_fork_in_child()  # user spans in the child go nowhere
+        fork_hook = getattr(self.export, "after_fork_in_child", None)
+        if fork_hook is not None:
+            fork_hook()  # the exporter process belongs to the parent
         self.derived.after_fork_in_child()
 
 
@@ -211,9 +223,10 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         sampler = build_sampler()
 
     exporter = None
+    own_exporter = False  # the exporter is made from the plan (so the child can make it too)
     joins_app = mode == MODE_APP  # our spans go into the application's own processors
     if mode != MODE_APP or options.sources.get("exporter"):
-        exporter = create_exporter(plan)
+        own_exporter = True
     elif mode == MODE_APP:
         plan = ExportPlan("application TracerProvider")
         # Our bounded, counted, fast export stage to the application's endpoint instead
@@ -222,19 +235,42 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         if found is not None:
             exporter, where = found
             plan, joins_app = ExportPlan(where), False
-    export: BoundedBatchSpanProcessor | None = None
-    if exporter is not None:
-        export = BoundedBatchSpanProcessor(
-            exporter, drops, options.max_queued_spans, options.export_batch_size,
-            options.export_interval_seconds)
     derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
     # Tail sampling (sampling.py) between the derived metrics and export: it applies the
     # ratio itself, so every step is built sampled and the SDK follows its parent.
+    if derived.sampler is not None and (own_exporter and plan.kind != "none"
+                                        or exporter is not None):
+        sampler = ParentBased(ALWAYS_ON)
+    scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
+    is_sampled = sampling_function(sampler)
+    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
+                              is_sampled, epoch_offset_ns())
+
+    def in_process_export(made: SpanExporter | None = None) -> BoundedBatchSpanProcessor:
+        return BoundedBatchSpanProcessor(
+            made or create_exporter(plan), drops, options.max_queued_spans,
+            options.export_batch_size, options.export_interval_seconds)
+
+    export: Any = None
+    if own_exporter and options.export_process and plan.kind in _PROCESS_KINDS:
+        try:
+            export = ExportProcessClient(
+                plan, resource, scope, builder.run_constants, drops, options.max_queued_spans,
+                options.export_batch_size, options.export_interval_seconds,
+                fallback=in_process_export)
+            plan = dataclasses.replace(plan, process_pid=export.pid)
+        except Exception as exc:
+            _log.warning("otel-train: could not start the exporter process (%r); exporting "
+                         "from the training process", exc)
+    if export is None and own_exporter:
+        exporter = create_exporter(plan)
+    if export is None and exporter is not None:
+        export = in_process_export(exporter)
+
     export_stage: SpanProcessor | None = export
     if derived.sampler is not None and export is not None:
         derived.sampler.downstream = export
         export_stage = derived.sampler
-        sampler = ParentBased(ALWAYS_ON)
     sdk_provider: TracerProvider | None = None
     if mode == MODE_OURS:
         # User spans opened with the OTel API go through this provider into our export.
@@ -242,17 +278,18 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         if export_stage is not None:
             sdk_provider.add_span_processor(export_stage)
 
+    # The row path (span_rows.py) when nothing downstream needs ReadableSpans made here:
+    # export runs in the exporter process, or nothing is exported.
+    route: RowRoute | None = None
+    if not joins_app and (export is None or isinstance(export, ExportProcessClient)):
+        route = RowRoute(derived.shared, derived.sampler if export is not None else None,
+                         export, identity.rank)
     sinks: list[SpanProcessor] = list(derived.processors)
     if export_stage is not None:
         sinks.append(export_stage)
     if joins_app:
         sinks.append(ApplicationProviderSink(provider))
-
-    scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
-    is_sampled = sampling_function(sampler)
-    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
-                              is_sampled, epoch_offset_ns())
-    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost)
+    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost, route=route)
     return RunTelemetry(
         export_plan=plan, provider_mode=mode, resource=resource, sampler=sampler,
         is_sampled=is_sampled,

@@ -24,6 +24,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 

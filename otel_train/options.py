@@ -118,6 +118,10 @@ class RunOptions:
     # application has an SDK TracerProvider: to its OTLP endpoint) or "application" (hand
     # the spans to the application's provider's processors, as before).
     trace_export: str = _choice("own")
+    # OTLP and span-file export run in a child process fed compact span rows through a pipe
+    # (export_process.py): building and encoding spans then never holds the training
+    # process's GIL. False: an export thread in the training process, as before.
+    export_process: bool = True
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 

@@ -44,6 +44,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from otel_train import attributes as A
 from otel_train.options import RunOptions
 from otel_train.rate_limited_log import warn_once
+from otel_train.span_rows import R_ATTRS, R_NAME, R_STATUS, R_TRACE
 from otel_train.steps_view import set_span_attribute
 
 _log = logging.getLogger("otel_train")
@@ -52,6 +53,7 @@ SAMPLE_REASON = "train.sample.reason"  # on kept roots: ratio | slow | error | m
 METRIC_SPANS_SAMPLED_OUT = "otel_train_spans_sampled_out_total"
 _TRACE_ID_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT
 _ERROR = StatusCode.ERROR
+_ERROR_VALUE = StatusCode.ERROR.value
 
 
 def resolve_sample_ratio(options: RunOptions,
@@ -167,6 +169,50 @@ class StepTailSampler(SpanProcessor):
         if isinstance(step, int) and step < self.keep_first_steps:
             return "first"
         if self._by_ratio(root.context.trace_id):
+            return "ratio"
+        return None
+
+    def keep_rows(self, rows: list[tuple[Any, ...]]) -> bool:
+        """Row path (span_rows.py): decide on one step's rows (root last), after the
+        derived metrics; write the reason on the kept root, forward the user spans held for
+        its trace; count what is left out. Never raises."""
+        try:
+            root = rows[-1]
+            attrs = root[R_ATTRS]
+            trace_id = root[R_TRACE]
+            with self._lock:
+                held = self._pending.pop(trace_id, None) or []
+            reason = self._row_reason(root, rows, held)
+            if reason is None:
+                self.sampled_out_steps += 1
+                self.sampled_out_spans += len(rows) + len(held)
+                return False
+            self.kept_steps += 1
+            if root[R_NAME] == A.STEP_SPAN_NAME:
+                attrs[SAMPLE_REASON] = reason
+            self._forward(held)
+            return True
+        except Exception as exc:  # the export stage must never break the build worker
+            _log.debug("otel-train: tail sampler failed: %r", exc)
+            return True
+
+    def _row_reason(self, root: tuple[Any, ...], rows: list[tuple[Any, ...]],
+                    held: list[ReadableSpan]) -> str | None:
+        attrs = root[R_ATTRS]
+        if root[R_NAME] != A.STEP_SPAN_NAME:
+            return "monitor" if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR else (
+                "ratio" if self._by_ratio(root[R_TRACE]) else None)
+        if attrs.get(A.SLOW):
+            return "slow"
+        if any(r[R_STATUS] is not None and r[R_STATUS][0] == _ERROR_VALUE for r in rows) or any(
+                s.status.status_code is _ERROR for s in held):
+            return "error"
+        if any(r[R_ATTRS].get(A.PHASE_KIND) == A.KIND_MONITOR for r in rows):
+            return "monitor"
+        step = attrs.get(A.STEP)
+        if isinstance(step, int) and step < self.keep_first_steps:
+            return "first"
+        if self._by_ratio(root[R_TRACE]):
             return "ratio"
         return None
 

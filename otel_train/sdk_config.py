@@ -63,9 +63,17 @@ class ExportPlan:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     # Names (never values) of the OTLP headers configured through the environment.
     header_names: tuple[str, ...] = ()
+    # The exporter process's pid when export runs there (export_process.py).
+    process_pid: int | None = None
 
     def describe(self) -> str:
         """One line for the start-up banner (credentials shown as ``***``, never printed)."""
+        text = self._describe()
+        if self.process_pid is not None:
+            text += f" (exporter process pid {self.process_pid})"
+        return text
+
+    def _describe(self) -> str:
         if self.kind == "otlp":
             where = redact_url(self.endpoint) if self.endpoint else "(SDK default endpoint)"
             text = f"OTLP {self.protocol} -> {where}"

@@ -14,27 +14,31 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from time import perf_counter_ns, thread_time_ns, time_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import StatusCode
 
 from otel_train import attributes as A
 from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
-from otel_train.otlp_encoding import run_attributes_type
 from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
-from otel_train.trace_ids import NOT_SAMPLED as _NOT_SAMPLED
+from otel_train.span_rows import INTERNAL_KIND as _INTERNAL_KIND
+from otel_train.span_rows import R_FLAGS, RowSpanFactory, view_from_rows
+from otel_train.steps_view import SharedStepSpanProcessor
 from otel_train.trace_ids import SAMPLED as _SAMPLED
 from otel_train.trace_ids import operation_ids
 
+if TYPE_CHECKING:
+    from otel_train.sampling import StepTailSampler
+
 _log = logging.getLogger("otel_train")
-_INTERNAL = SpanKind.INTERNAL
+_SAMPLED_FLAGS = int(_SAMPLED)
 _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
 _STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
@@ -68,51 +72,55 @@ class StepSpanBuilder:
             A.DEVICE_SYNCED: device_synced,
             A.DEVICE_TYPE: device_type,
         }
-        # Every span's attributes start with these run constants: the OTLP encoder writes
-        # them as one cached block (otlp_encoding.RunConstantAttributes).
-        self._attrs = run_attributes_type(self._base)
+        # Rows leave the run constants out; the factory puts them first in every span's
+        # attributes, where the OTLP encoder writes them as one cached block
+        # (otlp_encoding.RunConstantAttributes). The attribute count limit counts them.
+        self._room = self._limits.count - len(self._base)
+        self.run_constants = dict(self._base)
+        self.factory = RowSpanFactory(resource, scope, self._base)
+        self.rank = identity.rank
 
     def build(self, record: Step | MonitorRecord) -> list[ReadableSpan]:
         """All spans of one record, children before their parents (the order spans end)."""
-        if isinstance(record, MonitorRecord):
-            return [self._build_monitor(record)]
-        return self._build_step(record)
+        return self.factory.spans(self.rows(record))
 
-    def _build_step(self, step: Step) -> list[ReadableSpan]:
+    def rows(self, record: Step | MonitorRecord) -> list[tuple[Any, ...]]:
+        """All span rows (span_rows.py) of one record, children first, the root last."""
+        if isinstance(record, MonitorRecord):
+            return [self._monitor_row(record)]
+        return self._step_rows(record)
+
+    def _step_rows(self, step: Step) -> list[tuple[Any, ...]]:
         trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
-        flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
+        flags = _SAMPLED_FLAGS if self._is_sampled(trace_id) else 0
         ids = step.span_ids  # ids already handed to user spans (rare): keep them
         rand = _getrandbits
-        root_ctx = SpanContext(trace_id, (ids and ids.get(-1)) or rand(64) or 1, False, flags)
+        root_id = (ids and ids.get(-1)) or rand(64) or 1
         phases = decode_events(step.ev)
-        contexts: list[SpanContext] = []
+        span_ids: list[int] = []
         kinds: list[str] = []
         for ph in phases:
-            span_id = (ids and ids.get(ph.ordinal)) or rand(64) or 1
-            contexts.append(SpanContext(trace_id, span_id, False, flags))
+            span_ids.append((ids and ids.get(ph.ordinal)) or rand(64) or 1)
             # Work nested in a monitoring phase is monitoring work (e.g. validation data).
             parent = ph.parent
             kinds.append(_MONITOR if parent >= 0 and kinds[parent] == _MONITOR
                          else ph.phase.kind)
-        base = self._attrs(self._base)
-        base[_STEP] = step.index
+        index = step.index
         off = self._offset
         step_end = step.end_ns
         step_loader = step.loader
         phase_attrs = step.phase_attrs
         device_seconds = _device_durations(step, phases) if step.dev else None
-        resource, scope = self._resource, self._scope
-        spans: list[ReadableSpan] = []
+        rows: list[tuple[Any, ...]] = []
         # Children in the order they ended (a nested phase ends before its parent).
         for ph in sorted(phases, key=lambda p: p.end_ns or step_end):
             phase = ph.phase
             ordinal = ph.ordinal
-            attrs = self._attrs(base)
-            attrs[_PHASE] = phase.name
-            attrs[_PHASE_KIND] = kinds[ordinal]
+            name = phase.name
+            attrs: dict[str, Any] = {_STEP: index, _PHASE: name, _PHASE_KIND: kinds[ordinal]}
             # Only data spans carry a loader: a monitoring or compute phase reads none itself
             # (validation data inside val_loss is its own data span, with its own loader).
-            loader = phase.loader or (step_loader if phase.name == A.PHASE_DATA else None)
+            loader = phase.loader or (step_loader if name == A.PHASE_DATA else None)
             if loader is not None:
                 attrs[_DATALOADER] = loader
             if device_seconds:
@@ -123,20 +131,17 @@ class StepSpanBuilder:
                 extra = phase_attrs.get(ordinal)
                 if extra:
                     attrs.update(_plain_attributes(extra, self._limits,
-                                                   self._limits.count - len(attrs)))
+                                                   self._room - len(attrs)))
             end = (ph.end_ns or step_end) + off  # a phase left open ends with its step
             if ph.error is None:
-                status, events = _UNSET, ()
+                status, events = None, ()
             else:
                 status, events = _status_and_events(ph.error, end)
-            spans.append(ReadableSpan(
-                name=phase.name, context=contexts[ordinal],
-                parent=contexts[ph.parent] if ph.parent >= 0 else root_ctx,
-                resource=resource, attributes=attrs, events=events, kind=_INTERNAL,
-                status=status, start_time=ph.start_ns + off, end_time=end,
-                instrumentation_scope=scope,
-            ))
-        root_attrs = base
+            rows.append((name, trace_id, span_ids[ordinal], flags,
+                         span_ids[ph.parent] if ph.parent >= 0 else root_id, False,
+                         ph.start_ns + off, end, attrs, status, events, _INTERNAL_KIND, None,
+                         ()))
+        root_attrs: dict[str, Any] = {_STEP: index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
         root_attrs[_SLOW] = False  # the slow-step processor turns this on
@@ -144,35 +149,24 @@ class StepSpanBuilder:
             root_attrs[A.DEVICE_DURATION] = device_seconds[-1]
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
-                                                self._limits.count - len(root_attrs)))
+                                                self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
-        spans.append(ReadableSpan(
-            name=A.STEP_SPAN_NAME, context=root_ctx, parent=None, resource=resource,
-            attributes=root_attrs, events=events, kind=_INTERNAL, status=status,
-            start_time=step.start_ns + off, end_time=step_end + off,
-            instrumentation_scope=scope,
-        ))
-        return spans
+        rows.append((A.STEP_SPAN_NAME, trace_id, root_id, flags, 0, False,
+                     step.start_ns + off, step_end + off, root_attrs, status, events,
+                     _INTERNAL_KIND, None, ()))
+        return rows
 
-    def _build_monitor(self, rec: MonitorRecord) -> ReadableSpan:
+    def _monitor_row(self, rec: MonitorRecord) -> tuple[Any, ...]:
         trace_id, span_id = operation_ids(rec)
-        flags = _SAMPLED if self._is_sampled(trace_id) else _NOT_SAMPLED
-        attrs = self._attrs(self._base)
-        attrs[A.STEP] = rec.after_step
-        attrs[A.PHASE] = rec.name
-        attrs[A.PHASE_KIND] = A.KIND_MONITOR
+        flags = _SAMPLED_FLAGS if self._is_sampled(trace_id) else 0
+        attrs: dict[str, Any] = {A.STEP: rec.after_step, A.PHASE: rec.name,
+                                 A.PHASE_KIND: A.KIND_MONITOR}
         if rec.attrs:
-            attrs.update(_plain_attributes(rec.attrs, self._limits,
-                                           self._limits.count - len(attrs)))
+            attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs)))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
-        return ReadableSpan(
-            name=rec.name, context=SpanContext(trace_id, span_id, False,
-                                               flags),
-            parent=None, resource=self._resource, attributes=attrs, events=events,
-            kind=SpanKind.INTERNAL, status=status, start_time=rec.start_ns + off,
-            end_time=rec.end_ns + off, instrumentation_scope=self._scope,
-        )
+        return (rec.name, trace_id, span_id, flags, 0, False, rec.start_ns + off,
+                rec.end_ns + off, attrs, status, events, _INTERNAL_KIND, None, ())
 
 
 def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
@@ -199,22 +193,20 @@ def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
     return out
 
 
-_UNSET = Status(StatusCode.UNSET)  # immutable: one shared instance for every healthy span
-
-
 def _status_and_events(
     error: BaseException | None, at_ns: int
-) -> tuple[Status, Sequence[Event]]:
+) -> tuple[tuple[int, str] | None, tuple[tuple[str, int, dict[str, Any]], ...]]:
+    """A failed span's status and exception event, in row form (span_rows.py)."""
     if error is None:
-        return _UNSET, ()
+        return None, ()
     stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    event = Event("exception", {
+    event = ("exception", at_ns, {
         "exception.type": type(error).__qualname__,
         "exception.message": str(error),
         "exception.stacktrace": stack,
         "exception.escaped": True,
-    }, timestamp=at_ns)
-    return Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"), (event,)
+    })
+    return (StatusCode.ERROR.value, f"{type(error).__name__}: {error}"), (event,)
 
 
 def _plain_attributes(attrs: dict[str, Any], limits: AttributeLimits | None = None,
@@ -223,8 +215,24 @@ def _plain_attributes(attrs: dict[str, Any], limits: AttributeLimits | None = No
     return plain_attributes(attrs, limits or AttributeLimits(), room)
 
 
+class RowRoute:
+    """The row path: a step's rows go to the derived metrics as one ``StepView``, then to
+    the tail sampler, then to export, with no ``ReadableSpan`` made in this process.
+
+    ``export`` takes rows (``send_rows``) and is told when a drain ends (``end_drain``), so
+    it can write one batch per drain (export_process.ExportProcessClient).
+    """
+
+    def __init__(self, metrics: SharedStepSpanProcessor | None, sampler: StepTailSampler | None,
+                 export: Any | None, rank: Any) -> None:
+        self.metrics = metrics
+        self.sampler = sampler
+        self.export = export
+        self.rank = rank
+
+
 class SpanBuildWorker:
-    """The background thread: drain records, build spans, feed the processors."""
+    """The background thread: drain records, build spans (or rows), feed the processors."""
 
     def __init__(
         self,
@@ -234,8 +242,10 @@ class SpanBuildWorker:
         drops: DropCounter,
         self_cost: SelfCostMeter,
         poll_interval_seconds: float = 0.05,
+        route: RowRoute | None = None,
     ) -> None:
         self._recorder = recorder
+        self._route = route
         self._builder = builder
         self._processors = tuple(processors)
         self._drops = drops
@@ -275,6 +285,8 @@ class SpanBuildWorker:
             self._drain_lock.release()
 
     def _drain_locked(self, deadline_ns: int | None) -> int:
+        if self._route is not None:
+            return self._drain_rows(self._route, deadline_ns)
         q = self._recorder.queue
         done = 0
         cpu0 = thread_time_ns()
@@ -306,6 +318,52 @@ class SpanBuildWorker:
                 self.spans_built += len(spans)
                 done += 1
         finally:
+            self._self_cost.add_background_ns(thread_time_ns() - cpu0)
+        return done
+
+    def _drain_rows(self, route: RowRoute, deadline_ns: int | None) -> int:
+        q = self._recorder.queue
+        done = 0
+        cpu0 = thread_time_ns()
+        rows_of, metrics, sampler, export = (self._builder.rows, route.metrics, route.sampler,
+                                             route.export)
+        rank = route.rank
+        try:
+            while q:
+                if deadline_ns is not None and perf_counter_ns() > deadline_ns:
+                    break
+                try:
+                    record = q.popleft()
+                except IndexError:
+                    break
+                try:
+                    rows = rows_of(record)
+                    view = view_from_rows(rows, rank)
+                except Exception as exc:
+                    self._drops.add("build_error", record.span_count())
+                    self._warn.warning("build", "otel-train: could not build spans: %r", exc)
+                    continue
+                self._self_cost.add_hot_path_spans(len(rows))
+                if view is not None and metrics is not None:
+                    metrics.on_view(view)  # never raises: it guards each processor
+                # Unsampled by the SDK sampler (e.g. always_off): never exported.
+                if export is not None and rows[-1][R_FLAGS] & 1 and (
+                        sampler is None or sampler.keep_rows(rows)):
+                    try:
+                        export.send_rows(rows)
+                    except Exception as exc:
+                        self._drops.add("export_failed", len(rows))
+                        self._warn.warning("send", "otel-train: could not queue spans for "
+                                           "export: %r", exc)
+                self.spans_built += len(rows)
+                done += 1
+        finally:
+            if export is not None:
+                try:
+                    export.end_drain()
+                except Exception as exc:
+                    self._warn.warning("send", "otel-train: could not hand spans to the "
+                                       "exporter: %r", exc)
             self._self_cost.add_background_ns(thread_time_ns() - cpu0)
         return done
 

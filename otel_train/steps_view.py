@@ -144,7 +144,7 @@ class StepAssembler:
             view = StepView(True, name, span, ctx, attrs, start, end,
                             phases if phases is not None else [])
             if phases:
-                _count_monitoring(view)
+                count_monitoring(view)
             with self.lock:
                 self._emit(view)
             return
@@ -200,7 +200,7 @@ class StepAssembler:
         return len(self._pending)
 
 
-def _count_monitoring(view: StepView) -> None:
+def count_monitoring(view: StepView) -> None:
     """Fill ``view.operations`` / ``monitor_ns`` with the top-level monitor phases."""
     phases = view.phases
     monitors = [p for p in phases if p[P_KIND] == A.KIND_MONITOR]
@@ -292,6 +292,12 @@ class SharedStepSpanProcessor(SpanProcessor):
     def assembler(self) -> StepAssembler:
         """The shared assembler (its counters tell about ignored spans and evictions)."""
         return self._assembler
+
+    def on_view(self, view: StepView) -> None:
+        """Take a view built elsewhere (the row path: span_rows.view_from_rows)."""
+        with self.lock:
+            self._assembler.views += 1
+            self._dispatch(view)
 
     def _dispatch(self, view: StepView) -> None:
         for proc, handle in (self._on_step if view.is_step else self._on_operation):

@@ -1,0 +1,605 @@
+"""Span export in a process of its own, out of the training process's GIL.
+
+In CPython every microsecond the background spends building ``ReadableSpan``s and encoding
+OTLP holds the GIL the training thread needs: measured here, 100-250 µs of stall per step on
+a ~1 ms step (``benchmarks/bench_hot_path.py``). With this module the training process only
+turns each step into span rows (span_rows.py), feeds them to the derived metrics, and writes
+them down a pipe, one ``marshal``-ed frame per drain. A child Python process started with the
+run does the rest with the code the in-process path uses: rows -> ``ReadableSpan``s ->
+``BoundedBatchSpanProcessor`` -> the planned exporter (OTLP gRPC/HTTP with the fast encoder,
+or the span file), with the same retries, bounds and drop counting.
+
+Promises kept:
+
+- bounded: frames the child has not read wait in this process up to ``max_queued_spans``
+  spans; beyond, the oldest are dropped and counted (``export_queue_full``); the pipe never
+  blocks training or the worker (non-blocking writes);
+- counted: the child reports its export and drop counts; they land in this process's
+  ``DropCounter`` (``otel_train_spans_dropped_total``). Spans sent but never reported on (the
+  child died) are counted too;
+- the same exit bounds: ``shutdown(timeout)`` hands the child what is left and its share of
+  the time; past the deadline the child is killed and what it held is counted;
+- faults: the child ignores SIGINT/SIGTERM (the launcher's signal reaches the training
+  process, whose shutdown then flushes through the child) and exits when the pipe closes or
+  the training process is gone; if the child cannot start or dies, export falls back to the
+  in-process stage, with a warning; a forked training process's child copies are inert.
+
+Usage::
+
+    client = ExportProcessClient(plan, resource, scope, run_constants, drops, options)
+    client.send_rows(rows); client.end_drain()        # from the span worker
+    client.on_end(readable_span)                      # user spans (SDK provider)
+    client.force_flush(5000); client.shutdown(2.0)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import marshal
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_train.drop_counter import DropCounter
+from otel_train.rate_limited_log import RateLimitedLogger
+from otel_train.span_rows import RowSpanFactory, row_from_span
+
+_log = logging.getLogger("otel_train")
+_HEADER = struct.Struct("<I")
+_READ_CHUNK = 1 << 16
+_STATS_INTERVAL_SECONDS = 0.25
+_ORPHAN_CHECK_SECONDS = 0.5
+_ORPHAN_FLUSH_SECONDS = 3.0  # the training process died: what the child may still send
+_START_TIMEOUT_SECONDS = 30.0  # a child that never says hello is given up on
+_BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
+         "from otel_train.export_process import child_main; "
+         "child_main(int(sys.argv[1]), int(sys.argv[2]))")
+
+
+def _frame(payload: bytes) -> bytes:
+    return _HEADER.pack(len(payload)) + payload
+
+
+class _FrameReader:
+    """Length-prefixed frames from a file descriptor (blocking or not)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = bytearray()
+        self.eof = False
+
+    def read_available(self) -> list[bytes]:
+        """Every whole frame readable now without blocking (fd must be non-blocking)."""
+        while True:
+            try:
+                chunk = os.read(self.fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.eof = True
+                break
+            if not chunk:
+                self.eof = True
+                break
+            self._buf += chunk
+        return self._frames()
+
+    def read_one(self) -> bytes | None:
+        """The next frame, blocking; None at end of file."""
+        while True:
+            frames = self._frames(limit=1)
+            if frames:
+                return frames[0]
+            try:
+                chunk = os.read(self.fd, _READ_CHUNK)
+            except InterruptedError:
+                continue
+            if not chunk:
+                self.eof = True
+                return None
+            self._buf += chunk
+
+    def _frames(self, limit: int | None = None) -> list[bytes]:
+        out = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= 4 and (limit is None or len(out) < limit):
+            (size,) = _HEADER.unpack_from(buf, pos)
+            if len(buf) - pos - 4 < size:
+                break
+            out.append(bytes(buf[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+        return out
+
+
+class ExportProcessClient(SpanProcessor):
+    """The training process's side: rows down a pipe to the exporter process, counts back."""
+
+    def __init__(self, plan: Any, resource: Resource, scope: InstrumentationScope,
+                 run_constants: dict[str, Any], drops: DropCounter, max_queued_spans: int,
+                 max_batch_size: int, interval_seconds: float,
+                 fallback: Any = None) -> None:
+        self._drops = drops
+        self._max_queued = max_queued_spans
+        self._warn = RateLimitedLogger(_log)
+        self._factory = RowSpanFactory(resource, scope, run_constants)
+        # Builds the in-process export stage if the child cannot start or dies.
+        self._make_fallback = fallback
+        self._fallback: Any = None
+        self._lock = threading.Lock()  # rows from the worker and user spans from training
+        self._io_lock = threading.Lock()  # the pipe, the outbox and the counts
+        self._rows: list[tuple[Any, ...]] = []
+        self._outbox: deque[list[Any]] = deque()  # [frame view, span count]
+        self._outbox_spans = 0
+        self.sent_spans = 0  # spans whose frame went wholly into the pipe
+        self.exported = 0  # as the child last reported
+        self.export_failures = 0
+        self._child_drops: dict[str, int] = {}
+        self._flushed: dict[int, bool] = {}
+        self._token = 0
+        self._final = False
+        self._ready = False  # the child reported once: its exporter is made
+        self._forked = False
+        self._closed = False
+        self.pid: int | None = None
+        config = {
+            "plan": plan,
+            "resource": (dict(resource.attributes), resource.schema_url),
+            "scope": (scope.name, scope.version, scope.schema_url),
+            "run_constants": run_constants,
+            "max_queue": max_queued_spans, "batch": max_batch_size,
+            "interval": interval_seconds, "parent_pid": os.getpid(),
+            "log_level": _log.getEffectiveLevel(),
+        }
+        # os.pipe() descriptors are not inherited across exec; the child gets its two ends
+        # through pass_fds only.
+        cmd_r, self._cmd_w = os.pipe()
+        self._stat_r, stat_w = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                # -I: no PYTHONPATH, user site or script dir (the parent's sys.path comes
+                # in argv), so a sitecustomize such as opentelemetry-instrument's does not
+                # instrument the exporter itself, and start-up stays short.
+                [sys.executable, "-I", "-c", _BOOT, str(cmd_r), str(stat_w),
+                 json.dumps([p for p in sys.path if isinstance(p, str)])],
+                # Its own session: a terminal's Ctrl-C or a launcher's signal to the process
+                # group is for training, whose shutdown then flushes through this child.
+                pass_fds=(cmd_r, stat_w), stdin=subprocess.DEVNULL, close_fds=True,
+                start_new_session=True)
+        except BaseException:
+            self._close_fds()
+            raise
+        finally:
+            os.close(cmd_r)
+            os.close(stat_w)
+        self.pid = self._proc.pid
+        # The config goes first, blocking (the pipe is empty and it is small); then the pipe
+        # turns non-blocking: from here on nothing this process does may wait on the child.
+        _write_all(self._cmd_w, _frame(pickle.dumps(config)))
+        os.set_blocking(self._cmd_w, False)
+        os.set_blocking(self._stat_r, False)
+        self._reader = _FrameReader(self._stat_r)
+
+    # -- from the span worker and the training thread -----------------------------------
+    def send_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue one step's rows; they go out at the end of the drain."""
+        if self._forked:
+            return
+        with self._lock:
+            self._rows.extend(rows)
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        """Nothing to do at start."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """A user span from the SDK provider (or held by the sampler): queue its row."""
+        if self._forked:
+            return
+        ctx = span.context
+        if ctx is None or not ctx.trace_flags.sampled:
+            return
+        try:
+            row = row_from_span(span)
+        except Exception as exc:
+            self._drops.add("build_error")
+            self._warn.warning("row", "otel-train: could not queue a span: %r", exc)
+            return
+        if row is not None:
+            with self._lock:
+                self._rows.append(row)
+
+    def end_drain(self) -> None:
+        """Frame what was queued and write what the pipe takes now; read the child's counts."""
+        if self._forked or self._closed:
+            return
+        with self._lock:
+            rows, self._rows = self._rows, []
+        with self._io_lock:
+            if self._fallback is not None:
+                self._to_fallback(rows)
+                return
+            if rows:
+                self._queue_frame(marshal.dumps(("rows", rows)), len(rows))
+            self._pump()
+            self._read_counts()
+            if self._proc.poll() is not None and not self._final:
+                self._child_died()
+
+    # -- the pipe ---------------------------------------------------------------------------
+    def _queue_frame(self, payload: bytes, spans: int) -> None:
+        # [bytes left to write, spans in the frame, partly written?]
+        self._outbox.append([memoryview(_frame(payload)), spans, False])
+        self._outbox_spans += spans
+        # Bounded: the oldest whole frames of spans go first (the newest are the most
+        # useful); a frame partly in the pipe must finish, or the stream would break.
+        while self._outbox_spans > self._max_queued:
+            victim = next((f for f in self._outbox if f[1] and not f[2]), None)
+            if victim is None or victim is self._outbox[-1]:  # the newest frame stays
+                break
+            self._outbox.remove(victim)
+            self._outbox_spans -= victim[1]
+            self._drops.add("export_queue_full", victim[1])
+            self._warn.warning(
+                "queue", "otel-train: the exporter process is not keeping up (%d spans "
+                "waiting); dropping the oldest spans (counted in "
+                "otel_train_spans_dropped_total)", self._max_queued)
+
+    def _pump(self) -> bool:
+        """Write what the pipe takes without blocking; True when the outbox is empty."""
+        box = self._outbox
+        while box:
+            head = box[0]
+            try:
+                n = os.write(self._cmd_w, head[0])
+            except BlockingIOError:
+                return False
+            except OSError as exc:  # the child is gone (EPIPE)
+                if exc.errno != errno.EPIPE:
+                    self._warn.warning("pipe", "otel-train: exporter pipe: %r", exc)
+                return False
+            head[0] = head[0][n:]
+            head[2] = True
+            if not head[0]:
+                box.popleft()
+                self._outbox_spans -= head[1]
+                self.sent_spans += head[1]
+        return True
+
+    def _read_counts(self) -> None:
+        for raw in self._reader.read_available():
+            try:
+                msg = marshal.loads(raw)
+            except Exception:
+                continue
+            kind = msg[0]
+            if kind in ("stats", "final"):
+                self._ready = True
+                self._apply_stats(msg[1], msg[2], msg[3])
+                if kind == "final":
+                    self._final = True
+            elif kind == "flushed":
+                self._flushed[msg[1]] = bool(msg[2])
+            elif kind == "error":
+                self._warn.warning("child", "otel-train: the exporter process: %s", msg[1])
+
+    def _apply_stats(self, exported: int, failures: int, drops: dict[str, int]) -> None:
+        self.exported = exported
+        self.export_failures = failures
+        for reason in set(drops) | set(self._child_drops):
+            delta = drops.get(reason, 0) - self._child_drops.get(reason, 0)
+            if delta > 0:
+                self._drops.add(reason, delta)
+            elif delta < 0:
+                self._drops.retract(reason, -delta)
+        self._child_drops = dict(drops)
+
+    def _unaccounted(self) -> int:
+        return max(0, self.sent_spans - self.exported - sum(self._child_drops.values()))
+
+    def _child_died(self) -> None:
+        """The child exited unasked: count what it held, export in this process from now."""
+        code = self._proc.returncode
+        self._read_counts()
+        lost = self._unaccounted()
+        self._drops.add("export_failed", lost)
+        self.sent_spans -= lost
+        self._warn.warning("died", "otel-train: the exporter process exited (code %s); %d "
+                           "spans it held are lost (counted); exporting from the training "
+                           "process from now on", code, lost)
+        self._take_over()
+
+    def _take_over(self) -> None:
+        """Export from this process from now on, starting with what the child never got."""
+        self._close_fds()
+        self._fallback = self._make_fallback() if self._make_fallback is not None else None
+        left = [row for frame in self._outbox if not frame[2] for row in _frame_rows(frame[0])]
+        cut = sum(frame[1] for frame in self._outbox if frame[2])  # half in the dead pipe
+        self._drops.add("export_failed", cut)
+        self._outbox.clear()
+        self._outbox_spans = 0
+        if self._fallback is None:
+            self._drops.add("export_failed", len(left))
+        else:
+            self._to_fallback(left)
+
+    def _to_fallback(self, rows: list[tuple[Any, ...]]) -> None:
+        target = self._fallback
+        for row in rows:
+            try:
+                target.on_end(self._factory.span(row))
+            except Exception as exc:
+                self._drops.add("build_error")
+                self._warn.warning("fallback", "otel-train: span export failed: %r", exc)
+
+    def _wait(self, deadline: float, done: Any) -> bool:
+        """Pump and read until ``done()`` or the deadline; never past it."""
+        while True:
+            with self._io_lock:
+                empty = self._pump()
+                self._read_counts()
+                if done(empty):
+                    return True
+                if self._proc.poll() is not None and not self._final:
+                    self._read_counts()
+                    if done(empty):
+                        return True
+                    self._child_died()  # the caller goes on with the fallback
+                    return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            wfds = [self._cmd_w] if not empty else []
+            try:
+                select.select([self._stat_r], wfds, [], min(left, 0.05))
+            except (OSError, ValueError):
+                time.sleep(min(left, 0.01))
+
+    # -- flush and shutdown ----------------------------------------------------------------
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Hand over everything queued and wait until the child has exported it."""
+        if self._forked or self._closed:
+            return True
+        if self._fallback is not None:
+            self.end_drain()
+            return bool(self._fallback.force_flush(timeout_millis))
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        self.end_drain()
+        with self._io_lock:
+            if self._fallback is not None:
+                return bool(self._fallback.force_flush(timeout_millis))
+            self._token += 1
+            token = self._token
+            self._queue_frame(marshal.dumps(("flush", token, timeout_millis / 1000.0)), 0)
+        if self._wait(deadline, lambda empty: token in self._flushed):
+            return self._flushed.pop(token, False)
+        if self._fallback is not None:  # the child died meanwhile
+            return bool(self._fallback.force_flush(
+                max(0, int((deadline - time.monotonic()) * 1000))))
+        return False
+
+    def shutdown(self, timeout_seconds: float = 2.0) -> None:  # type: ignore[override]
+        """Send what is left, let the child export it within ``timeout_seconds``, then stop it.
+
+        Whatever could not be handed over or exported in time is counted as
+        ``shutdown_timeout``; the child is killed if it outlives the deadline.
+        """
+        if self._forked or self._closed:
+            return
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        self.end_drain()
+        if self._fallback is not None:
+            self._closed = True
+            self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
+            return
+        if not self._ready and self._make_fallback is not None:
+            # Still starting (a short run, a slow import): give it part of the time, then
+            # export what is left from this process rather than lose it.
+            self._wait(time.monotonic() + max(0.0, deadline - time.monotonic()) * 0.4,
+                       lambda empty: self._ready)
+            if not self._ready:
+                with self._io_lock:
+                    _log.info("otel-train: the exporter process did not start in time; "
+                              "exporting the last spans from the training process")
+                    self._proc.kill()
+                    self._take_over()
+                self._closed = True
+                self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
+                return
+        with self._io_lock:
+            # The child gets the time left minus a margin to report its final counts.
+            share = max(0.0, (deadline - time.monotonic()) * 0.85 - 0.05)
+            self._queue_frame(marshal.dumps(("stop", share)), 0)
+        self._wait(deadline, lambda empty: self._final)
+        if self._fallback is not None:  # the child died meanwhile: export from here
+            self._closed = True
+            self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
+            return
+        with self._io_lock:
+            self._closed = True
+            unsent = self._outbox_spans
+            self._outbox.clear()
+            self._outbox_spans = 0
+            self._drops.add("shutdown_timeout", unsent)
+            self._read_counts()
+            lost = self._unaccounted()
+            self._drops.add("shutdown_timeout", lost)
+            self._close_fds()
+        try:
+            self._proc.wait(max(0.0, deadline - time.monotonic()) + 0.05)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            try:
+                self._proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                pass
+        if lost or unsent:
+            self._warn.warning("shutdown", "otel-train: %d spans not exported before the "
+                               "shutdown deadline (counted)", lost + unsent)
+
+    def _close_fds(self) -> None:
+        for name in ("_cmd_w", "_stat_r"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, -1)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked training process: never touch the parent's exporter, close our ends."""
+        self._forked = True
+        self._rows = []
+        self._outbox = deque()
+        # Closed so the exporter process sees end-of-file when the parent closes its end,
+        # even while forked workers (DataLoader) live on.
+        self._close_fds()
+
+
+def _frame_rows(view: memoryview) -> list[tuple[Any, ...]]:
+    """The rows of a frame not yet written (its header still intact)."""
+    try:
+        data = bytes(view)
+        (size,) = _HEADER.unpack_from(data, 0)
+        msg = marshal.loads(data[4:4 + size])
+        return list(msg[1]) if msg[0] == "rows" else []
+    except Exception:
+        return []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# -- the exporter process ------------------------------------------------------------------
+class _Child:
+    """The exporter process: rows in, spans exported, counts out."""
+
+    def __init__(self, stat_fd: int, config: dict[str, Any]) -> None:
+        from otel_train.export import BoundedBatchSpanProcessor
+        from otel_train.sdk_config import create_exporter
+
+        self._stat_fd = stat_fd
+        self._write_lock = threading.Lock()
+        self.drops = DropCounter()
+        attrs, schema = config["resource"]
+        self.factory = RowSpanFactory(Resource(attrs, schema),
+                                      InstrumentationScope(*config["scope"]),
+                                      config["run_constants"])
+        self.export = BoundedBatchSpanProcessor(
+            create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
+            config["interval"])
+        self.parent_pid = config["parent_pid"]
+        self._last: Any = None
+        self._done = threading.Event()
+
+    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
+        """One frame to the training process; periodic counts are skipped if the pipe is full."""
+        data = _frame(marshal.dumps(msg))
+        with self._write_lock:
+            try:
+                if block:
+                    os.set_blocking(self._stat_fd, True)
+                    _write_all(self._stat_fd, data)
+                else:
+                    os.set_blocking(self._stat_fd, False)
+                    if os.write(self._stat_fd, data) != len(data):  # pipes write <= 4 KiB whole
+                        pass
+            except (BlockingIOError, BrokenPipeError, OSError):
+                pass
+
+    def stats(self, kind: str = "stats", block: bool = False) -> None:
+        """The cumulative counts (sent only when they changed, unless final)."""
+        now = (self.export.exported, self.export.export_failures, self.drops.counts())
+        if kind == "stats" and now == self._last:
+            return
+        self._last = now
+        self.send((kind, *now), block)
+
+    def rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """Export one frame's rows."""
+        span, on_end = self.factory.span, self.export.on_end
+        for row in rows:
+            try:
+                on_end(span(row))
+            except Exception as exc:
+                self.drops.add("build_error")
+                _log.debug("otel-train exporter: bad row: %r", exc)
+
+    def stop(self, timeout_seconds: float) -> None:
+        """Export what is queued within ``timeout_seconds``, report the final counts."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        self.export.shutdown(timeout_seconds)
+        self.stats("final", block=True)
+
+    def watch(self) -> None:
+        """Counts every 0.25 s; if the training process is gone, flush briefly and exit."""
+        checks = 0
+        while not self._done.wait(_STATS_INTERVAL_SECONDS):
+            self.stats()
+            checks += 1
+            if checks % max(1, int(_ORPHAN_CHECK_SECONDS / _STATS_INTERVAL_SECONDS)) == 0:
+                if os.getppid() != self.parent_pid:
+                    self.stop(_ORPHAN_FLUSH_SECONDS)
+                    os._exit(0)
+
+
+def child_main(cmd_fd: int, stat_fd: int) -> None:
+    """Entry point of the exporter process (``python -c`` from ExportProcessClient)."""
+    # The launcher's SIGINT/SIGTERM are for the training process; its shutdown flushes
+    # through us, and we leave when the pipe closes or the training process is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reader = _FrameReader(cmd_fd)
+    raw = reader.read_one()
+    if raw is None:
+        return
+    config = pickle.loads(raw)
+    logging.basicConfig(format="%(message)s", stream=sys.stderr)
+    logging.getLogger("otel_train").setLevel(config.get("log_level", logging.WARNING))
+    try:
+        child = _Child(stat_fd, config)
+    except Exception as exc:
+        os.write(stat_fd, _frame(marshal.dumps(("error", f"could not start: {exc!r}"))))
+        sys.exit(3)
+    child.stats("stats", block=True)  # ready: the exporter is made
+    threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()
+    while True:
+        raw = reader.read_one()
+        if raw is None:  # the training process closed the pipe without a stop (it died)
+            child.stop(_ORPHAN_FLUSH_SECONDS)
+            break
+        msg = marshal.loads(raw)
+        kind = msg[0]
+        if kind == "rows":
+            child.rows(msg[1])
+        elif kind == "flush":
+            ok = child.export.force_flush(int(msg[2] * 1000))
+            child.stats(block=True)
+            child.send(("flushed", msg[1], ok), block=True)
+        elif kind == "stop":
+            child.stop(msg[1])
+            break
+    os._exit(0)  # skip interpreter teardown: everything is flushed and reported

@@ -1,0 +1,274 @@
+"""The exporter process: span rows down a pipe, spans out of a child process, counts back.
+
+Real child processes, a real OTLP gRPC receiver and real span files; faults are real too:
+the child is killed, stopped (SIGSTOP) or orphaned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from otlp_receivers import GrpcOtlpReceiver
+from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
+
+import otel_train
+from otel_train.drop_counter import DropCounter
+from otel_train.export_process import ExportProcessClient
+from otel_train.otlp_json_file import OtlpJsonFileSpanExporter
+from otel_train.sdk_config import ExportPlan
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _train(run: otel_train.Run, steps: int, start: int = 0) -> None:
+    for step in run.steps(range(start, start + steps)):
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+        if step.index % 5 == 0:
+            with step.monitor("val_loss"):
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    assert isinstance(client, ExportProcessClient)
+    assert client.pid != os.getpid() and _alive(client.pid)
+    assert f"exporter process pid {client.pid}" in run.export_plan.describe()
+    _train(run, 20)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    assert len(spans) == 20 * 4 + 4  # root, data, 2 phases per step; val_loss on 4 steps
+    assert {s.name for s in spans} == {"train.step", "data", "forward", "backward", "val_loss"}
+    assert _wait_gone(client.pid, 5)
+    assert run._telemetry.worker.spans_built == len(spans)
+    assert run.costs()["steps"] == 20
+
+
+def test_export_process_false_keeps_the_export_thread_in_the_training_process(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, export_process=False)
+    assert not isinstance(run._telemetry.export, ExportProcessClient)
+    assert "exporter process" not in run.export_plan.describe()
+    _train(run, 5)
+    run.shutdown(timeout=10)
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 5 * 4 + 1
+
+
+def test_the_child_writes_the_same_otlp_as_the_training_process_would(tmp_path: Path) -> None:
+    """Byte for byte: rows exported by the child equal the same rows exported in-process."""
+    run = start_test_run(tmp_path, exporter="none")
+    run._telemetry.worker.paused = True
+    for step in run.steps(range(12)):
+        with step.phase("forward") as ph:
+            ph.set_attribute("tokens", step.index * 7)
+        with step.monitor("inference"):
+            pass
+        step.set_attribute("train.loss", 1.0 / (1 + step.index))
+    try:
+        with run.step() as step:
+            with step.phase("forward"):
+                raise RuntimeError("nan loss")
+    except RuntimeError:
+        pass
+    builder = run._telemetry.builder
+    rows = [r for rec in list(run._recorder.queue) for r in builder.rows(rec)]
+    run.shutdown(timeout=5)
+
+    drops = DropCounter()
+    plan = ExportPlan("jsonl", path=tmp_path / "child.jsonl")
+    client = ExportProcessClient(plan, builder.factory.resource, builder.factory.scope,
+                                 builder.run_constants, drops, 10_000, 512, 0.05)
+    for i in range(0, len(rows), 9):
+        client.send_rows(rows[i:i + 9])
+        client.end_drain()
+    assert client.force_flush(10_000)
+    client.shutdown(5)
+    assert drops.counts() == {}
+    assert client.exported == len(rows)
+
+    here = OtlpJsonFileSpanExporter(tmp_path / "here.jsonl")
+    here.export(builder.factory.spans(rows))
+    here.shutdown()
+
+    def spans_of(path: Path) -> list[str]:
+        out = []
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    out += [json.dumps([rs["resource"], ss["scope"], s], sort_keys=True)
+                            for s in ss["spans"]]
+        return out
+
+    child, mine = spans_of(tmp_path / "child.jsonl"), spans_of(tmp_path / "here.jsonl")
+    assert len(child) == len(rows) == len(mine)
+    assert child == mine
+    assert any('"nan loss"' in s for s in child)  # the failed step's exception event
+
+
+def test_user_spans_nest_under_their_phase_through_the_child(tmp_path: Path,
+                                                           clean_env: None) -> None:
+    with GrpcOtlpReceiver() as receiver:
+        run = otel_train.start_run(exporter="otlp", otlp_endpoint=receiver.endpoint,
+                                   otlp_protocol="grpc", prometheus_port=None, console=False,
+                                   status_dir=str(tmp_path), export_interval_seconds=0.05)
+        tracer = trace.get_tracer("user.code")
+        for step in run.steps(range(3)):
+            with step.phase("forward"):
+                with tracer.start_as_current_span("attention", attributes={"layer": 3}):
+                    pass
+        run.shutdown(timeout=10)
+        spans = receiver.wait_for_spans(3 * 4, timeout_seconds=10)
+    user = [s for s in spans if s.name == "attention"]
+    forward = {s.span_id: s for s in spans if s.name == "forward"}
+    assert len(user) == 3
+    assert all(u.parent_span_id in forward for u in user)
+    assert all(u.attributes["layer"] == 3 for u in user)
+
+
+def test_a_killed_child_is_counted_and_export_falls_back_to_the_training_process(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:  # all its threads gone
+        time.sleep(0.02)
+    _train(run, 10, start=10)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    steps = sorted(s.attributes["train.step"] for s in spans if s.name == "train.step")
+    assert steps == list(range(20))  # flushed before the kill, and after it from here
+    assert run.drops.counts().get("export_failed", 0) == 0  # nothing was held at the kill
+
+
+def test_shutdown_keeps_its_bound_when_the_child_is_stuck_and_counts_every_span(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    run.flush(timeout_seconds=10)  # the child is up
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        _train(run, 50)
+        t0 = time.monotonic()
+        run.shutdown(timeout=1.0)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.kill(client.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert took < 1.0 + 0.5, took
+    assert run.drops.counts().get("shutdown_timeout") == 50 * 4 + 10
+    assert _wait_gone(client.pid, 5)  # killed at the deadline
+
+
+def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, max_queued_spans=300)
+    client = run._telemetry.export
+    run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        for _ in range(40):  # ~6k spans: more than the pipe and the 300-span bound hold
+            _train(run, 50, start=run._recorder.next_index)
+            run._telemetry.worker.drain()
+        dropped = run.drops.counts().get("export_queue_full", 0)
+        assert dropped > 0
+        assert client._outbox_spans <= 300 + 50 * 4 + 10  # bound + the newest frame
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    counts = run.drops.counts()
+    recorded = 40 * (50 * 4 + 10)
+    assert len(spans) + sum(counts.values()) == recorded, counts  # every span accounted for
+    last = max(s.attributes["train.step"] for s in spans if s.name == "train.step")
+    assert last == 40 * 50 - 1  # the newest steps survived
+
+
+_ORPHAN = textwrap.dedent("""
+    import os, sys, time, signal
+    import otel_train
+    run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
+                               prometheus_port=None, console=False, status_dir=sys.argv[1])
+    for step in run.steps(range(30)):
+        with step.phase("forward"):
+            pass
+    run._telemetry.worker.drain()
+    print("CHILD", run._telemetry.export.pid, flush=True)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no atexit
+""")
+
+
+def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path)], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pid = int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD")).split()[1])
+    assert _wait_gone(pid, 8), "the exporter process outlived its training process"
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    assert len(spans) == 30 * 3  # what was handed over before the kill was written
+
+
+def test_the_child_ignores_the_launchers_sigterm_and_flushes_through_the_run(
+        tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import os, sys, time
+        import otel_train
+        run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
+                                   prometheus_port=None, console=False, status_dir=sys.argv[1])
+        print("CHILD", run._telemetry.export.pid, flush=True)
+        for step in run.steps(range(10**9)):
+            with step.phase("forward"):
+                time.sleep(0.001)
+            if step.index == 100:
+                print("READY", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pid = int(proc.stdout.readline().split()[1])
+    assert proc.stdout.readline().startswith("READY")
+    os.killpg(proc.pid, signal.SIGTERM)  # as a launcher or `kill -- -pgid` does
+    proc.wait(20)
+    assert proc.returncode == -signal.SIGTERM
+    assert _wait_gone(pid, 5)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    steps = [s for s in spans if s.name == "train.step"]
+    assert len(steps) > 100
+    assert len(spans) == 3 * len(steps)  # each step whole: root, data, forward
