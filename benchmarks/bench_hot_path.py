@@ -13,17 +13,18 @@ does the work, so background work is neither hidden in nor charged to the hot pa
 - the headline, *the hot path as a user pays it*: otel-train's hot path with the background
   worker running and exporting OTLP/HTTP to a real receiver (in its own process, as a
   collector is), beside the same hot path with the worker paused and the floor, interleaved
-  chunk by chunk in one run. Steps are paced by a ~1 ms spin (a CPU-bound Python step that
-  holds the GIL, ``--step-us``), so the background has real steps to build and export while
-  the training thread works; only the six context managers of each step are timed
-  (``thread_time_ns`` around them, floor alike). Per step we also print the training
-  thread's stall from ``/proc/self/task/<tid>/schedstat``: run-queue wait (field 2) and time
-  blocked (wall - on-CPU - run-queue: on CPython mostly waiting for the GIL the background
-  threads hold), and the background CPU per exported step (process CPU minus the training
-  thread's, the pipeline flushed after each chunk, outside the hot-path timing). A fourth
-  variant prototypes an out-of-process exporter (``_PipeExportPrototype``): step records go
-  down a pipe as compact ``marshal``-ed tuples and nothing is built in this process, which
-  bounds what moving span building and encoding out of the training process could save.
+  chunk by chunk in one run. Export runs twice over, side by side: from the exporter process
+  (the default, export_process.py: rows down a pipe, spans built and encoded in the child)
+  and from an export thread in this process (``export_process=False``). Steps are paced by
+  a ~1 ms spin (a CPU-bound Python step that holds the GIL, ``--step-us``), so the
+  background has real steps to build and export while the training thread works; only the
+  six context managers of each step are timed (``thread_time_ns`` around them, floor
+  alike). Per step we also print the training thread's stall from
+  ``/proc/self/task/<tid>/schedstat``: run-queue wait (field 2) and time blocked (wall -
+  on-CPU - run-queue: on CPython mostly waiting for the GIL the background threads hold),
+  the background CPU per exported step in this process (process CPU minus the training
+  thread's, the pipeline flushed after each chunk, outside the hot-path timing), and the
+  exporter process's CPU (``/proc/<pid>/task/*/schedstat``).
 
 The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
           f"= {ours / floor:.2f} x floor (target <= 7 us where the floor is ~4.7 us)")
     print(f"{'OTel SDK start_as_current_span, same tree':<54}{sdk / us:8.2f} us")
     print(f"{'ratio SDK / otel-train hot path':<54}{sdk / ours:8.1f} x    (target >= 30x)")
-    print(f"{'background: build spans + derived-metrics processors':<54}{build / us:8.2f} us")
+    print(f"{'background: span rows + derived metrics (row path)':<54}{build / us:8.2f} us")
     print(f"{'background: OTLP protobuf encoding (otel-train)':<54}{encode / us:8.2f} us   "
           f"(the SDK's encoder: {sdk_encode / us:.2f} us, {sdk_encode / encode:.1f}x)")
     total = ours + build + encode
@@ -211,115 +212,60 @@ def _paced_chunk(gen: Any, clock: Any, steps: int, step_ns: int, ours: bool) -> 
             "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4]))}
 
 
-class _PipeExportPrototype:
-    """Point 0's question, prototyped: what would the training process still pay if span
-    building and encoding ran in another process? A thread drains the recorder's queue every
-    50 ms (as the span worker does), writes each step as a compact record (phase codes and
-    timestamps, ``marshal``) to a pipe read by a child process, and does nothing else. Its
-    CPU, and the GIL it holds, is the floor of any out-of-process exporter."""
-
-    def __init__(self, recorder: Any) -> None:
-        import marshal
-        import os
-        import subprocess
-        import threading
-
-        self._queue = recorder.queue
-        self._dumps = marshal.dumps
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys\nwhile sys.stdin.buffer.read(1 << 16): pass"],
-            stdin=subprocess.PIPE)
-        self._fd = self._proc.stdin.fileno()
-        self._write = os.write
-        self._codes: dict[int, int] = {}
-        self.active = False
-        self.records = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            if self.active:
-                self.drain()
-
-    def drain(self) -> None:
-        """Send every queued step record down the pipe."""
-        with self._lock:
-            q, codes, out = self._queue, self._codes, []
-            while q:
-                rec = q.popleft()
-                ev = getattr(rec, "ev", None) or ()
-                flat = [codes.setdefault(id(x), len(codes)) if not isinstance(x, int) and
-                        x is not None else x for x in ev]
-                out.append((getattr(rec, "index", -1), rec.start_ns, rec.end_ns, flat))
-            if out:
-                data = self._dumps(out)
-                view = memoryview(data)
-                while view:
-                    view = view[self._write(self._fd, view):]
-                self.records += len(out)
-
-    def close(self) -> None:
-        """Stop the thread and the child."""
-        self._stop.set()
-        self._thread.join(1)
-        self._proc.stdin.close()
-        self._proc.wait(5)
-
-
-def _paced(rounds: int, steps: int, step_us: float) -> dict[str, list[dict[str, int]]]:
-    """Floor, hot path (worker paused), hot path (worker running + OTLP export), and the
-    out-of-process prototype (records down a pipe), interleaved."""
+def _paced(rounds: int, steps: int, step_us: float) -> dict[str, Any]:
+    """Floor, hot path (worker paused), and the hot path with the worker running and export
+    on: from the exporter process (the default) and from an export thread in this process
+    (``export_process=False``), interleaved. Two runs are open side by side; the one not
+    being timed has its worker paused."""
     if rounds <= 0:
         return {}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_training_loop import ReceiverProcess, ThreadClock
+    from bench_support import ProcessCpu, ReceiverProcess, ThreadClock, exporter_pid
 
     import otel_train
 
     clock = ThreadClock()
     step_ns = int(step_us * 1000)
-    out: dict[str, list[dict[str, int]]] = {"floor": [], "paused": [], "running": [],
-                                            "pipe": []}
-    kinds = ("floor", "paused", "running", "pipe")
+    kinds = ("floor", "paused", "process", "thread")
+    out: dict[str, Any] = {k: [] for k in kinds}
     receiver = ReceiverProcess()
     try:
-        with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
-            exporter="otlp", otlp_endpoint=receiver.endpoint, otlp_protocol="http/protobuf",
-            prometheus_port=None, console=False, status_dir=tmp,
-        ) as run:
-            worker = run._telemetry.worker
-            proto = _PipeExportPrototype(run._recorder)
-            gen = run.steps(range((rounds + 1) * 3 * steps + 1))
+        with tempfile.TemporaryDirectory() as tmp_p, tempfile.TemporaryDirectory() as tmp_t:
+            common = {"exporter": "otlp", "otlp_endpoint": receiver.endpoint,
+                      "otlp_protocol": "http/protobuf", "prometheus_port": None,
+                      "console": False}
+            run_p = otel_train.start_run(status_dir=tmp_p, **common)
+            run_t = otel_train.start_run(status_dir=tmp_t, export_process=False, **common)
+            child = ProcessCpu(exporter_pid(run_p))
+            runs = {"paused": run_p, "process": run_p, "thread": run_t}
+            gens = {id(r): r.steps(range((rounds + 1) * 2 * steps + 1)) for r in (run_p, run_t)}
             for r in range(rounds + 1):  # round 0 warms up
                 for kind in kinds if r % 2 else kinds[::-1]:
-                    worker.paused = kind in ("paused", "pipe")
-                    proto.active = kind == "pipe"
-                    got = _paced_chunk(gen, clock, steps, step_ns, kind != "floor")
-                    if kind == "pipe":
-                        proto.active = False
-                        p0 = process_time_ns()
-                        proto.drain()
-                        got["flush_bg"] = process_time_ns() - p0
-                    elif kind != "floor":
+                    run = runs.get(kind)
+                    for other in (run_p, run_t):
+                        other._telemetry.worker.paused = other is not run or kind == "paused"
+                    c0 = child.read_ns()
+                    got = _paced_chunk(gens[id(run)] if run else None, clock, steps, step_ns,
+                                       run is not None)
+                    if run is not None:
                         # Everything the chunk left (queued steps, spans for export) is built
                         # and sent before the next chunk, its CPU charged to this chunk.
-                        worker.paused = False
+                        run._telemetry.worker.paused = False
                         p0, t0 = process_time_ns(), thread_time_ns()
                         run.flush()
-                        got["flush_bg"] = process_time_ns() - p0
-                        got["flush_thread"] = thread_time_ns() - t0
+                        got["flush_bg"] = (process_time_ns() - p0) - (thread_time_ns() - t0)
+                    got["child"] = child.read_ns() - c0
                     if r:
                         out[kind].append(got)
-            proto.close()
-            run.flush()
-            out["piped"] = proto.records  # type: ignore[assignment]
-            out["spans_built"] = worker.spans_built  # type: ignore[assignment]
-            out["expected"] = 7 * steps * 2 * (rounds + 1)  # type: ignore[assignment]
+            for run in (run_p, run_t):
+                run._telemetry.worker.paused = False
+                run.flush()
+            out["spans_built"] = sum(r._telemetry.worker.spans_built for r in (run_p, run_t))
+            out["expected"] = 7 * steps * 3 * (rounds + 1)
+            run_p.shutdown()
+            run_t.shutdown()
             time.sleep(0.2)
-            out["delivered"] = receiver.count()  # type: ignore[assignment]
+            out["delivered"] = receiver.count()
     finally:
         receiver.close()
     return out
@@ -337,26 +283,28 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nthe hot path as a user pays it: {len(paced['floor'])} interleaved rounds of "
           f"{n}-step chunks, steps paced by a {args.step_us:.0f} us GIL-holding spin; "
           "per step, medians")
-    print(f"{'':<44}{'hot path':>10}{'x floor':>9}{'stall':>10}{'runq':>10}{'GIL':>10}"
-          f"{'bg CPU':>10}")
+    print(f"{'':<46}{'hot path':>10}{'x floor':>9}{'stall':>10}{'runq':>10}{'GIL':>10}"
+          f"{'bg CPU':>10}{'exp CPU':>10}")
     for kind, label in (("floor", "floor: 6 empty timestamp context managers"),
                         ("paused", "otel-train, worker paused"),
-                        ("running", "otel-train, worker running + OTLP export"),
-                        ("pipe", "prototype: records to an exporter process")):
+                        ("process", "otel-train, OTLP from the exporter process"),
+                        ("thread", "otel-train, OTLP from an in-process thread")):
         hot = med(kind, lambda c: c["hot"])
         runq = med(kind, lambda c: c["runq"])
         gil = med(kind, lambda c: c["blocked"])
         bg = med(kind, lambda c: c["proc_cpu"] - c["thread_cpu"] + c.get("flush_bg", 0))
-        print(f"{label:<44}{hot:8.2f}us{hot / floor:8.2f}x{runq + gil:8.1f}us{runq:8.1f}us"
-              f"{gil:8.1f}us{bg:8.1f}us")
+        child = med(kind, lambda c: c["child"]) if kind == "process" else 0.0
+        print(f"{label:<46}{hot:8.2f}us{hot / floor:8.2f}x{runq + gil:8.1f}us{runq:8.1f}us"
+              f"{gil:8.1f}us{bg:8.1f}us{child:8.1f}us")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
-          f"built, {paced['expected']} recorded (7 per step) in the paused and running chunks; "
-          f"{paced['piped']} step records piped by the prototype. bg CPU = all threads but the "
-          "training thread, the flush after each chunk included (the paused chunk's spans are "
-          "built in that flush). stall = run-queue wait + blocked (GIL) of the training thread "
-          "(spin included), from schedstat. The per-step timing (two thread_time_ns calls "
-          "around the six context managers) makes these hot-path figures larger than the "
-          "chunked ones above; compare the x floor column.")
+          f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
+          "process's threads but the training thread (the flush after each chunk included; "
+          "the paused chunk's spans are built in that flush); exp CPU = the exporter "
+          "process's CPU (another process: it holds no GIL of ours). stall = run-queue wait "
+          "+ blocked (GIL) of the training thread (spin included), from schedstat. The "
+          "per-step timing (two thread_time_ns calls around the six context managers) makes "
+          "these hot-path figures larger than the chunked ones above; compare the x floor "
+          "column.")
 
 
 if __name__ == "__main__":

@@ -67,73 +67,36 @@ import argparse
 import gc
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-IN_PROCESS = ("otel-otlp", "otel-none", "instrument", "otel-sdk", "record-function")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_support import (  # noqa: E402
+    ROOT,
+    GcCounter,
+    ProcessCpu,
+    ReceiverProcess,
+    ThreadClock,
+    _fmt_ci,
+    exporter_pid,
+    timed_block,
+)
+
+IN_PROCESS = ("otel-otlp", "otel-thread", "otel-none", "instrument", "otel-sdk",
+              "record-function")
+EXPORTING = ("otel-otlp", "otel-thread", "instrument")  # otel-train runs exporting OTLP
 PEERS = ("torchtel", "traceml")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 BLOCK_STEPS = {"gpt": 50, "mlp": 100}
 SMOKE_BLOCK_STEPS = {"gpt": 5, "mlp": 10}
 EVAL_EVERY = 50
-
-
-# -- measurement --------------------------------------------------------------------------
-
-class ThreadClock:
-    """Wall, thread CPU, process CPU and schedstat of the calling (training) thread."""
-
-    def __init__(self) -> None:
-        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-        self._ok = os.path.exists(self._path)
-
-    def read(self) -> tuple[int, int, int, int, int]:
-        """(wall, thread cpu, process cpu, on-cpu, run-queue wait) in ns."""
-        on = wait = 0
-        if self._ok:
-            with open(self._path) as f:
-                fields = f.read().split()
-            on, wait = int(fields[0]), int(fields[1])
-        return (time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns(), on, wait)
-
-
-class GcCounter:
-    """Counts gc collections by generation while ``active``."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.counts = [0, 0, 0]
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if self.active and phase == "start":
-            self.counts[info["generation"]] += 1
-
-
-def timed_block(clock: ThreadClock, body: Any, drain: Any = None) -> dict[str, int]:
-    """Run ``body()`` (and ``drain()`` after it, timed apart); the block's figures."""
-    a = clock.read()
-    body()
-    b = clock.read()
-    out = {"wall": b[0] - a[0], "thread_cpu": b[1] - a[1], "proc_cpu": b[2] - a[2],
-           "runq": b[4] - a[4], "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4])),
-           "drain_wall": 0, "drain_proc_cpu": 0, "drain_thread_cpu": 0}
-    if drain is not None:
-        drain()
-        c = clock.read()
-        out.update(drain_wall=c[0] - b[0], drain_proc_cpu=c[2] - b[2], drain_thread_cpu=c[1] - b[1])
-    return out
 
 
 # -- workloads ----------------------------------------------------------------------------
@@ -301,16 +264,19 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     stderr = sys.stderr
     import otel_train
 
-    if variant in ("otel-otlp", "instrument"):
+    if variant in EXPORTING:
         sys.stderr = devnull  # the console report (stderr) is on: its cost counts, not its text
         run = otel_train.start_run(
             exporter="otlp", otlp_endpoint=cfg["endpoint"], otlp_protocol="http/protobuf",
-            prometheus_port=0, console=True, status_dir=tmp, service_name="bench")
+            prometheus_port=0, console=True, status_dir=tmp, service_name="bench",
+            export_process=variant != "otel-thread")
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
                                    status_dir=tmp, service_name="bench")
     if variant == "otel-sdk":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -337,11 +303,12 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         body = lambda: loop_otel(w, n, run)  # noqa: E731
         drain = lambda: run.flush()  # noqa: E731
     bare = lambda: loop_bare(w, n)  # noqa: E731
+    child = ProcessCpu(exporter_pid(run)) if run is not None else None
 
     def run_variant() -> dict[str, int]:
         if variant == "instrument":  # hooks go on outside the clock (off in the drain)
             holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
-        return timed_block(clock, body, drain)
+        return timed_block(clock, body, drain, child)
 
     # Warm-up: caches, allocator, first-use paths of both loops.
     run_variant(), timed_block(clock, bare)
@@ -362,7 +329,7 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         pairs.append(got)
 
     memory = None
-    if cfg.get("memory") and variant in ("otel-otlp", "otel-sdk"):
+    if cfg.get("memory") and variant in ("otel-otlp", "otel-thread", "otel-sdk"):
         memory = {"bare": _traced_block(bare, None), "var": _traced_block(body, drain)}
         memory["steps"] = n
     if run is not None:
@@ -427,44 +394,6 @@ def worker_subprocess_block(cfg: dict[str, Any]) -> dict[str, Any]:
 
 # -- the driver ---------------------------------------------------------------------------
 
-_RECEIVER_SCRIPT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from otlp_receivers import HttpOtlpReceiver
-with HttpOtlpReceiver() as r:
-    print(r.endpoint, flush=True)
-    for line in sys.stdin:
-        if line.strip() == "count":
-            print(len(r.spans()), flush=True)
-"""
-
-
-class ReceiverProcess:
-    """tests/otlp_receivers.py's real OTLP/HTTP receiver, in its own process."""
-
-    def __init__(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _RECEIVER_SCRIPT, str(ROOT / "tests")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.endpoint = self._proc.stdout.readline().strip()
-        if not self.endpoint.startswith("http"):
-            raise RuntimeError("the OTLP receiver did not start")
-
-    def count(self) -> int:
-        """Spans received so far."""
-        self._proc.stdin.write("count\n")
-        self._proc.stdin.flush()
-        return int(self._proc.stdout.readline())
-
-    def close(self) -> None:
-        """Stop the receiver (bounded)."""
-        self._proc.stdin.close()
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-
-
 def _spawn(cfg: dict[str, Any], launcher: list[str] | None = None,
            timeout_seconds: float = 600) -> dict[str, Any]:
     """Run a worker (this file, ``--worker``) and return its JSON result."""
@@ -484,21 +413,6 @@ def _spawn(cfg: dict[str, Any], launcher: list[str] | None = None,
         return json.loads(out.read_text())
 
 
-def _median_ci(values: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Median and its bootstrap 95% interval."""
-    rng = random.Random(seed)
-    med = statistics.median(values)
-    if len(values) < 2:
-        return med, med, med
-    boots = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
-    return med, boots[49], boots[1949]
-
-
-def _fmt_ci(values: list[float]) -> str:
-    m, lo, hi = _median_ci(values)
-    return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
-
-
 def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int,
          delivered: str) -> str:
     """One table row from (bare, variant) block pairs."""
@@ -515,12 +429,18 @@ def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: i
     gil_d = med(lambda b, v: v["blocked"] - b["blocked"])
     tcpu_d = med(lambda b, v: v["thread_cpu"] - b["thread_cpu"])
     pcpu_d = med(lambda b, v: v["proc_cpu"] + v["drain_proc_cpu"] - b["proc_cpu"])
+    # Background CPU in this process: all threads but the training thread, drain included.
+    bg = med(lambda b, v: (v["proc_cpu"] + v["drain_proc_cpu"] - v["thread_cpu"]
+                           - v["drain_thread_cpu"]) - (b["proc_cpu"] - b["thread_cpu"]))
+    child = med(lambda b, v: v.get("child_cpu", 0))
     return (f"{name:<16}{_fmt_ci(ratio):>24}{_fmt_ci(ratio_d):>24}{stall:9.0f}{stall_d:+8.0f}"
-            f"{runq_d:+8.0f}{gil_d:+8.0f}{tcpu_d:+9.0f}{pcpu_d:+9.0f}  {delivered}")
+            f"{runq_d:+8.0f}{gil_d:+8.0f}{tcpu_d:+9.0f}{pcpu_d:+9.0f}{bg:+8.0f}"
+            f"{child:8.0f}  {delivered}")
 
 
 HEADER = (f"{'variant':<16}{'ratio [95% CI]':>24}{'ratio+drain [95% CI]':>24}"
-          f"{'stall':>9}{'+stall':>8}{'+runq':>8}{'+GIL':>8}{'+thrCPU':>9}{'+procCPU':>9}  spans delivered")
+          f"{'stall':>9}{'+stall':>8}{'+runq':>8}{'+GIL':>8}{'+thrCPU':>9}{'+procCPU':>9}"
+          f"{'+bgCPU':>8}{'expCPU':>8}  spans delivered")
 
 
 def _bare_line(pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int) -> str:
@@ -586,9 +506,9 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
     if first_bare:
         print(_bare_line(pairs, n))
         first_bare = False
-    if got is None and variant in ("otel-otlp", "instrument", "otel-sdk"):
+    if got is None and variant in (*EXPORTING, "otel-sdk"):
         delivered = "(one process for all: total below)"
-    elif variant in ("otel-otlp", "instrument"):
+    elif variant in EXPORTING:
         delivered = f"{got}/{res['spans_built']} built"
     elif variant == "otel-none":
         delivered = f"0 (exporter none; {res['spans_built']} built)"
@@ -598,7 +518,7 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
         delivered = "- (no export)"
     print(_row(variant, pairs, n, delivered), flush=True)
     gc_steps = res["gc_steps"]
-    if variant in ("otel-otlp", "otel-sdk"):
+    if variant in ("otel-otlp", "otel-thread", "otel-sdk"):
         per_k = lambda c: "/".join(f"{1000 * x / gc_steps:.1f}" for x in c)  # noqa: E731
         print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare {per_k(res['gc_bare'])}"
               f", {variant} {per_k(res['gc_var'])}")

@@ -297,6 +297,8 @@ class ExportProcessClient(SpanProcessor):
                     self._final = True
             elif kind == "flushed":
                 self._flushed[msg[1]] = bool(msg[2])
+            elif kind == "log":  # the child's own (rate-limited) log records, re-logged here
+                _log.log(msg[1], "%s", msg[2])
             elif kind == "error":
                 self._warn.warning("child", "otel-train: the exporter process: %s", msg[1])
 
@@ -492,15 +494,58 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 # -- the exporter process ------------------------------------------------------------------
+class _StatWriter:
+    """Frames from the exporter process to the training process (one writer at a time)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
+        """One frame; unless ``block``, skipped when the pipe is full (counts are cumulative,
+        the next report carries them)."""
+        data = _frame(marshal.dumps(msg))
+        with self._lock:
+            try:
+                # Frames up to PIPE_BUF (4 KiB) are written whole or not at all; a larger
+                # one is written blocking, so the stream never holds half a frame.
+                block = block or len(data) > 4096
+                os.set_blocking(self.fd, block)
+                if block:
+                    _write_all(self.fd, data)
+                else:
+                    os.write(self.fd, data)
+            except OSError:
+                pass
+
+
+class _PipeLogHandler(logging.Handler):
+    """The exporter process's log records go to the training process's ``otel_train``
+    logger, where the user's logging configuration applies."""
+
+    def __init__(self, writer: _StatWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Send one record (its formatted message) up the pipe."""
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._writer.send(("log", record.levelno, text[:3500]), block=True)
+        except Exception:
+            pass
+
+
 class _Child:
     """The exporter process: rows in, spans exported, counts out."""
 
-    def __init__(self, stat_fd: int, config: dict[str, Any]) -> None:
+    def __init__(self, writer: _StatWriter, config: dict[str, Any]) -> None:
         from otel_train.export import BoundedBatchSpanProcessor
         from otel_train.sdk_config import create_exporter
 
-        self._stat_fd = stat_fd
-        self._write_lock = threading.Lock()
+        self.send = writer.send
         self.drops = DropCounter()
         attrs, schema = config["resource"]
         self.factory = RowSpanFactory(Resource(attrs, schema),
@@ -512,21 +557,6 @@ class _Child:
         self.parent_pid = config["parent_pid"]
         self._last: Any = None
         self._done = threading.Event()
-
-    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
-        """One frame to the training process; periodic counts are skipped if the pipe is full."""
-        data = _frame(marshal.dumps(msg))
-        with self._write_lock:
-            try:
-                if block:
-                    os.set_blocking(self._stat_fd, True)
-                    _write_all(self._stat_fd, data)
-                else:
-                    os.set_blocking(self._stat_fd, False)
-                    if os.write(self._stat_fd, data) != len(data):  # pipes write <= 4 KiB whole
-                        pass
-            except (BlockingIOError, BrokenPipeError, OSError):
-                pass
 
     def stats(self, kind: str = "stats", block: bool = False) -> None:
         """The cumulative counts (sent only when they changed, unless final)."""
@@ -577,12 +607,15 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
     if raw is None:
         return
     config = pickle.loads(raw)
-    logging.basicConfig(format="%(message)s", stream=sys.stderr)
-    logging.getLogger("otel_train").setLevel(config.get("log_level", logging.WARNING))
+    writer = _StatWriter(stat_fd)
+    log = logging.getLogger("otel_train")
+    log.setLevel(config.get("log_level", logging.WARNING))
+    log.addHandler(_PipeLogHandler(writer))
+    log.propagate = False
     try:
-        child = _Child(stat_fd, config)
+        child = _Child(writer, config)
     except Exception as exc:
-        os.write(stat_fd, _frame(marshal.dumps(("error", f"could not start: {exc!r}"))))
+        writer.send(("error", f"could not start: {exc!r}"), block=True)
         sys.exit(3)
     child.stats("stats", block=True)  # ready: the exporter is made
     threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()

@@ -1,0 +1,162 @@
+"""Measurement shared by the benchmarks: the training thread's clock (CPU and schedstat),
+the exporter process's CPU, gc counting, a real OTLP receiver in its own process, and
+bootstrap medians.
+
+Usage::
+
+    clock = ThreadClock(); a = clock.read(); ...; b = clock.read()
+    child = ProcessCpu(run._telemetry.export.pid); child.read_ns()
+    receiver = ReceiverProcess(); receiver.endpoint; receiver.count(); receiver.close()
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ThreadClock:
+    """Wall, thread CPU, process CPU and schedstat of the calling (training) thread."""
+
+    def __init__(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._ok = os.path.exists(self._path)
+
+    def read(self) -> tuple[int, int, int, int, int]:
+        """(wall, thread cpu, process cpu, on-cpu, run-queue wait) in ns."""
+        on = wait = 0
+        if self._ok:
+            with open(self._path) as f:
+                fields = f.read().split()
+            on, wait = int(fields[0]), int(fields[1])
+        return (time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns(), on, wait)
+
+
+class GcCounter:
+    """Counts gc collections by generation while ``active``."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.counts = [0, 0, 0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if self.active and phase == "start":
+            self.counts[info["generation"]] += 1
+
+
+def timed_block(clock: ThreadClock, body: Any, drain: Any = None,
+                child: ProcessCpu | None = None) -> dict[str, int]:
+    """Run ``body()`` (and ``drain()`` after it, timed apart); the block's figures.
+
+    ``child``: the exporter process, whose CPU over the block and its drain is ``child_cpu``.
+    """
+    c0 = child.read_ns() if child is not None else 0
+    a = clock.read()
+    body()
+    b = clock.read()
+    out = {"wall": b[0] - a[0], "thread_cpu": b[1] - a[1], "proc_cpu": b[2] - a[2],
+           "runq": b[4] - a[4], "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4])),
+           "drain_wall": 0, "drain_proc_cpu": 0, "drain_thread_cpu": 0, "child_cpu": 0}
+    if drain is not None:
+        drain()
+        c = clock.read()
+        out.update(drain_wall=c[0] - b[0], drain_proc_cpu=c[2] - b[2], drain_thread_cpu=c[1] - b[1])
+    if child is not None:
+        out["child_cpu"] = child.read_ns() - c0
+    return out
+
+
+class ProcessCpu:
+    """CPU time of another process (all its threads), from ``/proc/<pid>/task/*/schedstat``."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._last = 0
+
+    def read_ns(self) -> int:
+        """Nanoseconds on a CPU so far (the last value seen once the process is gone)."""
+        if self.pid is None:
+            return 0
+        total = 0
+        try:
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{task}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pass
+        except OSError:
+            return self._last
+        self._last = max(self._last, total)
+        return self._last
+
+
+def exporter_pid(run: Any) -> int | None:
+    """The pid of a run's exporter process, or None when it exports in-process."""
+    return getattr(getattr(run, "_telemetry", None) and run._telemetry.export, "pid", None)
+
+
+_RECEIVER_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from otlp_receivers import HttpOtlpReceiver
+with HttpOtlpReceiver() as r:
+    print(r.endpoint, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "count":
+            print(len(r.spans()), flush=True)
+"""
+
+
+class ReceiverProcess:
+    """tests/otlp_receivers.py's real OTLP/HTTP receiver, in its own process."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _RECEIVER_SCRIPT, str(ROOT / "tests")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.endpoint = self._proc.stdout.readline().strip()
+        if not self.endpoint.startswith("http"):
+            raise RuntimeError("the OTLP receiver did not start")
+
+    def count(self) -> int:
+        """Spans received so far."""
+        self._proc.stdin.write("count\n")
+        self._proc.stdin.flush()
+        return int(self._proc.stdout.readline())
+
+    def close(self) -> None:
+        """Stop the receiver (bounded)."""
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+def _median_ci(values: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Median and its bootstrap 95% interval."""
+    rng = random.Random(seed)
+    med = statistics.median(values)
+    if len(values) < 2:
+        return med, med, med
+    boots = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return med, boots[49], boots[1949]
+
+
+def _fmt_ci(values: list[float]) -> str:
+    m, lo, hi = _median_ci(values)
+    return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
+
+
