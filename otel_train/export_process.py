@@ -3,9 +3,9 @@
 In CPython every microsecond the background spends building ``ReadableSpan``s and encoding
 OTLP holds the GIL the training thread needs: measured here, 100-250 µs of stall per step on
 a ~1 ms step (``benchmarks/bench_hot_path.py``). With this module the training process only
-turns each step into span rows (span_rows.py), feeds them to the derived metrics, and writes
-them down a pipe, one ``marshal``-ed frame per drain. A child Python process started with the
-run does the rest with the code the in-process path uses: rows -> ``ReadableSpan``s ->
+turns each step into a span record (span_rows.py), feeds it to the derived metrics, and writes
+the records down a pipe, one ``marshal``-ed frame per drain. A child Python process started with the
+run does the rest with the code the in-process path uses: records -> rows -> ``ReadableSpan``s ->
 ``BoundedBatchSpanProcessor`` -> the planned exporter (OTLP gRPC/HTTP with the fast encoder,
 or the span file), with the same retries, bounds and drop counting.
 
@@ -27,7 +27,7 @@ Promises kept:
 Usage::
 
     client = ExportProcessClient(plan, resource, scope, run_constants, drops, options)
-    client.send_rows(rows); client.end_drain()        # from the span worker
+    client.send_record(rec, spans); client.end_drain()   # from the span worker
     client.on_end(readable_span)                      # user spans (SDK provider)
     client.force_flush(5000); client.shutdown(2.0)
 """
@@ -56,7 +56,12 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.drop_counter import DropCounter
 from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.span_rows import RowSpanFactory, row_from_span
+from otel_train.span_rows import (
+    RowSpanFactory,
+    record_span_count,
+    row_from_span,
+    rows_from_record,
+)
 
 _log = logging.getLogger("otel_train")
 _HEADER = struct.Struct("<I")
@@ -146,7 +151,9 @@ class ExportProcessClient(SpanProcessor):
         self._fallback: Any = None
         self._lock = threading.Lock()  # rows from the worker and user spans from training
         self._io_lock = threading.Lock()  # the pipe, the outbox and the counts
-        self._rows: list[tuple[Any, ...]] = []
+        self._recs: list[tuple[Any, ...]] = []  # span records (span_rows.py) of steps
+        self._rec_spans = 0
+        self._rows: list[tuple[Any, ...]] = []  # rows of user spans (SDK spans)
         self._outbox: deque[list[Any]] = deque()  # [frame view, span count]
         self._outbox_spans = 0
         self.sent_spans = 0  # spans whose frame went wholly into the pipe
@@ -199,12 +206,13 @@ class ExportProcessClient(SpanProcessor):
         self._reader = _FrameReader(self._stat_r)
 
     # -- from the span worker and the training thread -----------------------------------
-    def send_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """Queue one step's rows; they go out at the end of the drain."""
+    def send_record(self, rec: tuple[Any, ...], spans: int) -> None:
+        """Queue one step's span record (``spans`` spans); it goes out at the end of the drain."""
         if self._forked:
             return
         with self._lock:
-            self._rows.extend(rows)
+            self._recs.append(rec)
+            self._rec_spans += spans
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""
@@ -231,13 +239,14 @@ class ExportProcessClient(SpanProcessor):
         if self._forked or self._closed:
             return
         with self._lock:
-            rows, self._rows = self._rows, []
+            recs, rows, spans = self._recs, self._rows, self._rec_spans
+            self._recs, self._rows, self._rec_spans = [], [], 0
         with self._io_lock:
             if self._fallback is not None:
-                self._to_fallback(rows)
+                self._to_fallback(recs, rows)
                 return
-            if rows:
-                self._queue_frame(marshal.dumps(("rows", rows)), len(rows))
+            if recs or rows:
+                self._queue_frame(marshal.dumps(("spans", recs, rows)), spans + len(rows))
             self._pump()
             self._read_counts()
             if self._proc.poll() is not None and not self._final:
@@ -332,19 +341,21 @@ class ExportProcessClient(SpanProcessor):
         """Export from this process from now on, starting with what the child never got."""
         self._close_fds()
         self._fallback = self._make_fallback() if self._make_fallback is not None else None
-        left = [row for frame in self._outbox if not frame[2] for row in _frame_rows(frame[0])]
+        left = [_frame_spans(frame[0]) for frame in self._outbox if not frame[2]]
         cut = sum(frame[1] for frame in self._outbox if frame[2])  # half in the dead pipe
         self._drops.add("export_failed", cut)
         self._outbox.clear()
         self._outbox_spans = 0
-        if self._fallback is None:
-            self._drops.add("export_failed", len(left))
-        else:
-            self._to_fallback(left)
+        for recs, rows in left:
+            if self._fallback is None:
+                self._drops.add("export_failed",
+                                sum(record_span_count(r) for r in recs) + len(rows))
+            else:
+                self._to_fallback(recs, rows)
 
-    def _to_fallback(self, rows: list[tuple[Any, ...]]) -> None:
+    def _to_fallback(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
         target = self._fallback
-        for row in rows:
+        for row in [r for rec in recs for r in rows_from_record(rec)] + rows:
             try:
                 target.on_end(self._factory.span(row))
             except Exception as exc:
@@ -469,22 +480,22 @@ class ExportProcessClient(SpanProcessor):
     def after_fork_in_child(self) -> None:
         """In a forked training process: never touch the parent's exporter, close our ends."""
         self._forked = True
-        self._rows = []
+        self._recs, self._rows = [], []
         self._outbox = deque()
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.
         self._close_fds()
 
 
-def _frame_rows(view: memoryview) -> list[tuple[Any, ...]]:
-    """The rows of a frame not yet written (its header still intact)."""
+def _frame_spans(view: memoryview) -> tuple[list[Any], list[Any]]:
+    """(span records, user span rows) of a frame not yet written (its header intact)."""
     try:
         data = bytes(view)
         (size,) = _HEADER.unpack_from(data, 0)
         msg = marshal.loads(data[4:4 + size])
-        return list(msg[1]) if msg[0] == "rows" else []
+        return (list(msg[1]), list(msg[2])) if msg[0] == "spans" else ([], [])
     except Exception:
-        return []
+        return [], []
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -566,9 +577,16 @@ class _Child:
         self._last = now
         self.send((kind, *now), block)
 
-    def rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """Export one frame's rows."""
+    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
+        """Export one frame: the steps' span records, then the user spans' rows."""
         span, on_end = self.factory.span, self.export.on_end
+        for rec in recs:
+            try:
+                for row in rows_from_record(rec):
+                    on_end(span(row))
+            except Exception as exc:
+                self.drops.add("build_error", record_span_count(rec))
+                _log.debug("otel-train exporter: bad span record: %r", exc)
         for row in rows:
             try:
                 on_end(span(row))
@@ -626,8 +644,8 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
             break
         msg = marshal.loads(raw)
         kind = msg[0]
-        if kind == "rows":
-            child.rows(msg[1])
+        if kind == "spans":
+            child.spans(msg[1], msg[2])
         elif kind == "flush":
             ok = child.export.force_flush(int(msg[2] * 1000))
             child.stats(block=True)

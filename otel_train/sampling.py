@@ -44,7 +44,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from otel_train import attributes as A
 from otel_train.options import RunOptions
 from otel_train.rate_limited_log import warn_once
-from otel_train.span_rows import R_ATTRS, R_NAME, R_STATUS, R_TRACE
+from otel_train.span_rows import C_ATTRS, C_PHASES, C_STATUS, C_TRACE
 from otel_train.steps_view import set_span_attribute
 
 _log = logging.getLogger("otel_train")
@@ -53,7 +53,6 @@ SAMPLE_REASON = "train.sample.reason"  # on kept roots: ratio | slow | error | m
 METRIC_SPANS_SAMPLED_OUT = "otel_train_spans_sampled_out_total"
 _TRACE_ID_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT
 _ERROR = StatusCode.ERROR
-_ERROR_VALUE = StatusCode.ERROR.value
 
 
 def resolve_sample_ratio(options: RunOptions,
@@ -172,23 +171,23 @@ class StepTailSampler(SpanProcessor):
             return "ratio"
         return None
 
-    def keep_rows(self, rows: list[tuple[Any, ...]]) -> bool:
-        """Row path (span_rows.py): decide on one step's rows (root last), after the
-        derived metrics; write the reason on the kept root, forward the user spans held for
-        its trace; count what is left out. Never raises."""
+    def keep_record(self, rec: tuple[Any, ...]) -> bool:
+        """Row path (span_rows.py): decide on one step's span record, after the derived
+        metrics; write the reason on the kept root, forward the user spans held for its
+        trace; count what is left out. Never raises."""
         try:
-            root = rows[-1]
-            attrs = root[R_ATTRS]
-            trace_id = root[R_TRACE]
+            attrs = rec[C_ATTRS]
+            trace_id = rec[C_TRACE]
+            phases = rec[C_PHASES]
             with self._lock:
                 held = self._pending.pop(trace_id, None) or []
-            reason = self._row_reason(root, rows, held)
+            reason = self._record_reason(rec, held)
             if reason is None:
                 self.sampled_out_steps += 1
-                self.sampled_out_spans += len(rows) + len(held)
+                self.sampled_out_spans += 1 + len(phases or ()) + len(held)
                 return False
             self.kept_steps += 1
-            if root[R_NAME] == A.STEP_SPAN_NAME:
+            if phases is not None:
                 attrs[SAMPLE_REASON] = reason
             self._forward(held)
             return True
@@ -196,23 +195,23 @@ class StepTailSampler(SpanProcessor):
             _log.debug("otel-train: tail sampler failed: %r", exc)
             return True
 
-    def _row_reason(self, root: tuple[Any, ...], rows: list[tuple[Any, ...]],
-                    held: list[ReadableSpan]) -> str | None:
-        attrs = root[R_ATTRS]
-        if root[R_NAME] != A.STEP_SPAN_NAME:
+    def _record_reason(self, rec: tuple[Any, ...], held: list[ReadableSpan]) -> str | None:
+        attrs = rec[C_ATTRS]
+        phases = rec[C_PHASES]
+        if phases is None:  # monitoring between steps
             return "monitor" if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR else (
-                "ratio" if self._by_ratio(root[R_TRACE]) else None)
+                "ratio" if self._by_ratio(rec[C_TRACE]) else None)
         if attrs.get(A.SLOW):
             return "slow"
-        if any(r[R_STATUS] is not None and r[R_STATUS][0] == _ERROR_VALUE for r in rows) or any(
-                s.status.status_code is _ERROR for s in held):
+        if (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
+                or any(s.status.status_code is _ERROR for s in held)):
             return "error"
-        if any(r[R_ATTRS].get(A.PHASE_KIND) == A.KIND_MONITOR for r in rows):
+        if any(p[1] == A.KIND_MONITOR for p in phases):
             return "monitor"
         step = attrs.get(A.STEP)
         if isinstance(step, int) and step < self.keep_first_steps:
             return "first"
-        if self._by_ratio(root[R_TRACE]):
+        if self._by_ratio(rec[C_TRACE]):
             return "ratio"
         return None
 

@@ -26,10 +26,15 @@ from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
+from otel_train.recorder import MonitorRecord, Phase, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
-from otel_train.span_rows import INTERNAL_KIND as _INTERNAL_KIND
-from otel_train.span_rows import R_FLAGS, RowSpanFactory, view_from_rows
+from otel_train.span_rows import (
+    C_FLAGS,
+    C_PHASES,
+    RowSpanFactory,
+    rows_from_record,
+    view_from_record,
+)
 from otel_train.steps_view import SharedStepSpanProcessor
 from otel_train.trace_ids import SAMPLED as _SAMPLED
 from otel_train.trace_ids import operation_ids
@@ -43,6 +48,7 @@ _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
 _STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
+_DATA = A.PHASE_DATA
 
 
 class StepSpanBuilder:
@@ -82,66 +88,74 @@ class StepSpanBuilder:
 
     def build(self, record: Step | MonitorRecord) -> list[ReadableSpan]:
         """All spans of one record, children before their parents (the order spans end)."""
-        return self.factory.spans(self.rows(record))
+        return self.factory.spans(rows_from_record(self.record(record)))
 
     def rows(self, record: Step | MonitorRecord) -> list[tuple[Any, ...]]:
         """All span rows (span_rows.py) of one record, children first, the root last."""
-        if isinstance(record, MonitorRecord):
-            return [self._monitor_row(record)]
-        return self._step_rows(record)
+        return rows_from_record(self.record(record))
 
-    def _step_rows(self, step: Step) -> list[tuple[Any, ...]]:
+    def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
+        """The span record (span_rows.py) of one step or monitoring operation.
+
+        Everything that needs this process is done here: the step's events decoded, the
+        effective kind and loader of each phase, user attribute values made plain (tensors
+        read), device timings resolved, exceptions formatted. Span ids of phases and their
+        attribute dicts are left to :func:`span_rows.rows_from_record`, wherever it runs.
+        """
+        if isinstance(record, MonitorRecord):
+            return self._monitor_record(record)
+        return self._step_record(record)
+
+    def _step_record(self, step: Step) -> tuple[Any, ...]:
         trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
         flags = _SAMPLED_FLAGS if self._is_sampled(trace_id) else 0
         ids = step.span_ids  # ids already handed to user spans (rare): keep them
-        rand = _getrandbits
-        root_id = (ids and ids.get(-1)) or rand(64) or 1
-        phases = decode_events(step.ev)
-        span_ids: list[int] = []
-        kinds: list[str] = []
-        for ph in phases:
-            span_ids.append((ids and ids.get(ph.ordinal)) or rand(64) or 1)
-            # Work nested in a monitoring phase is monitoring work (e.g. validation data).
-            parent = ph.parent
-            kinds.append(_MONITOR if parent >= 0 and kinds[parent] == _MONITOR
-                         else ph.phase.kind)
-        index = step.index
+        root_id = (ids and ids.get(-1)) or _getrandbits(64) or 1
         off = self._offset
         step_end = step.end_ns
         step_loader = step.loader
         phase_attrs = step.phase_attrs
-        device_seconds = _device_durations(step, phases) if step.dev else None
-        rows: list[tuple[Any, ...]] = []
-        # Children in the order they ended (a nested phase ends before its parent).
-        for ph in sorted(phases, key=lambda p: p.end_ns or step_end):
-            phase = ph.phase
-            ordinal = ph.ordinal
-            name = phase.name
-            attrs: dict[str, Any] = {_STEP: index, _PHASE: name, _PHASE_KIND: kinds[ordinal]}
-            # Only data spans carry a loader: a monitoring or compute phase reads none itself
-            # (validation data inside val_loss is its own data span, with its own loader).
-            loader = phase.loader or (step_loader if name == A.PHASE_DATA else None)
-            if loader is not None:
-                attrs[_DATALOADER] = loader
-            if device_seconds:
-                dur = device_seconds.get(ordinal)
-                if dur is not None:
-                    attrs[A.DEVICE_DURATION] = dur
-            if phase_attrs:
-                extra = phase_attrs.get(ordinal)
+        device_seconds = _device_durations(step, decode_events(step.ev)) if step.dev else None
+        # The step's flat event list, decoded in one pass (recorder.decode_events' rules):
+        # (phase, start_ns) opens a phase nested in the innermost open one, (end_ns, error)
+        # closes it. A phase left open ends with its step.
+        phases: list[Any] = []
+        stack: list[int] = []
+        ev = step.ev
+        n = len(ev) - (len(ev) & 1)
+        for i in range(0, n, 2):
+            a = ev[i]
+            if isinstance(a, Phase):  # one opens
+                parent = stack[-1] if stack else -1
+                name = a.name
+                # Work nested in a monitoring phase is monitoring work (validation data).
+                kind = (_MONITOR if parent >= 0 and phases[parent][1] == _MONITOR
+                        else a.kind)
+                # Only data spans carry a loader: a monitoring or compute phase reads none
+                # itself (validation data inside val_loss is its own data span).
+                loader = a.loader or (step_loader if name == _DATA else None)
+                start = ev[i + 1]
+                ordinal = len(phases)
+                stack.append(ordinal)
+                # span_rows.py's phase layout; the first six are what StepView needs.
+                phases.append([name, kind, loader, step_end - start, ordinal + 1,
+                               parent + 1 if parent >= 0 else root_id, start + off,
+                               step_end + off, None, (), None, None])
+            elif stack:
+                ph = phases[stack.pop()]
+                ph[3] = a + off - ph[6]
+                ph[7] = a + off
+                if ev[i + 1] is not None:
+                    ph[8], ph[9] = _status_and_events(ev[i + 1], a + off)
+        if phase_attrs or device_seconds:
+            for ordinal, ph in enumerate(phases):
+                if device_seconds:
+                    ph[11] = device_seconds.get(ordinal)
+                extra = phase_attrs.get(ordinal) if phase_attrs else None
                 if extra:
-                    attrs.update(_plain_attributes(extra, self._limits,
-                                                   self._room - len(attrs)))
-            end = (ph.end_ns or step_end) + off  # a phase left open ends with its step
-            if ph.error is None:
-                status, events = None, ()
-            else:
-                status, events = _status_and_events(ph.error, end)
-            rows.append((name, trace_id, span_ids[ordinal], flags,
-                         span_ids[ph.parent] if ph.parent >= 0 else root_id, False,
-                         ph.start_ns + off, end, attrs, status, events, _INTERNAL_KIND, None,
-                         ()))
-        root_attrs: dict[str, Any] = {_STEP: index}
+                    base = 3 + (ph[2] is not None) + (ph[11] is not None)
+                    ph[10] = _plain_attributes(extra, self._limits, self._room - base)
+        root_attrs: dict[str, Any] = {_STEP: step.index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
         root_attrs[_SLOW] = False  # the slow-step processor turns this on
@@ -151,12 +165,10 @@ class StepSpanBuilder:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
-        rows.append((A.STEP_SPAN_NAME, trace_id, root_id, flags, 0, False,
-                     step.start_ns + off, step_end + off, root_attrs, status, events,
-                     _INTERNAL_KIND, None, ()))
-        return rows
+        return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
+                root_attrs, status, events, [tuple(p) for p in phases], ids or None)
 
-    def _monitor_row(self, rec: MonitorRecord) -> tuple[Any, ...]:
+    def _monitor_record(self, rec: MonitorRecord) -> tuple[Any, ...]:
         trace_id, span_id = operation_ids(rec)
         flags = _SAMPLED_FLAGS if self._is_sampled(trace_id) else 0
         attrs: dict[str, Any] = {A.STEP: rec.after_step, A.PHASE: rec.name,
@@ -165,8 +177,8 @@ class StepSpanBuilder:
             attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs)))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
-        return (rec.name, trace_id, span_id, flags, 0, False, rec.start_ns + off,
-                rec.end_ns + off, attrs, status, events, _INTERNAL_KIND, None, ())
+        return (rec.name, trace_id, span_id, flags, rec.start_ns + off, rec.end_ns + off, attrs,
+                status, events, None, None)
 
 
 def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
@@ -219,8 +231,8 @@ class RowRoute:
     """The row path: a step's rows go to the derived metrics as one ``StepView``, then to
     the tail sampler, then to export, with no ``ReadableSpan`` made in this process.
 
-    ``export`` takes rows (``send_rows``) and is told when a drain ends (``end_drain``), so
-    it can write one batch per drain (export_process.ExportProcessClient).
+    ``export`` takes span records (``send_record``) and is told when a drain ends
+    (``end_drain``), so it can write one batch per drain (export_process.ExportProcessClient).
     """
 
     def __init__(self, metrics: SharedStepSpanProcessor | None, sampler: StepTailSampler | None,
@@ -325,8 +337,8 @@ class SpanBuildWorker:
         q = self._recorder.queue
         done = 0
         cpu0 = thread_time_ns()
-        rows_of, metrics, sampler, export = (self._builder.rows, route.metrics, route.sampler,
-                                             route.export)
+        record_of, metrics, sampler, export = (self._builder.record, route.metrics,
+                                               route.sampler, route.export)
         rank = route.rank
         try:
             while q:
@@ -337,25 +349,26 @@ class SpanBuildWorker:
                 except IndexError:
                     break
                 try:
-                    rows = rows_of(record)
-                    view = view_from_rows(rows, rank)
+                    rec = record_of(record)
+                    view = view_from_record(rec, rank)
                 except Exception as exc:
                     self._drops.add("build_error", record.span_count())
                     self._warn.warning("build", "otel-train: could not build spans: %r", exc)
                     continue
-                self._self_cost.add_hot_path_spans(len(rows))
+                spans = 1 + len(rec[C_PHASES] or ())
+                self._self_cost.add_hot_path_spans(spans)
                 if view is not None and metrics is not None:
                     metrics.on_view(view)  # never raises: it guards each processor
                 # Unsampled by the SDK sampler (e.g. always_off): never exported.
-                if export is not None and rows[-1][R_FLAGS] & 1 and (
-                        sampler is None or sampler.keep_rows(rows)):
+                if export is not None and rec[C_FLAGS] & 1 and (
+                        sampler is None or sampler.keep_record(rec)):
                     try:
-                        export.send_rows(rows)
+                        export.send_record(rec, spans)
                     except Exception as exc:
-                        self._drops.add("export_failed", len(rows))
+                        self._drops.add("export_failed", spans)
                         self._warn.warning("send", "otel-train: could not queue spans for "
                                            "export: %r", exc)
-                self.spans_built += len(rows)
+                self.spans_built += spans
                 done += 1
         finally:
             if export is not None:

@@ -25,6 +25,7 @@ Layout (index constants ``R_*``)::
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,20 +47,28 @@ from otel_train.steps_view import StepView, count_monitoring
 
 (R_NAME, R_TRACE, R_SPAN, R_FLAGS, R_PARENT, R_REMOTE, R_START, R_END, R_ATTRS, R_STATUS,
  R_EVENTS, R_KIND, R_SCOPE, R_LINKS) = range(14)
+# A span record: one step (or monitoring operation) before its rows are made.
+(C_NAME, C_TRACE, C_ROOT_ID, C_FLAGS, C_START, C_END, C_ATTRS, C_STATUS, C_EVENTS, C_PHASES,
+ C_IDS) = range(11)
+# A record's phase (a tuple): name, kind, loader, duration_ns, ordinal + 1, the parent's
+# ordinal + 1 or the root's span id (these six are a StepView phase: steps_view.P_*; the
+# real span ids of phases are drawn with the rows), start_ns, end_ns, status, events,
+# extra attributes or None, device seconds or None.
+_getrandbits = random.getrandbits
 INTERNAL_KIND = SpanKind.INTERNAL.value
 _UNSET = Status(StatusCode.UNSET)
 _KINDS = {k.value: k for k in SpanKind}
 _CODES = {c.value: c for c in StatusCode}
 _ROOT_NAME, _STEP, _KIND_ATTR, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.PHASE_KIND, A.DATALOADER
-_MONITOR, _PHASE = A.KIND_MONITOR, A.PHASE
+_MONITOR, _PHASE, _DEVICE_DURATION = A.KIND_MONITOR, A.PHASE, A.DEVICE_DURATION
 
 
 class RowRoot:
-    """Stands in for a step's root span in a ``StepView`` built from rows.
+    """Stands in for a step's root span in a ``StepView`` built from a span record.
 
     Processors that mark the root (``train.slow``, GPU attributes, the sample reason) write
-    through ``steps_view.set_span_attribute``, which updates this dict in place: the root
-    row's own attributes, so the mark travels with the row to the exporter.
+    through ``steps_view.set_span_attribute``, which updates this dict in place: the record's
+    root attributes, so the mark travels with the record to the exporter.
     """
 
     __slots__ = ("_attributes",)
@@ -68,29 +77,20 @@ class RowRoot:
         self._attributes = attributes
 
 
-def view_from_rows(rows: Sequence[tuple[Any, ...]], rank: Any) -> StepView | None:
-    """The ``StepView`` of one step's rows (root last), or of one monitoring operation."""
-    if not rows:
-        return None
-    root = rows[-1]
-    attrs = root[R_ATTRS]
-    ctx = (root[R_TRACE], root[R_SPAN])
-    start, end = root[R_START], root[R_END]
-    if root[R_NAME] == _ROOT_NAME and _STEP in attrs:
-        root_id = root[R_SPAN]
-        phases = [(r[R_NAME], r[R_ATTRS].get(_KIND_ATTR), r[R_ATTRS].get(_LOADER),
-                   r[R_END] - r[R_START] if r[R_END] > r[R_START] else 0, r[R_SPAN],
-                   r[R_PARENT] or root_id)
-                  for r in rows[:-1] if r[R_SCOPE] is None]
-        view = StepView(True, root[R_NAME], RowRoot(attrs), ctx, attrs, start, end,  # type: ignore[arg-type]
+def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
+    """The ``StepView`` of one span record (a step, or a monitoring operation)."""
+    (name, trace_id, root_id, _flags, start, end, attrs, _status, _events, phases,
+     _ids) = rec
+    ctx = (trace_id, root_id)
+    if phases is not None:
+        # A record's phases start with the fields a view's phases have (steps_view.P_*).
+        view = StepView(True, name, RowRoot(attrs), ctx, attrs, start, end,  # type: ignore[arg-type]
                         phases)
         view.rank = rank
         if phases:
             count_monitoring(view)
         return view
-    if attrs.get(_KIND_ATTR) != _MONITOR:
-        return None
-    view = StepView(False, attrs.get(_PHASE, root[R_NAME]), RowRoot(attrs), ctx,  # type: ignore[arg-type]
+    view = StepView(False, attrs.get(_PHASE, name), RowRoot(attrs), ctx,  # type: ignore[arg-type]
                     attrs, start, end, [])
     view.rank = rank
     view.operations.append((view.name, view.duration_ns))
@@ -98,9 +98,43 @@ def view_from_rows(rows: Sequence[tuple[Any, ...]], rank: Any) -> StepView | Non
     return view
 
 
-def rows_kept_flags(rows: Sequence[tuple[Any, ...]]) -> bool:
-    """True if the rows' trace is sampled (the SDK sampler's flag on every row)."""
-    return bool(rows and rows[-1][R_FLAGS] & 1)
+def record_span_count(rec: tuple[Any, ...]) -> int:
+    """Spans of one record: the root and its phases."""
+    return 1 + len(rec[C_PHASES] or ())
+
+
+def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """A record's span rows, children in the order they ended, the root last.
+
+    Pure: it runs in the training process (in-process export) or in the exporter process,
+    and gives the same rows either way except for the phases' span ids, drawn here.
+    """
+    (name, trace_id, root_id, flags, start, end, attrs, status, events, phases, ids) = rec
+    if phases is None:  # a monitoring operation between steps: one root span
+        return [(name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
+                 INTERNAL_KIND, None, ())]
+    step = attrs[_STEP]
+    rand = _getrandbits
+    span_ids = [(ids and ids.get(i)) or rand(64) or 1 for i in range(len(phases))]
+    rows = []
+    # A nested phase ends before its parent; sorted() is stable for equal ends.
+    for i in sorted(range(len(phases)), key=lambda i: phases[i][7]):
+        (ph_name, kind, loader, _duration, _ordinal, parent_ref, ph_start, ph_end, ph_status,
+         ph_events, extra, device) = phases[i]
+        ph_attrs: dict[str, Any] = {_STEP: step, _PHASE: ph_name, _KIND_ATTR: kind}
+        if loader is not None:
+            ph_attrs[_LOADER] = loader
+        if device is not None:
+            ph_attrs[_DEVICE_DURATION] = device
+        if extra:
+            ph_attrs.update(extra)
+        rows.append((ph_name, trace_id, span_ids[i], flags,
+                     root_id if parent_ref == root_id else span_ids[parent_ref - 1], False,
+                     ph_start, ph_end,
+                     ph_attrs, ph_status, ph_events, INTERNAL_KIND, None, ()))
+    rows.append((name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
+                 INTERNAL_KIND, None, ()))
+    return rows
 
 
 class RowSpanFactory:
