@@ -289,7 +289,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         sinks.append(export_stage)
     if joins_app:
         sinks.append(ApplicationProviderSink(provider))
-    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost, route=route)
+    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost, route=route,
+                             export=export)
     return RunTelemetry(
         export_plan=plan, provider_mode=mode, resource=resource, sampler=sampler,
         is_sampled=is_sampled,

@@ -164,6 +164,7 @@ class ExportProcessClient(SpanProcessor):
         self._token = 0
         self._final = False
         self._ready = False  # the child reported once: its exporter is made
+        self._next_read = 0.0  # monotonic: when tick() reads the child's reports next
         self._forked = False
         self._closed = False
         self.pid: int | None = None
@@ -252,14 +253,23 @@ class ExportProcessClient(SpanProcessor):
             if self._proc.poll() is not None and not self._final:
                 self._child_died()
 
+    def tick(self) -> None:
+        """Between drains (every poll of the span worker): hand over what waits, if anything;
+        read the child's counts and log records a few times a second."""
+        now = time.monotonic()
+        if self._rows or self._outbox or now >= self._next_read:
+            self._next_read = now + _STATS_INTERVAL_SECONDS
+            self.end_drain()
+
     # -- the pipe ---------------------------------------------------------------------------
     def _queue_frame(self, payload: bytes, spans: int) -> None:
         # [bytes left to write, spans in the frame, partly written?]
         self._outbox.append([memoryview(_frame(payload)), spans, False])
         self._outbox_spans += spans
         # Bounded: the oldest whole frames of spans go first (the newest are the most
-        # useful); a frame partly in the pipe must finish, or the stream would break.
-        while self._outbox_spans > self._max_queued:
+        # useful; the newest frame, one drain's spans, always stays); a frame partly in the
+        # pipe must finish, or the stream would break. A control frame evicts nothing.
+        while spans and self._outbox_spans > self._max_queued:
             victim = next((f for f in self._outbox if f[1] and not f[2]), None)
             if victim is None or victim is self._outbox[-1]:  # the newest frame stays
                 break
@@ -274,6 +284,10 @@ class ExportProcessClient(SpanProcessor):
     def _pump(self) -> bool:
         """Write what the pipe takes without blocking; True when the outbox is empty."""
         box = self._outbox
+        if not self._ready:
+            # Frames wait here until the child has made its exporter: if it never does,
+            # they are all still at hand to export from this process (_take_over).
+            return not box
         while box:
             head = box[0]
             try:
@@ -379,7 +393,7 @@ class ExportProcessClient(SpanProcessor):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            wfds = [self._cmd_w] if not empty else []
+            wfds = [self._cmd_w] if not empty and self._ready else []
             try:
                 select.select([self._stat_r], wfds, [], min(left, 0.05))
             except (OSError, ValueError):

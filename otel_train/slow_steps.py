@@ -59,11 +59,13 @@ _MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spre
 class _Baseline:
     """Rolling training times of one loader: a window and the same values sorted."""
 
-    __slots__ = ("ordered", "window")
+    __slots__ = ("ordered", "window", "_sigma", "_sigma_age")
 
     def __init__(self) -> None:
         self.window: deque[int] = deque()
         self.ordered: list[int] = []
+        self._sigma = 0.0
+        self._sigma_age = -1  # adds since the spread was computed; -1: never
 
     def add(self, value: int, size: int) -> None:
         """Add one training time, dropping the oldest beyond ``size``."""
@@ -71,14 +73,24 @@ class _Baseline:
             del self.ordered[bisect_left(self.ordered, self.window.popleft())]
         self.window.append(value)
         insort(self.ordered, value)
+        if self._sigma_age >= 0:
+            self._sigma_age += 1
 
     def median(self) -> float:
         """Median of the window (non-empty)."""
         return _median(self.ordered)
 
     def sigma(self, median: float) -> float:
-        """Robust spread: MAD x 1.4826 (O(n): only computed for a candidate slow step)."""
-        return _MAD_TO_SIGMA * _median(sorted(abs(v - median) for v in self.ordered))
+        """Robust spread: MAD x 1.4826, for a candidate slow step.
+
+        O(n), so kept for up to 8 adds: a loop whose steps keep crossing the factor test
+        (bimodal step times) would otherwise pay it on every step.
+        """
+        if self._sigma_age < 0 or self._sigma_age >= 8:
+            self._sigma = _MAD_TO_SIGMA * _median(sorted(abs(v - median)
+                                                         for v in self.ordered))
+            self._sigma_age = 0
+        return self._sigma
 
 
 def _median(ordered: list[Any]) -> float:

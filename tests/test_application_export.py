@@ -38,9 +38,11 @@ SCRIPT = textwrap.dedent("""
     trace.set_tracer_provider(provider)
 
     import otel_train
+    extra = {} if mode != "file" else {"exporter": "jsonl",
+                                       "spans_path": status + "/spans.jsonl"}
     with otel_train.start_run(prometheus_port=None, console=False, status_dir=status,
-                              run_id="app-run", trace_export=mode,
-                              export_interval_seconds=0.1) as run:
+                              run_id="app-run", trace_export="own" if mode == "file" else mode,
+                              export_interval_seconds=0.1, **extra) as run:
         for step in run.steps(range(5)):
             with step.phase("forward"):
                 with trace.get_tracer("app").start_as_current_span("app-span"):
@@ -89,3 +91,19 @@ def test_trace_export_application_keeps_handing_spans_to_the_applications_pipeli
     assert result["plan"] == "application TracerProvider"
     assert result["exported"] is None  # no export stage of ours
     assert len([s for s in spans if s.name == "train.step"]) == 5
+
+
+def test_an_explicit_span_file_beside_an_application_provider_gets_every_step(
+        tmp_path: Path):
+    """exporter= given while the application has its provider: our spans go to both, the
+    file through the exporter process, fed span by span from the worker's span path."""
+    from train_helpers import read_file_spans
+
+    with GrpcOtlpReceiver() as rx:
+        result = _run(tmp_path, "grpc", rx.endpoint, "file")
+        spans = rx.wait_for_spans(5 * 4)
+    assert "exporter process pid" in result["plan"]
+    assert result["exported"] == 5 * 3 and result["dropped"] == {}
+    in_file = read_file_spans(tmp_path / "spans.jsonl")
+    assert sorted(s.name for s in in_file) == sorted(["train.step", "data", "forward"] * 5)
+    assert len([s for s in spans if s.name == "train.step"]) == 5  # and the app's pipeline

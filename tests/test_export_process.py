@@ -239,8 +239,10 @@ _ORPHAN = textwrap.dedent("""
         with step.phase("forward"):
             pass
     run._telemetry.worker.drain()
-    print("CHILD", run._telemetry.export.pid, flush=True)
-    time.sleep(0.5)
+    client = run._telemetry.export
+    while client.sent_spans < 90:  # handed over once the child is up
+        time.sleep(0.01)
+    print("CHILD", client.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no atexit
 """)
 
