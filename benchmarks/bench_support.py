@@ -56,10 +56,12 @@ class GcCounter:
 
 
 def timed_block(clock: ThreadClock, body: Any, drain: Any = None,
-                child: ProcessCpu | None = None) -> dict[str, int]:
+                child: ProcessCpu | None = None, settle: Any = None) -> dict[str, int]:
     """Run ``body()`` (and ``drain()`` after it, timed apart); the block's figures.
 
-    ``child``: the exporter process, whose CPU over the block and its drain is ``child_cpu``.
+    ``settle()`` runs after, untimed (work of another process finishing); ``child``: the
+    exporter process, whose CPU from the block's start to the end of ``settle`` is
+    ``child_cpu``.
     """
     c0 = child.read_ns() if child is not None else 0
     a = clock.read()
@@ -72,6 +74,8 @@ def timed_block(clock: ThreadClock, body: Any, drain: Any = None,
         drain()
         c = clock.read()
         out.update(drain_wall=c[0] - b[0], drain_proc_cpu=c[2] - b[2], drain_thread_cpu=c[1] - b[1])
+    if settle is not None:
+        settle()
     if child is not None:
         out["child_cpu"] = child.read_ns() - c0
     return out

@@ -32,11 +32,17 @@ of the paired ratios with a bootstrap 95% interval (2000 resamples of the pairs)
   the SDK provider and the receiver stay up for the whole series; a bare block runs the bare
   loop while they idle, a variant block runs the instrumented loop. (``instrument`` hooks are
   installed before and removed after each of its blocks, outside the clock.)
-- Work a block caused but has not finished when its last step ends (spans still queued for
-  building or export) would spill into the next, bare, block. So after each variant block
-  the pipeline is flushed and timed as the block's ``drain``: ``ratio+drain`` charges it
-  (every span of the block built and delivered before the clock stops; conservative, since
-  the drain serializes work that would partly overlap training), ``ratio`` does not.
+- Work a block caused but has not finished when its last step ends (steps still queued for
+  the span worker, which drains in batches of 64 steps or every 0.5 s; spans queued for
+  export) would spill into the next, bare, block. So after each variant block the work this
+  process still owes is done and timed as the block's ``drain``: ``ratio+drain`` charges it
+  (conservative: the drain serializes work that would partly overlap training), ``ratio``
+  does not; with ~100-step blocks most of otel-train's background work lands in the drain,
+  so read ``ratio+drain`` and the stall/CPU columns for its cost. With the exporter process
+  (``otel-otlp``, ``instrument``) the drain is the span worker's (records, derived metrics,
+  the frame down the pipe); the exporter process then finishes sending outside the clock (its
+  CPU is ``expCPU``). With export in this process (``otel-thread``, the SDK) the drain is
+  the whole flush, delivery included.
 - Peers patch torch globally and set global providers: they run in alternating short
   subprocesses (bare, peer, peer, bare, ...), each a warm-up block then one timed block.
 
@@ -298,17 +304,19 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
 
         def drain() -> None:
             holder.pop().uninstrument()
-            run.flush()
+            flush_in_process(run)
     else:
         body = lambda: loop_otel(w, n, run)  # noqa: E731
-        drain = lambda: run.flush()  # noqa: E731
+        drain = lambda: flush_in_process(run)  # noqa: E731
     bare = lambda: loop_bare(w, n)  # noqa: E731
     child = ProcessCpu(exporter_pid(run)) if run is not None else None
 
     def run_variant() -> dict[str, int]:
         if variant == "instrument":  # hooks go on outside the clock (off in the drain)
             holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
-        return timed_block(clock, body, drain, child)
+        # The exporter process finishes sending outside the clock: its work is another
+        # process's (expCPU), and must not spill into the next (bare) block either.
+        return timed_block(clock, body, drain, child, settle=run.flush if run else None)
 
     # Warm-up: caches, allocator, first-use paths of both loops.
     run_variant(), timed_block(clock, bare)
@@ -343,6 +351,16 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     shutil.rmtree(tmp, ignore_errors=True)
     return {"pairs": pairs, "steps": n, "gc_bare": gc_bare, "gc_var": gc_var,
             "gc_steps": n * cfg["pairs"], "spans_built": spans_built, "memory": memory}
+
+
+def flush_in_process(run: Any) -> None:
+    """What a block left for this process: the span worker's drain (records, derived
+    metrics, the frame to the exporter process), or with export in-process, the whole
+    flush (the export thread's sending included)."""
+    if exporter_pid(run) is not None:
+        run._telemetry.worker.drain()
+    else:
+        run.flush()
 
 
 def _traced_block(body: Any, drain: Any) -> dict[str, int]:
@@ -606,11 +624,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         receiver.close()
     print(f"\n(total {time.monotonic() - t0:.0f} s) columns: ratio = variant block wall / "
-          "bare block wall (steps only); ratio+drain adds the flush of what the block left "
-          "queued; stall = training thread's run-queue wait + blocked time (GIL) per step, "
+          "bare block wall (steps only); ratio+drain adds the work the block left this process "
+          "(the span worker's drain; the whole flush when exporting in-process); stall = "
+          "training thread's run-queue wait + blocked time (GIL) per step, "
           "+stall its paired increase over bare, +runq its run-queue part, +GIL its blocked part "
           "(waiting for the GIL, mostly); +thrCPU / +procCPU "
-          "= training-thread / whole-process CPU added per step (procCPU includes the drain).")
+          "= training-thread / whole-process CPU added per step (procCPU includes the drain); "
+          "+bgCPU = this process's threads but the training thread, drain included; expCPU = "
+          "the exporter process's CPU per step (another process: no GIL of ours).")
     return 0
 
 

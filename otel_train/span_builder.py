@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from time import monotonic, perf_counter_ns, thread_time_ns, time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -328,94 +328,89 @@ class SpanBuildWorker:
             self._drain_lock.release()
 
     def _drain_locked(self, deadline_ns: int | None) -> int:
-        if self._route is not None:
-            return self._drain_rows(self._route, deadline_ns)
-        q = self._recorder.queue
-        done = 0
         cpu0 = thread_time_ns()
         try:
-            while q:
-                if deadline_ns is not None and perf_counter_ns() > deadline_ns:
-                    break
-                try:
-                    record = q.popleft()
-                except IndexError:
-                    break
-                try:
-                    spans = self._builder.build(record)
-                except Exception as exc:
-                    self._drops.add("build_error", record.span_count())
-                    self._warn.warning("build", "otel-train: could not build spans: %r", exc)
-                    continue
-                self._self_cost.add_hot_path_spans(len(spans))
-                for span in spans:
-                    for proc in self._processors:
-                        try:
-                            proc.on_end(span)
-                        except Exception as exc:  # a processor must never stop the flow
-                            self._warn.warning(
-                                f"proc-{type(proc).__name__}",
-                                "otel-train: span processor %s failed: %r",
-                                type(proc).__name__, exc,
-                            )
-                self.spans_built += len(spans)
-                done += 1
+            if self._route is not None:
+                return self._drain_records(self._route, deadline_ns)
+            return self._drain_spans(deadline_ns)
         finally:
             end_drain = getattr(self._export, "end_drain", None)
             if end_drain is not None:
                 try:
-                    end_drain()
+                    end_drain()  # one frame per drain to the exporter process
                 except Exception as exc:
                     self._warn.warning("send", "otel-train: could not hand spans to the "
                                        "exporter: %r", exc)
             self._self_cost.add_background_ns(thread_time_ns() - cpu0)
+
+    def _queued(self, deadline_ns: int | None) -> Iterator[Step | MonitorRecord]:
+        """Pop queued records until the queue is empty or ``deadline_ns`` passed."""
+        q = self._recorder.queue
+        while q:
+            if deadline_ns is not None and perf_counter_ns() > deadline_ns:
+                return
+            try:
+                record = q.popleft()
+            except IndexError:
+                return
+            yield record
+
+    def _build_failed(self, record: Step | MonitorRecord, exc: Exception) -> None:
+        self._drops.add("build_error", record.span_count())
+        self._warn.warning("build", "otel-train: could not build spans: %r", exc)
+
+    def _drain_spans(self, deadline_ns: int | None) -> int:
+        """The classic path: ReadableSpans to every span processor, in order."""
+        done = 0
+        for record in self._queued(deadline_ns):
+            try:
+                spans = self._builder.build(record)
+            except Exception as exc:
+                self._build_failed(record, exc)
+                continue
+            self._self_cost.add_hot_path_spans(len(spans))
+            for span in spans:
+                for proc in self._processors:
+                    try:
+                        proc.on_end(span)
+                    except Exception as exc:  # a processor must never stop the flow
+                        self._warn.warning(
+                            f"proc-{type(proc).__name__}",
+                            "otel-train: span processor %s failed: %r",
+                            type(proc).__name__, exc,
+                        )
+            self.spans_built += len(spans)
+            done += 1
         return done
 
-    def _drain_rows(self, route: RowRoute, deadline_ns: int | None) -> int:
-        q = self._recorder.queue
+    def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
+        """The row path: a span record per step, its view to the metrics, it to export."""
         done = 0
-        cpu0 = thread_time_ns()
         record_of, metrics, sampler, export = (self._builder.record, route.metrics,
                                                route.sampler, route.export)
         rank = route.rank
-        try:
-            while q:
-                if deadline_ns is not None and perf_counter_ns() > deadline_ns:
-                    break
+        for record in self._queued(deadline_ns):
+            try:
+                rec = record_of(record)
+                view = view_from_record(rec, rank)
+            except Exception as exc:
+                self._build_failed(record, exc)
+                continue
+            spans = 1 + len(rec[C_PHASES] or ())
+            self._self_cost.add_hot_path_spans(spans)
+            if view is not None and metrics is not None:
+                metrics.on_view(view)  # never raises: it guards each processor
+            # Unsampled by the SDK sampler (e.g. always_off): never exported.
+            if export is not None and rec[C_FLAGS] & 1 and (
+                    sampler is None or sampler.keep_record(rec)):
                 try:
-                    record = q.popleft()
-                except IndexError:
-                    break
-                try:
-                    rec = record_of(record)
-                    view = view_from_record(rec, rank)
+                    export.send_record(rec, spans)
                 except Exception as exc:
-                    self._drops.add("build_error", record.span_count())
-                    self._warn.warning("build", "otel-train: could not build spans: %r", exc)
-                    continue
-                spans = 1 + len(rec[C_PHASES] or ())
-                self._self_cost.add_hot_path_spans(spans)
-                if view is not None and metrics is not None:
-                    metrics.on_view(view)  # never raises: it guards each processor
-                # Unsampled by the SDK sampler (e.g. always_off): never exported.
-                if export is not None and rec[C_FLAGS] & 1 and (
-                        sampler is None or sampler.keep_record(rec)):
-                    try:
-                        export.send_record(rec, spans)
-                    except Exception as exc:
-                        self._drops.add("export_failed", spans)
-                        self._warn.warning("send", "otel-train: could not queue spans for "
-                                           "export: %r", exc)
-                self.spans_built += spans
-                done += 1
-        finally:
-            if export is not None:
-                try:
-                    export.end_drain()
-                except Exception as exc:
-                    self._warn.warning("send", "otel-train: could not hand spans to the "
-                                       "exporter: %r", exc)
-            self._self_cost.add_background_ns(thread_time_ns() - cpu0)
+                    self._drops.add("export_failed", spans)
+                    self._warn.warning("send", "otel-train: could not queue spans for "
+                                       "export: %r", exc)
+            self.spans_built += spans
+            done += 1
         return done
 
     def stop(self, timeout_seconds: float) -> None:
