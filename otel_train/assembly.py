@@ -40,7 +40,7 @@ from otel_train.derived_metrics import DerivedMetricsStage
 from otel_train.device import DeviceTiming
 from otel_train.drop_counter import DropCounter
 from otel_train.export import BoundedBatchSpanProcessor
-from otel_train.export_process import ExportProcessClient
+from otel_train.export_process import ExporterProcessCpuCollector, ExportProcessClient
 from otel_train.global_provider import RunScopedTracerProvider, global_provider_for_run
 from otel_train.identity import RunIdentity, resource_attributes
 from otel_train.options import RunOptions
@@ -259,6 +259,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                 options.export_batch_size, options.export_interval_seconds,
                 fallback=in_process_export)
             plan = dataclasses.replace(plan, process_pid=export.pid)
+            derived.metrics.registry.register(ExporterProcessCpuCollector(export,
+                                                                          identity.rank))
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)

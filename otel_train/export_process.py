@@ -48,11 +48,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.drop_counter import DropCounter
 from otel_train.rate_limited_log import RateLimitedLogger
@@ -499,6 +501,42 @@ class ExportProcessClient(SpanProcessor):
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.
         self._close_fds()
+
+
+METRIC_EXPORTER_CPU = "otel_train_exporter_process_cpu_seconds_total"
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ExporterProcessCpuCollector:
+    """Prometheus collector: the exporter process's CPU (it holds no GIL of the training
+    process, but it is the library's cost all the same)."""
+
+    def __init__(self, client: ExportProcessClient, rank: Any) -> None:
+        self._client = client
+        self._rank = str(rank)
+        self._last = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family while the exporter process is (or was) readable."""
+        pid = self._client.pid
+        seconds = process_cpu_seconds(pid) if pid is not None else None
+        if seconds is None and not self._last:
+            return
+        self._last = max(self._last, seconds or 0.0)  # the last reading once it has exited
+        fam = CounterMetricFamily(
+            METRIC_EXPORTER_CPU, "CPU time of otel-train's exporter process (span building, "
+            "encoding and sending, out of the training process's GIL).", labels=["rank"])
+        fam.add_metric([self._rank], self._last)
+        yield fam
 
 
 def _frame_spans(view: memoryview) -> tuple[list[Any], list[Any]]:

@@ -78,6 +78,20 @@ def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> Non
     assert run.costs()["steps"] == 20
 
 
+def test_the_exporter_process_cpu_is_served_as_a_prometheus_counter(tmp_path: Path) -> None:
+    import urllib.request
+
+    run = start_test_run(tmp_path, prometheus_port=0)
+    _train(run, 50)
+    assert run.flush(timeout_seconds=10)
+    text = urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=5).read().decode()
+    run.shutdown(timeout=10)
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("otel_train_exporter_process_cpu_seconds_total{"))
+    assert 'rank="0"' in line
+    assert float(line.split()[-1]) > 0.0  # its start-up alone (imports) costs CPU
+
+
 def test_export_process_false_keeps_the_export_thread_in_the_training_process(
         tmp_path: Path) -> None:
     run = start_test_run(tmp_path, export_process=False)
@@ -147,8 +161,7 @@ def test_the_child_writes_the_same_otlp_as_the_training_process_would(tmp_path: 
     assert any('"nan loss"' in s for s in child)  # the failed step's exception event
 
 
-def test_user_spans_nest_under_their_phase_through_the_child(tmp_path: Path,
-                                                           clean_env: None) -> None:
+def test_user_spans_nest_under_their_phase_through_the_child(tmp_path: Path) -> None:
     with GrpcOtlpReceiver() as receiver:
         run = otel_train.start_run(exporter="otlp", otlp_endpoint=receiver.endpoint,
                                    otlp_protocol="grpc", prometheus_port=None, console=False,
