@@ -41,8 +41,6 @@ import marshal
 import os
 import pickle
 import select
-import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -57,6 +55,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.drop_counter import DropCounter
+from otel_train.export_pipe import (
+    HEADER,
+    STATS_INTERVAL_SECONDS,
+    FrameReader,
+    frame,
+    write_all,
+)
 from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.span_rows import (
     RowSpanFactory,
@@ -66,75 +71,11 @@ from otel_train.span_rows import (
 )
 
 _log = logging.getLogger("otel_train")
-_HEADER = struct.Struct("<I")
-_READ_CHUNK = 1 << 16
-_STATS_INTERVAL_SECONDS = 0.25
-_ORPHAN_CHECK_SECONDS = 0.5
-_ORPHAN_FLUSH_SECONDS = 3.0  # the training process died: what the child may still send
-_START_TIMEOUT_SECONDS = 30.0  # a child that never says hello is given up on
 _BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
          "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
          "import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
-         "from otel_train.export_process import child_main; "
+         "from otel_train.export_child import child_main; "
          "child_main(int(sys.argv[1]), int(sys.argv[2]))")
-
-
-def _frame(payload: bytes) -> bytes:
-    return _HEADER.pack(len(payload)) + payload
-
-
-class _FrameReader:
-    """Length-prefixed frames from a file descriptor (blocking or not)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buf = bytearray()
-        self.eof = False
-
-    def read_available(self) -> list[bytes]:
-        """Every whole frame readable now without blocking (fd must be non-blocking)."""
-        while True:
-            try:
-                chunk = os.read(self.fd, _READ_CHUNK)
-            except BlockingIOError:
-                break
-            except OSError:
-                self.eof = True
-                break
-            if not chunk:
-                self.eof = True
-                break
-            self._buf += chunk
-        return self._frames()
-
-    def read_one(self) -> bytes | None:
-        """The next frame, blocking; None at end of file."""
-        while True:
-            frames = self._frames(limit=1)
-            if frames:
-                return frames[0]
-            try:
-                chunk = os.read(self.fd, _READ_CHUNK)
-            except InterruptedError:
-                continue
-            if not chunk:
-                self.eof = True
-                return None
-            self._buf += chunk
-
-    def _frames(self, limit: int | None = None) -> list[bytes]:
-        out = []
-        buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4 and (limit is None or len(out) < limit):
-            (size,) = _HEADER.unpack_from(buf, pos)
-            if len(buf) - pos - 4 < size:
-                break
-            out.append(bytes(buf[pos + 4:pos + 4 + size]))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
-        return out
 
 
 class ExportProcessClient(SpanProcessor):
@@ -203,10 +144,10 @@ class ExportProcessClient(SpanProcessor):
         self.pid = self._proc.pid
         # The config goes first, blocking (the pipe is empty and it is small); then the pipe
         # turns non-blocking: from here on nothing this process does may wait on the child.
-        _write_all(self._cmd_w, _frame(pickle.dumps(config)))
+        write_all(self._cmd_w, frame(pickle.dumps(config)))
         os.set_blocking(self._cmd_w, False)
         os.set_blocking(self._stat_r, False)
-        self._reader = _FrameReader(self._stat_r)
+        self._reader = FrameReader(self._stat_r)
 
     # -- from the span worker and the training thread -----------------------------------
     def send_record(self, rec: tuple[Any, ...], spans: int) -> None:
@@ -249,7 +190,7 @@ class ExportProcessClient(SpanProcessor):
                 self._to_fallback(recs, rows)
                 return
             if recs or rows:
-                self._queue_frame(marshal.dumps(("spans", recs, rows)), spans + len(rows))
+                self._queueframe(marshal.dumps(("spans", recs, rows)), spans + len(rows))
             self._pump()
             self._read_counts()
             if self._proc.poll() is not None and not self._final:
@@ -260,13 +201,13 @@ class ExportProcessClient(SpanProcessor):
         read the child's counts and log records a few times a second."""
         now = time.monotonic()
         if self._rows or self._outbox or now >= self._next_read:
-            self._next_read = now + _STATS_INTERVAL_SECONDS
+            self._next_read = now + STATS_INTERVAL_SECONDS
             self.end_drain()
 
     # -- the pipe ---------------------------------------------------------------------------
-    def _queue_frame(self, payload: bytes, spans: int) -> None:
+    def _queueframe(self, payload: bytes, spans: int) -> None:
         # [bytes left to write, spans in the frame, partly written?]
-        self._outbox.append([memoryview(_frame(payload)), spans, False])
+        self._outbox.append([memoryview(frame(payload)), spans, False])
         self._outbox_spans += spans
         # Bounded: the oldest whole frames of spans go first (the newest are the most
         # useful; the newest frame, one drain's spans, always stays); a frame partly in the
@@ -416,7 +357,7 @@ class ExportProcessClient(SpanProcessor):
                 return bool(self._fallback.force_flush(timeout_millis))
             self._token += 1
             token = self._token
-            self._queue_frame(marshal.dumps(("flush", token, timeout_millis / 1000.0)), 0)
+            self._queueframe(marshal.dumps(("flush", token, timeout_millis / 1000.0)), 0)
         if self._wait(deadline, lambda empty: token in self._flushed):
             return self._flushed.pop(token, False)
         if self._fallback is not None:  # the child died meanwhile
@@ -455,7 +396,7 @@ class ExportProcessClient(SpanProcessor):
         with self._io_lock:
             # The child gets the time left minus a margin to report its final counts.
             share = max(0.0, (deadline - time.monotonic()) * 0.85 - 0.05)
-            self._queue_frame(marshal.dumps(("stop", share)), 0)
+            self._queueframe(marshal.dumps(("stop", share)), 0)
         self._wait(deadline, lambda empty: self._final)
         if self._fallback is not None:  # the child died meanwhile: export from here
             self._closed = True
@@ -543,166 +484,10 @@ def _frame_spans(view: memoryview) -> tuple[list[Any], list[Any]]:
     """(span records, user span rows) of a frame not yet written (its header intact)."""
     try:
         data = bytes(view)
-        (size,) = _HEADER.unpack_from(data, 0)
+        (size,) = HEADER.unpack_from(data, 0)
         msg = marshal.loads(data[4:4 + size])
         return (list(msg[1]), list(msg[2])) if msg[0] == "spans" else ([], [])
     except Exception:
         return [], []
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-# -- the exporter process ------------------------------------------------------------------
-class _StatWriter:
-    """Frames from the exporter process to the training process (one writer at a time)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._lock = threading.Lock()
-
-    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
-        """One frame; unless ``block``, skipped when the pipe is full (counts are cumulative,
-        the next report carries them)."""
-        data = _frame(marshal.dumps(msg))
-        with self._lock:
-            try:
-                # Frames up to PIPE_BUF (4 KiB) are written whole or not at all; a larger
-                # one is written blocking, so the stream never holds half a frame.
-                block = block or len(data) > 4096
-                os.set_blocking(self.fd, block)
-                if block:
-                    _write_all(self.fd, data)
-                else:
-                    os.write(self.fd, data)
-            except OSError:
-                pass
-
-
-class _PipeLogHandler(logging.Handler):
-    """The exporter process's log records go to the training process's ``otel_train``
-    logger, where the user's logging configuration applies."""
-
-    def __init__(self, writer: _StatWriter) -> None:
-        super().__init__()
-        self._writer = writer
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Send one record (its formatted message) up the pipe."""
-        try:
-            text = record.getMessage()
-            if record.exc_info:
-                text += "\n" + logging.Formatter().formatException(record.exc_info)
-            self._writer.send(("log", record.levelno, text[:3500]), block=True)
-        except Exception:
-            pass
-
-
-class _Child:
-    """The exporter process: rows in, spans exported, counts out."""
-
-    def __init__(self, writer: _StatWriter, config: dict[str, Any]) -> None:
-        from otel_train.export import BoundedBatchSpanProcessor
-        from otel_train.sdk_config import create_exporter
-
-        self.send = writer.send
-        self.drops = DropCounter()
-        attrs, schema = config["resource"]
-        self.factory = RowSpanFactory(Resource(attrs, schema),
-                                      InstrumentationScope(*config["scope"]),
-                                      config["run_constants"])
-        self.export = BoundedBatchSpanProcessor(
-            create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
-            config["interval"])
-        self.parent_pid = config["parent_pid"]
-        self._last: Any = None
-        self._done = threading.Event()
-
-    def stats(self, kind: str = "stats", block: bool = False) -> None:
-        """The cumulative counts (sent only when they changed, unless final)."""
-        now = (self.export.exported, self.export.export_failures, self.drops.counts())
-        if kind == "stats" and now == self._last:
-            return
-        self._last = now
-        self.send((kind, *now), block)
-
-    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        """Export one frame: the steps' span records, then the user spans' rows."""
-        span, on_end = self.factory.span, self.export.on_end
-        for rec in recs:
-            try:
-                for row in rows_from_record(rec):
-                    on_end(span(row))
-            except Exception as exc:
-                self.drops.add("build_error", record_span_count(rec))
-                _log.debug("otel-train exporter: bad span record: %r", exc)
-        for row in rows:
-            try:
-                on_end(span(row))
-            except Exception as exc:
-                self.drops.add("build_error")
-                _log.debug("otel-train exporter: bad row: %r", exc)
-
-    def stop(self, timeout_seconds: float) -> None:
-        """Export what is queued within ``timeout_seconds``, report the final counts."""
-        if self._done.is_set():
-            return
-        self._done.set()
-        self.export.shutdown(timeout_seconds)
-        self.stats("final", block=True)
-
-    def watch(self) -> None:
-        """Counts every 0.25 s; if the training process is gone, flush briefly and exit."""
-        checks = 0
-        while not self._done.wait(_STATS_INTERVAL_SECONDS):
-            self.stats()
-            checks += 1
-            if checks % max(1, int(_ORPHAN_CHECK_SECONDS / _STATS_INTERVAL_SECONDS)) == 0:
-                if os.getppid() != self.parent_pid:
-                    self.stop(_ORPHAN_FLUSH_SECONDS)
-                    os._exit(0)
-
-
-def child_main(cmd_fd: int, stat_fd: int) -> None:
-    """Entry point of the exporter process (``python -c`` from ExportProcessClient)."""
-    # The launcher's SIGINT/SIGTERM are for the training process; its shutdown flushes
-    # through us, and we leave when the pipe closes or the training process is gone.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    reader = _FrameReader(cmd_fd)
-    raw = reader.read_one()
-    if raw is None:
-        return
-    config = pickle.loads(raw)
-    writer = _StatWriter(stat_fd)
-    log = logging.getLogger("otel_train")
-    log.setLevel(config.get("log_level", logging.WARNING))
-    log.addHandler(_PipeLogHandler(writer))
-    log.propagate = False
-    try:
-        child = _Child(writer, config)
-    except Exception as exc:
-        writer.send(("error", f"could not start: {exc!r}"), block=True)
-        sys.exit(3)
-    child.stats("stats", block=True)  # ready: the exporter is made
-    threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()
-    while True:
-        raw = reader.read_one()
-        if raw is None:  # the training process closed the pipe without a stop (it died)
-            child.stop(_ORPHAN_FLUSH_SECONDS)
-            break
-        msg = marshal.loads(raw)
-        kind = msg[0]
-        if kind == "spans":
-            child.spans(msg[1], msg[2])
-        elif kind == "flush":
-            ok = child.export.force_flush(int(msg[2] * 1000))
-            child.stats(block=True)
-            child.send(("flushed", msg[1], ok), block=True)
-        elif kind == "stop":
-            child.stop(msg[1])
-            break
-    os._exit(0)  # skip interpreter teardown: everything is flushed and reported

@@ -1,0 +1,183 @@
+"""The exporter process: span records in, spans exported, counts and log records out.
+
+Started by ``export_process.ExportProcessClient`` as ``python -I -c`` with two pipe ends.
+The first frame is its configuration (the export plan, resource, scope, run constants and
+bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It builds
+``ReadableSpan``s (span_rows.py) and feeds ``BoundedBatchSpanProcessor`` with the planned
+exporter, exactly as the training process would; it reports its export and drop counts every
+0.25 s and its log records as they come, and leaves when told to stop, when the pipe closes,
+or when the training process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import pickle
+import signal
+import sys
+import threading
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_train.drop_counter import DropCounter
+from otel_train.export_pipe import STATS_INTERVAL_SECONDS, FrameReader, frame, write_all
+from otel_train.span_rows import RowSpanFactory, record_span_count, rows_from_record
+
+_log = logging.getLogger("otel_train")
+_ORPHAN_CHECK_SECONDS = 0.5
+_ORPHAN_FLUSH_SECONDS = 3.0  # the training process died: what the child may still send
+
+
+class _StatWriter:
+    """Frames from the exporter process to the training process (one writer at a time)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
+        """One frame; unless ``block``, skipped when the pipe is full (counts are cumulative,
+        the next report carries them)."""
+        data = frame(marshal.dumps(msg))
+        with self._lock:
+            try:
+                # Frames up to PIPE_BUF (4 KiB) are written whole or not at all; a larger
+                # one is written blocking, so the stream never holds half a frame.
+                block = block or len(data) > 4096
+                os.set_blocking(self.fd, block)
+                if block:
+                    write_all(self.fd, data)
+                else:
+                    os.write(self.fd, data)
+            except OSError:
+                pass
+
+
+class _PipeLogHandler(logging.Handler):
+    """The exporter process's log records go to the training process's ``otel_train``
+    logger, where the user's logging configuration applies."""
+
+    def __init__(self, writer: _StatWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Send one record (its formatted message) up the pipe."""
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._writer.send(("log", record.levelno, text[:3500]), block=True)
+        except Exception:
+            pass
+
+
+class _Child:
+    """The exporter process: rows in, spans exported, counts out."""
+
+    def __init__(self, writer: _StatWriter, config: dict[str, Any]) -> None:
+        from otel_train.export import BoundedBatchSpanProcessor
+        from otel_train.sdk_config import create_exporter
+
+        self.send = writer.send
+        self.drops = DropCounter()
+        attrs, schema = config["resource"]
+        self.factory = RowSpanFactory(Resource(attrs, schema),
+                                      InstrumentationScope(*config["scope"]),
+                                      config["run_constants"])
+        self.export = BoundedBatchSpanProcessor(
+            create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
+            config["interval"])
+        self.parent_pid = config["parent_pid"]
+        self._last: Any = None
+        self._done = threading.Event()
+
+    def stats(self, kind: str = "stats", block: bool = False) -> None:
+        """The cumulative counts (sent only when they changed, unless final)."""
+        now = (self.export.exported, self.export.export_failures, self.drops.counts())
+        if kind == "stats" and now == self._last:
+            return
+        self._last = now
+        self.send((kind, *now), block)
+
+    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
+        """Export one frame: the steps' span records, then the user spans' rows."""
+        span, on_end = self.factory.span, self.export.on_end
+        for rec in recs:
+            try:
+                for row in rows_from_record(rec):
+                    on_end(span(row))
+            except Exception as exc:
+                self.drops.add("build_error", record_span_count(rec))
+                _log.debug("otel-train exporter: bad span record: %r", exc)
+        for row in rows:
+            try:
+                on_end(span(row))
+            except Exception as exc:
+                self.drops.add("build_error")
+                _log.debug("otel-train exporter: bad row: %r", exc)
+
+    def stop(self, timeout_seconds: float) -> None:
+        """Export what is queued within ``timeout_seconds``, report the final counts."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        self.export.shutdown(timeout_seconds)
+        self.stats("final", block=True)
+
+    def watch(self) -> None:
+        """Counts every 0.25 s; if the training process is gone, flush briefly and exit."""
+        checks = 0
+        while not self._done.wait(STATS_INTERVAL_SECONDS):
+            self.stats()
+            checks += 1
+            if checks % max(1, int(_ORPHAN_CHECK_SECONDS / STATS_INTERVAL_SECONDS)) == 0:
+                if os.getppid() != self.parent_pid:
+                    self.stop(_ORPHAN_FLUSH_SECONDS)
+                    os._exit(0)
+
+
+def child_main(cmd_fd: int, stat_fd: int) -> None:
+    """Entry point of the exporter process (``python -c`` from ExportProcessClient)."""
+    # The launcher's SIGINT/SIGTERM are for the training process; its shutdown flushes
+    # through us, and we leave when the pipe closes or the training process is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reader = FrameReader(cmd_fd)
+    raw = reader.read_one()
+    if raw is None:
+        return
+    config = pickle.loads(raw)
+    writer = _StatWriter(stat_fd)
+    log = logging.getLogger("otel_train")
+    log.setLevel(config.get("log_level", logging.WARNING))
+    log.addHandler(_PipeLogHandler(writer))
+    log.propagate = False
+    try:
+        child = _Child(writer, config)
+    except Exception as exc:
+        writer.send(("error", f"could not start: {exc!r}"), block=True)
+        sys.exit(3)
+    child.stats("stats", block=True)  # ready: the exporter is made
+    threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()
+    while True:
+        raw = reader.read_one()
+        if raw is None:  # the training process closed the pipe without a stop (it died)
+            child.stop(_ORPHAN_FLUSH_SECONDS)
+            break
+        msg = marshal.loads(raw)
+        kind = msg[0]
+        if kind == "spans":
+            child.spans(msg[1], msg[2])
+        elif kind == "flush":
+            ok = child.export.force_flush(int(msg[2] * 1000))
+            child.stats(block=True)
+            child.send(("flushed", msg[1], ok), block=True)
+        elif kind == "stop":
+            child.stop(msg[1])
+            break
+    os._exit(0)  # skip interpreter teardown: everything is flushed and reported
