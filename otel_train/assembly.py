@@ -59,6 +59,7 @@ from otel_train.span_builder import (
     SpanBuildWorker,
     StepSpanBuilder,
     epoch_offset_ns,
+    run_constant_attributes,
 )
 from otel_train.version import __version__
 
@@ -235,35 +236,44 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         if found is not None:
             exporter, where = found
             plan, joins_app = ExportPlan(where), False
-    derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
-    # Tail sampling (sampling.py) between the derived metrics and export: it applies the
-    # ratio itself, so every step is built sampled and the SDK follows its parent.
-    if derived.sampler is not None and (own_exporter and plan.kind != "none"
-                                        or exporter is not None):
-        sampler = ParentBased(ALWAYS_ON)
     scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
-    is_sampled = sampling_function(sampler)
-    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
-                              is_sampled, epoch_offset_ns())
 
     def in_process_export(made: SpanExporter | None = None) -> BoundedBatchSpanProcessor:
         return BoundedBatchSpanProcessor(
             made or create_exporter(plan), drops, options.max_queued_spans,
             options.export_batch_size, options.export_interval_seconds)
 
+    # The exporter process first: its CPU counter must be on the metrics registry before
+    # the derived-metrics stage mirrors the registry's families over OTLP.
     export: Any = None
+    collectors: list[Any] = []
     if own_exporter and options.export_process and plan.kind in _PROCESS_KINDS:
         try:
             export = ExportProcessClient(
-                plan, resource, scope, builder.run_constants, drops, options.max_queued_spans,
-                options.export_batch_size, options.export_interval_seconds,
-                fallback=in_process_export)
+                plan, resource, scope,
+                run_constant_attributes(identity, device.synced, device.device_type), drops,
+                options.max_queued_spans, options.export_batch_size,
+                options.export_interval_seconds, fallback=in_process_export)
             plan = dataclasses.replace(plan, process_pid=export.pid)
-            derived.metrics.registry.register(ExporterProcessCpuCollector(export,
-                                                                          identity.rank))
+            collectors.append(ExporterProcessCpuCollector(export, identity.rank))
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)
+    try:
+        derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
+                                      self_cost, collectors=collectors)
+    except BaseException:
+        if export is not None:
+            export.shutdown(0.5)  # no exporter process outlives a run that never started
+        raise
+    # Tail sampling (sampling.py) between the derived metrics and export: it applies the
+    # ratio itself, so every step is built sampled and the SDK follows its parent.
+    if derived.sampler is not None and (own_exporter and plan.kind != "none"
+                                        or exporter is not None):
+        sampler = ParentBased(ALWAYS_ON)
+    is_sampled = sampling_function(sampler)
+    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
+                              is_sampled, epoch_offset_ns())
     if export is None and own_exporter:
         exporter = create_exporter(plan)
     if export is None and exporter is not None:

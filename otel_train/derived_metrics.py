@@ -23,6 +23,7 @@ import logging
 import re
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ class DerivedMetricsStage:
     """Builds, starts and stops the derived-metrics processors of one run."""
 
     def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
-                 recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter) -> None:
+                 recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
+                 collectors: Sequence[Any] = ()) -> None:
         self.options = options
         self.identity = identity
         self.drops = drops
@@ -98,6 +100,8 @@ class DerivedMetricsStage:
                 eval_operations=options.eval_operations, warmup_steps=warmup,
                 world_size=world)
             chain.append(self.console)
+        for collector in collectors:  # extra families (the exporter process's CPU)
+            self.metrics.registry.register(collector)
         self.otlp_metrics: Any = self._scale_out(chain)
         self.shared = SharedStepSpanProcessor(chain)
         self.processors: list[SpanProcessor] = [self.shared]

@@ -51,6 +51,18 @@ _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
 
 
+def run_constant_attributes(identity: RunIdentity, device_synced: bool,
+                            device_type: str) -> dict[str, Any]:
+    """The attributes every span of the run carries, in the order they are written."""
+    return {
+        A.RUN_ID: identity.run_id,
+        A.RANK: identity.rank,
+        A.WORLD_SIZE: identity.world_size,
+        A.DEVICE_SYNCED: device_synced,
+        A.DEVICE_TYPE: device_type,
+    }
+
+
 class StepSpanBuilder:
     """Turns step records into ReadableSpans that follow the telemetry contract."""
 
@@ -71,13 +83,7 @@ class StepSpanBuilder:
         self._offset = epoch_offset_ns
         # OTEL_*ATTRIBUTE_* limits, read once (the SDK reads them when its provider is made).
         self._limits = AttributeLimits.from_env()
-        self._base = {
-            A.RUN_ID: identity.run_id,
-            A.RANK: identity.rank,
-            A.WORLD_SIZE: identity.world_size,
-            A.DEVICE_SYNCED: device_synced,
-            A.DEVICE_TYPE: device_type,
-        }
+        self._base = run_constant_attributes(identity, device_synced, device_type)
         # Rows leave the run constants out; the factory puts them first in every span's
         # attributes, where the OTLP encoder writes them as one cached block
         # (otlp_encoding.RunConstantAttributes). The attribute count limit counts them.
