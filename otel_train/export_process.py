@@ -96,7 +96,7 @@ class ExportProcessClient(SpanProcessor):
         self._io_lock = threading.Lock()  # the pipe, the outbox and the counts
         self._recs: list[tuple[Any, ...]] = []  # span records (span_rows.py) of steps
         self._rec_spans = 0
-        self._rows: list[tuple[Any, ...]] = []  # rows of user spans (SDK spans)
+        self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
         self._outbox: deque[list[Any]] = deque()  # [frame view, span count]
         self._outbox_spans = 0
         self.sent_spans = 0  # spans whose frame went wholly into the pipe
@@ -162,35 +162,40 @@ class ExportProcessClient(SpanProcessor):
         """Nothing to do at start."""
 
     def on_end(self, span: ReadableSpan) -> None:
-        """A user span from the SDK provider (or held by the sampler): queue its row."""
+        """A user span from the SDK provider (or held by the sampler): queue it as it is.
+
+        This runs on the thread that ended the span, usually the training thread: its row is
+        made at the end of the next drain, in the span worker.
+        """
         if self._forked:
             return
         ctx = span.context
         if ctx is None or not ctx.trace_flags.sampled:
             return
-        try:
-            row = row_from_span(span)
-        except Exception as exc:
-            self._drops.add("build_error")
-            self._warn.warning("row", "otel-train: could not queue a span: %r", exc)
-            return
-        if row is not None:
-            with self._lock:
-                self._rows.append(row)
+        with self._lock:
+            self._user_spans.append(span)
 
     def end_drain(self) -> None:
         """Frame what was queued and write what the pipe takes now; read the child's counts."""
         if self._forked or self._closed:
             return
         with self._lock:
-            recs, rows, spans = self._recs, self._rows, self._rec_spans
-            self._recs, self._rows, self._rec_spans = [], [], 0
+            recs, user_spans, spans = self._recs, self._user_spans, self._rec_spans
+            self._recs, self._user_spans, self._rec_spans = [], [], 0
+        rows = []
+        for span in user_spans:
+            try:
+                rows.append(row_from_span(span))
+            except Exception as exc:
+                self._drops.add("build_error")
+                self._warn.warning("row", "otel-train: could not export a span: %r", exc)
+        rows = [r for r in rows if r is not None]
         with self._io_lock:
             if self._fallback is not None:
                 self._to_fallback(recs, rows)
                 return
             if recs or rows:
-                self._queueframe(marshal.dumps(("spans", recs, rows)), spans + len(rows))
+                self._queue_frame(marshal.dumps(("spans", recs, rows)), spans + len(rows))
             self._pump()
             self._read_counts()
             if self._proc.poll() is not None and not self._final:
@@ -200,12 +205,12 @@ class ExportProcessClient(SpanProcessor):
         """Between drains (every poll of the span worker): hand over what waits, if anything;
         read the child's counts and log records a few times a second."""
         now = time.monotonic()
-        if self._rows or self._outbox or now >= self._next_read:
+        if self._user_spans or self._outbox or now >= self._next_read:
             self._next_read = now + STATS_INTERVAL_SECONDS
             self.end_drain()
 
     # -- the pipe ---------------------------------------------------------------------------
-    def _queueframe(self, payload: bytes, spans: int) -> None:
+    def _queue_frame(self, payload: bytes, spans: int) -> None:
         # [bytes left to write, spans in the frame, partly written?]
         self._outbox.append([memoryview(frame(payload)), spans, False])
         self._outbox_spans += spans
@@ -298,8 +303,8 @@ class ExportProcessClient(SpanProcessor):
         """Export from this process from now on, starting with what the child never got."""
         self._close_fds()
         self._fallback = self._make_fallback() if self._make_fallback is not None else None
-        left = [_frame_spans(frame[0]) for frame in self._outbox if not frame[2]]
-        cut = sum(frame[1] for frame in self._outbox if frame[2])  # half in the dead pipe
+        left = [_frame_spans(item[0]) for item in self._outbox if not item[2]]
+        cut = sum(item[1] for item in self._outbox if item[2])  # half in the dead pipe
         self._drops.add("export_failed", cut)
         self._outbox.clear()
         self._outbox_spans = 0
@@ -357,7 +362,7 @@ class ExportProcessClient(SpanProcessor):
                 return bool(self._fallback.force_flush(timeout_millis))
             self._token += 1
             token = self._token
-            self._queueframe(marshal.dumps(("flush", token, timeout_millis / 1000.0)), 0)
+            self._queue_frame(marshal.dumps(("flush", token, timeout_millis / 1000.0)), 0)
         if self._wait(deadline, lambda empty: token in self._flushed):
             return self._flushed.pop(token, False)
         if self._fallback is not None:  # the child died meanwhile
@@ -396,7 +401,7 @@ class ExportProcessClient(SpanProcessor):
         with self._io_lock:
             # The child gets the time left minus a margin to report its final counts.
             share = max(0.0, (deadline - time.monotonic()) * 0.85 - 0.05)
-            self._queueframe(marshal.dumps(("stop", share)), 0)
+            self._queue_frame(marshal.dumps(("stop", share)), 0)
         self._wait(deadline, lambda empty: self._final)
         if self._fallback is not None:  # the child died meanwhile: export from here
             self._closed = True
@@ -437,7 +442,7 @@ class ExportProcessClient(SpanProcessor):
     def after_fork_in_child(self) -> None:
         """In a forked training process: never touch the parent's exporter, close our ends."""
         self._forked = True
-        self._recs, self._rows = [], []
+        self._recs, self._user_spans = [], []
         self._outbox = deque()
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.

@@ -26,7 +26,7 @@ from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.recorder import MonitorRecord, Phase, Recorder, Step, decode_events
+from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
 from otel_train.span_rows import (
     C_FLAGS,
@@ -96,10 +96,6 @@ class StepSpanBuilder:
         """All spans of one record, children before their parents (the order spans end)."""
         return self.factory.spans(rows_from_record(self.record(record)))
 
-    def rows(self, record: Step | MonitorRecord) -> list[tuple[Any, ...]]:
-        """All span rows (span_rows.py) of one record, children first, the root last."""
-        return rows_from_record(self.record(record))
-
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
 
@@ -121,46 +117,31 @@ class StepSpanBuilder:
         step_end = step.end_ns
         step_loader = step.loader
         phase_attrs = step.phase_attrs
-        device_seconds = _device_durations(step, decode_events(step.ev)) if step.dev else None
-        # The step's flat event list, decoded in one pass (recorder.decode_events' rules):
-        # (phase, start_ns) opens a phase nested in the innermost open one, (end_ns, error)
-        # closes it. A phase left open ends with its step.
-        phases: list[Any] = []
-        stack: list[int] = []
-        ev = step.ev
-        n = len(ev) - (len(ev) & 1)
-        for i in range(0, n, 2):
-            a = ev[i]
-            if isinstance(a, Phase):  # one opens
-                parent = stack[-1] if stack else -1
-                name = a.name
-                # Work nested in a monitoring phase is monitoring work (validation data).
-                kind = (_MONITOR if parent >= 0 and phases[parent][1] == _MONITOR
-                        else a.kind)
-                # Only data spans carry a loader: a monitoring or compute phase reads none
-                # itself (validation data inside val_loss is its own data span).
-                loader = a.loader or (step_loader if name == _DATA else None)
-                start = ev[i + 1]
-                ordinal = len(phases)
-                stack.append(ordinal)
-                # span_rows.py's phase layout; the first six are what StepView needs.
-                phases.append([name, kind, loader, step_end - start, ordinal + 1,
-                               parent + 1 if parent >= 0 else root_id, start + off,
-                               step_end + off, None, (), None, None])
-            elif stack:
-                ph = phases[stack.pop()]
-                ph[3] = a + off - ph[6]
-                ph[7] = a + off
-                if ev[i + 1] is not None:
-                    ph[8], ph[9] = _status_and_events(ev[i + 1], a + off)
-        if phase_attrs or device_seconds:
-            for ordinal, ph in enumerate(phases):
-                if device_seconds:
-                    ph[11] = device_seconds.get(ordinal)
-                extra = phase_attrs.get(ordinal) if phase_attrs else None
-                if extra:
-                    base = 3 + (ph[2] is not None) + (ph[11] is not None)
-                    ph[10] = _plain_attributes(extra, self._limits, self._room - base)
+        decoded = decode_events(step.ev)  # the one decoder of a step's event list
+        device_seconds = _device_durations(step, decoded) if step.dev else None
+        limits, room = self._limits, self._room
+        phases: list[tuple[Any, ...]] = []
+        for ph in decoded:
+            phase = ph.phase
+            name = phase.name
+            parent = ph.parent
+            # Work nested in a monitoring phase is monitoring work (validation data).
+            kind = _MONITOR if parent >= 0 and phases[parent][1] == _MONITOR else phase.kind
+            # Only data spans carry a loader: a monitoring or compute phase reads none
+            # itself (validation data inside val_loss is its own data span).
+            loader = phase.loader or (step_loader if name == _DATA else None)
+            start = ph.start_ns + off
+            end = (ph.end_ns or step_end) + off  # a phase left open ends with its step
+            status, events = _status_and_events(ph.error, end)
+            device = device_seconds.get(ph.ordinal) if device_seconds else None
+            extra = phase_attrs.get(ph.ordinal) if phase_attrs else None
+            if extra:
+                extra = _plain_attributes(
+                    extra, limits, room - 3 - (loader is not None) - (device is not None))
+            # span_rows.py's phase layout; the first six are what StepView needs.
+            phases.append((name, kind, loader, end - start, ph.ordinal + 1,
+                           parent + 1 if parent >= 0 else root_id, start, end, status,
+                           events, extra or None, device))
         root_attrs: dict[str, Any] = {_STEP: step.index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
@@ -172,7 +153,7 @@ class StepSpanBuilder:
                                                 self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
         return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
-                root_attrs, status, events, [tuple(p) for p in phases], ids or None)
+                root_attrs, status, events, phases, ids or None)
 
     def _monitor_record(self, rec: MonitorRecord) -> tuple[Any, ...]:
         trace_id, span_id = operation_ids(rec)

@@ -1,13 +1,15 @@
 """Span rows: a finished span as one flat tuple of plain values, the background's currency.
 
 A ``ReadableSpan`` costs ~7 µs of GIL-holding CPU to make (its ``SpanContext``, ``Status``,
-bounded attributes...) and pickles slowly. The span builder writes each span of a step as a
-*row* instead: a tuple of ints, strings and plain dicts. Rows feed the derived metrics
-directly (:func:`view_from_rows` makes the ``StepView`` the processors read, no assembling),
-go down a pipe to the exporter process as ``marshal`` bytes (export_process.py), and become
-``ReadableSpan``s only where an SDK component needs one (:class:`RowSpanFactory`), in the
-exporter process or for an application's own span processors. One row, one span: the bytes
-an exporter writes are the same whichever way the row went.
+bounded attributes...) and pickles slowly. The span builder writes each step as a *span
+record* instead: a tuple of ints, strings and plain dicts, its phases decoded. Records feed the
+derived metrics directly (:func:`view_from_record` makes the ``StepView`` the processors read,
+no assembling), go down a pipe to the exporter process as ``marshal`` bytes
+(export_process.py), and become *rows* (one flat tuple per span, :func:`rows_from_record`)
+and then ``ReadableSpan``s (:class:`RowSpanFactory`) only where an SDK component needs them:
+in the exporter process, or in this process for an export thread or an application's own span
+processors. One record, the same spans whichever way it went (the phases' span ids are drawn
+where the rows are made).
 
 Layout (index constants ``R_*``)::
 

@@ -294,7 +294,7 @@ class SharedStepSpanProcessor(SpanProcessor):
         return self._assembler
 
     def on_view(self, view: StepView) -> None:
-        """Take a view built elsewhere (the row path: span_rows.view_from_rows)."""
+        """Take a view built elsewhere (the row path: span_rows.view_from_record)."""
         with self.lock:
             self._assembler.views += 1
             self._dispatch(view)

@@ -273,6 +273,18 @@ class _ReceiverBase:
                 # Bounded wait; _record notifies on every accepted request.
                 self._cond.wait(min(remaining, 0.1))
 
+    def wait_for_requests(self, count: int = 1, timeout_seconds: float = 5.0) -> int:
+        """Wait until >= ``count`` requests arrived, in any mode (a hanging one counts as it
+        arrives); return the count, which may be short of ``count`` after the timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            with self._cond:
+                got = self._requests_count
+            left = deadline - time.monotonic()
+            if got >= count or left <= 0:
+                return got
+            time.sleep(min(left, 0.01))  # arrivals are counted without a notify
+
     def clear(self) -> None:
         """Forget all received requests, spans, headers and the request count."""
         with self._cond:

@@ -296,9 +296,7 @@ def test_a_hanging_collector_holds_an_export_no_longer_than_the_export_timeout(p
         proc = _otlp_processor(receiver, protocol, drops, timeout_seconds=0.5)
         for span in _spans(10):
             proc.on_end(span)
-        deadline = time.monotonic() + 5
-        while receiver.requests_count == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        receiver.wait_for_requests(1)
         t0 = time.monotonic()
         while not drops.total and time.monotonic() - t0 < 5:
             time.sleep(0.01)
@@ -321,9 +319,7 @@ def test_shutdown_interrupts_an_export_in_flight_and_counts_it(protocol):
         proc = _otlp_processor(receiver, protocol, drops, timeout_seconds=10.0)
         for span in _spans(6):
             proc.on_end(span)
-        deadline = time.monotonic() + 5
-        while receiver.requests_count == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        receiver.wait_for_requests(1)
         t0 = time.monotonic()
         proc.shutdown(0.3)
         elapsed = time.monotonic() - t0

@@ -195,9 +195,7 @@ def test_an_unavailable_collector_never_stops_training_and_drops_are_counted(
                         time.sleep(0.002)
                     done += 1
                     if step.index == 19:  # let the first exports fail, then keep training
-                        deadline = time.monotonic() + 5
-                        while receiver.requests_count == 0 and time.monotonic() < deadline:
-                            time.sleep(0.01)
+                        receiver.wait_for_requests(1)
                 t_shutdown = time.monotonic()
             shutdown_seconds = time.monotonic() - t_shutdown
         assert receiver.requests_count >= 1
@@ -217,10 +215,8 @@ def _three_steps_stuck_in_the_collector(run, receiver) -> None:
     for step in run.steps(range(3)):
         with step.phase("forward"):
             pass
-    deadline = time.monotonic() + 5
-    while receiver.requests_count == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)  # the first export is now stuck in the collector
-    assert receiver.requests_count >= 1
+    # the first export is now stuck in the collector
+    assert receiver.wait_for_requests(1) >= 1
 
 
 def test_a_hanging_collector_cannot_hold_shutdown_beyond_its_timeout(tmp_path):
