@@ -12,6 +12,9 @@ Variants, each compared with the bare loop:
   ``tests/otlp_receivers.py``, in their own process as a collector would be), Prometheus
   metrics served and the console report on (it goes to stderr, sent to /dev/null);
 - ``otel-none``: otel-train with ``exporter="none"`` (spans built, metrics derived, no export);
+- ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
+  drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
+  the floor that background work adds to (a diagnostic, not a way to run);
 - ``instrument``: ``otel_train.instrument(model, opt, dataloader)`` (zero-code hooks) on the
   same OTLP run;
 - ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
@@ -95,9 +98,9 @@ from bench_support import (  # noqa: E402
     timed_block,
 )
 
-IN_PROCESS = ("otel-otlp", "otel-thread", "otel-none", "instrument", "otel-sdk",
-              "record-function")
-EXPORTING = ("otel-otlp", "otel-thread", "instrument")  # otel-train runs exporting OTLP
+IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-none", "instrument",
+              "otel-sdk", "record-function")
+EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "instrument")  # otel-train runs exporting OTLP
 PEERS = ("torchtel", "traceml")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 BLOCK_STEPS = {"gpt": 50, "mlp": 100}
@@ -304,6 +307,16 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
 
         def drain() -> None:
             holder.pop().uninstrument()
+            flush_in_process(run)
+    elif variant == "otel-paused":
+        worker = run._telemetry.worker
+
+        def body() -> None:
+            worker.paused = True
+            loop_otel(w, n, run)
+
+        def drain() -> None:
+            worker.paused = False
             flush_in_process(run)
     else:
         body = lambda: loop_otel(w, n, run)  # noqa: E731

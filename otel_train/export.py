@@ -127,8 +127,16 @@ class BoundedBatchSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         """Queue a sampled span; when the queue is full the oldest span is dropped (counted)."""
-        if not span.context.trace_flags.sampled:
-            return
+        if span.context.trace_flags.sampled:
+            self._enqueue(span)
+
+    def on_end_row(self, row: tuple[Any, ...]) -> None:
+        """Queue a sampled span row (span_rows.py) for an exporter that encodes rows
+        (``use_rows``): the exporter process's path, where no ``ReadableSpan`` is made."""
+        if row[3] & 1:  # R_FLAGS: the sampled bit
+            self._enqueue(row)
+
+    def _enqueue(self, span: Any) -> None:
         if self._stopping:
             self._drops.add("shutdown_timeout")
             return

@@ -30,9 +30,18 @@ from collections.abc import Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.trace import SpanContext, SpanKind, TraceState
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 _log = logging.getLogger("otel_train")
 _pack_q = struct.Struct("<Q").pack
@@ -130,6 +139,7 @@ class _Encoder:
         self._scopes: dict[int, tuple[Any, bytes]] = {}
         self._trace: tuple[int, bytes] = (-1, b"")
         self._status: tuple[Any, bytes] = (None, b"")
+        self._row_scopes: dict[tuple[Any, ...], Any] = {}
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
         if not attrs:
@@ -316,6 +326,101 @@ class _Encoder:
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
+    def row(self, row: tuple[Any, ...], constants: tuple[tuple[str, Any], ...],
+            constant_keys: frozenset[str], block: bytes) -> bytes:
+        """One Span message's bytes from a span row (span_rows.py), without the span.
+
+        The same bytes as ``span(RowSpanFactory.span(row))``: the run's constants head an
+        otel-train span's attributes as one cached block; a row that sets a constant's key
+        gets its own value in the constant's place, as a dict ``update`` would.
+        """
+        (name, trace_id, span_id, _flags, parent_id, remote, start, end, attrs, status,
+         events, kind, scope, links) = row
+        last_id, tid = self._trace
+        if trace_id != last_id:
+            tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+            self._trace = (trace_id, tid)
+        parts = [tid, b"\x12\x08" + span_id.to_bytes(8, "big")]
+        if parent_id:
+            parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
+        if name:
+            enc = self._names.get(name)
+            if enc is None:
+                enc = _ld(b"\x2a", name.encode("utf-8"))
+                if len(self._names) >= _MAX_CACHED:
+                    self._names.clear()
+                self._names[name] = enc
+            parts.append(enc)
+        parts.append(_KIND_BYTES.get(kind, b"\x30\x01"))
+        if start:
+            parts.append(b"\x39" + _pack_q(start))
+        if end:
+            parts.append(b"\x41" + _pack_q(end))
+        if scope is None:
+            if not attrs:
+                parts.append(block)
+            elif constant_keys.isdisjoint(attrs):
+                parts.append(block)
+                parts.extend(self._items(b"\x4a", attrs.items()))
+            else:  # the row sets a constant's key: its value, in the constant's place
+                merged = dict(constants)
+                merged.update(attrs)
+                parts.extend(self._items(b"\x4a", merged.items()))
+        elif attrs:
+            parts.extend(self._items(b"\x4a", attrs.items()))
+        if events:
+            for ev_name, ev_time, ev_attrs in events:
+                parts.append(self._event(Event(ev_name, ev_attrs, timestamp=ev_time)))
+        if links:
+            for l_trace, l_span, l_flags, l_attrs in links:
+                parts.append(self._link(Link(SpanContext(l_trace, l_span, True,
+                                                         TraceFlags(l_flags)), l_attrs)))
+        if status is None:
+            parts.append(_UNSET_STATUS)
+        else:
+            parts.append(self._status_bytes(_row_status(status)))
+        parts.append(_FLAGS_REMOTE if parent_id and remote else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,
+                     constants: Mapping[str, Any]) -> bytes:
+        """ExportTraceServiceRequest bytes for span rows: the same bytes as
+        ``request(RowSpanFactory(resource, scope, constants).spans(rows))``, with no
+        ``ReadableSpan`` made (the exporter process's path)."""
+        consts = tuple(constants.items())
+        key = ("rows", consts)
+        block = self._blocks.get(key)  # type: ignore[call-overload]
+        if block is None:
+            block = b"".join(self._items(b"\x4a", consts))
+            if len(self._blocks) >= 64:
+                self._blocks.clear()
+            self._blocks[key] = block  # type: ignore[index]
+        keys = frozenset(constants)
+        by_scope: dict[Any, list[bytes]] = {}
+        encode = self.row
+        for row in rows:
+            by_scope.setdefault(row[12], []).append(encode(row, consts, keys, block))
+        rs = [_ld(b"\x0a", self.resource(resource))]
+        for scope_key, encoded in by_scope.items():
+            sc = scope if scope_key is None else self._row_scope(scope_key)
+            ss = [_ld(b"\x0a", self.scope(sc))]
+            ss.extend(_ld(b"\x12", s) for s in encoded)
+            if sc is not None and sc.schema_url:
+                ss.append(_ld(b"\x1a", sc.schema_url.encode("utf-8")))
+            rs.append(_ld(b"\x12", b"".join(ss)))
+        if resource.schema_url:
+            rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
+        return _ld(b"\x0a", b"".join(rs))
+
+    def _row_scope(self, scope: tuple[Any, ...]) -> Any:
+        """The InstrumentationScope of a user row's ``(name, version, schema_url)``."""
+        got = self._row_scopes.get(scope)
+        if got is None:
+            if len(self._row_scopes) >= 256:
+                self._row_scopes.clear()
+            got = self._row_scopes[scope] = InstrumentationScope(*scope)
+        return got
+
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then by scope."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
@@ -341,6 +446,15 @@ class _Encoder:
 
 _FLAGS_LOCAL = b"\x85\x01" + _pack_i(_FLAGS_HAS_IS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _pack_i(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
+# A row's SpanKind value -> the Span.kind field (an unknown kind is INTERNAL, as the factory).
+_KIND_BYTES = {k.value: b"\x30" + _SMALL[v] for k, v in _SPAN_KIND.items()}
+_UNSET_STATUS = _Encoder._status_bytes(Status(StatusCode.UNSET))
+_STATUS_CODES = {c.value: c for c in StatusCode}
+
+
+def _row_status(status: tuple[int, str | None]) -> Status:
+    """A row's ``(code, description)`` as the factory makes it a Status."""
+    return Status(_STATUS_CODES.get(status[0], StatusCode.UNSET), status[1])
 
 
 def _flags(parent: Any) -> int:

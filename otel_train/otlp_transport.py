@@ -142,6 +142,7 @@ class _SingleAttemptBase(SpanExporter):
         self._host, self._port = host, port
         self._encoder = _Encoder()
         self._closed = False
+        self._rows: tuple[Any, Any, dict[str, Any]] | None = None
 
     def scrub(self, text: str) -> str:
         """``text`` with every known credential replaced by ``***``."""
@@ -149,9 +150,24 @@ class _SingleAttemptBase(SpanExporter):
             text = text.replace(secret, "***")
         return text
 
-    def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """The request body (ExportTraceServiceRequest bytes) for ``spans``."""
+    def use_rows(self, resource: Any, scope: Any, run_constants: dict[str, Any]) -> None:
+        """Take span rows (span_rows.py) as well as spans: rows are encoded straight to the
+        same bytes their ``RowSpanFactory(resource, scope, run_constants)`` spans would give,
+        with no span made (the exporter process's path)."""
+        self._rows = (resource, scope, dict(run_constants))
+
+    def encode(self, spans: Sequence[Any]) -> bytes:
+        """The request body (ExportTraceServiceRequest bytes) for ``spans`` (or rows)."""
+        if self._rows is not None and spans and type(spans[0]) is tuple:
+            return self._encoder.request_rows(spans, *self._rows)
         return self._encoder.request(spans)
+
+    def as_spans(self, spans: Sequence[Any]) -> Sequence[Any]:
+        """``ReadableSpan``s of ``spans`` (rows made into spans), for the SDK's own path."""
+        if self._rows is None or not spans or type(spans[0]) is not tuple:
+            return spans
+        from otel_train.span_rows import RowSpanFactory
+        return RowSpanFactory(*self._rows).spans(spans)
 
     def probe(self, timeout_seconds: float) -> bool | None:
         """Is the collector's port accepting connections? (None: cannot tell)."""
@@ -327,7 +343,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
               timeout_seconds: float) -> None:
         try:
             if not self._direct:
-                ok = self.sdk_exporter.export(spans) is SpanExportResult.SUCCESS
+                ok = self.sdk_exporter.export(self.as_spans(spans)) is SpanExportResult.SUCCESS
                 pending.finish(ExportOutcome.SENT if ok else ExportOutcome.REJECTED)
                 return
             client = self._client

@@ -156,7 +156,11 @@ class RowSpanFactory:
          kind, scope, links) = row
         trace_flags = TraceFlags(flags)
         if scope is None:
-            full = self._attrs_type(self._base)  # run constants first: one cached block
+            base = self._base
+            if base.keys().isdisjoint(attrs):
+                full = self._attrs_type(base)  # run constants first: one cached block
+            else:  # a row sets a constant's key: a plain dict, so its value is what is sent
+                full = dict(base)
             full.update(attrs)
             attrs = full
             span_scope = self.scope

@@ -102,8 +102,8 @@ def test_export_process_false_keeps_the_export_thread_in_the_training_process(
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 5 * 4 + 1
 
 
-def test_the_child_writes_the_same_otlp_as_the_training_process_would(tmp_path: Path) -> None:
-    """The same bytes, span ids of phases aside: records exported by the child and in-process."""
+def _records_of_every_shape(tmp_path: Path) -> tuple[list[tuple], object]:
+    """Span records (steps with attributes, monitoring, a failed step) and their builder."""
     run = start_test_run(tmp_path, exporter="none")
     run._telemetry.worker.paused = True
     for step in run.steps(range(12)):
@@ -121,44 +121,84 @@ def test_the_child_writes_the_same_otlp_as_the_training_process_would(tmp_path: 
     builder = run._telemetry.builder
     recs = [builder.record(r) for r in list(run._recorder.queue)]
     run.shutdown(timeout=5)
+    return recs, builder
+
+
+def _comparable(requests: list[dict]) -> list[str]:
+    """Spans of OTLP JSON requests as sorted-key JSON, span ids named by trace and name
+    (phase span ids are drawn where the rows are made, so they differ run to run)."""
+    spans = []
+    for request in requests:
+        for rs in request["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                spans += [(rs["resource"], ss["scope"], sp) for sp in ss["spans"]]
+    names = {sp["spanId"]: f"{sp['traceId']}/{sp['name']}" for _, _, sp in spans}
+    out = []
+    for resource, scope, sp in spans:
+        sp = dict(sp, spanId=names[sp["spanId"]],
+                  parentSpanId=names.get(sp.get("parentSpanId", ""), ""))
+        out.append(json.dumps([resource, scope, sp], sort_keys=True))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "http", "grpc"])
+def test_the_child_writes_the_same_otlp_as_the_training_process_would(
+        tmp_path: Path, kind: str) -> None:
+    """The same spans, span ids of phases aside: records exported by the child (OTLP
+    encoded straight from rows, or the span file from spans) and in-process."""
+    from google.protobuf.json_format import MessageToDict
+    from otlp_receivers import HttpOtlpReceiver
+
+    from otel_train.otlp_encoding import _Encoder
+
+    recs, builder = _records_of_every_shape(tmp_path)
     total = sum(record_span_count(r) for r in recs)
+    here_spans = builder.factory.spans([row for rec in recs for row in rows_from_record(rec)])
+    receiver = {"http": HttpOtlpReceiver, "grpc": GrpcOtlpReceiver}.get(kind)
+    with (receiver() if receiver else _nothing()) as server:
+        if kind == "jsonl":
+            plan = ExportPlan("jsonl", path=tmp_path / "child.jsonl")
+        else:
+            plan = ExportPlan("otlp", endpoint=server.endpoint,
+                              protocol="grpc" if kind == "grpc" else "http/protobuf")
+        drops = DropCounter()
+        client = ExportProcessClient(plan, builder.factory.resource, builder.factory.scope,
+                                     builder.run_constants, drops, 10_000, 512, 0.05)
+        for i, rec in enumerate(recs):
+            client.send_record(rec, record_span_count(rec))
+            if i % 3 == 2:
+                client.end_drain()
+        assert client.force_flush(10_000)
+        client.shutdown(5)
+        assert drops.counts() == {}
+        assert client.exported == total
+        if kind == "jsonl":
+            child = [json.loads(line) for line in
+                     (tmp_path / "child.jsonl").read_text().splitlines()]
+            here = OtlpJsonFileSpanExporter(tmp_path / "here.jsonl")
+            here.export(here_spans)
+            here.shutdown()
+            mine = [json.loads(line) for line in
+                    (tmp_path / "here.jsonl").read_text().splitlines()]
+        else:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest,
+            )
+            child = [MessageToDict(r) for r in server.requests()]
+            mine = [MessageToDict(ExportTraceServiceRequest.FromString(
+                _Encoder().request(here_spans)))]
+    got, want = _comparable(child), _comparable(mine)
+    assert len(got) == total == len(want)
+    assert sorted(got) == sorted(want)  # OTLP batches may split where the file's did not
+    assert any('"nan loss"' in s for s in got)  # the failed step's exception event
 
-    drops = DropCounter()
-    plan = ExportPlan("jsonl", path=tmp_path / "child.jsonl")
-    client = ExportProcessClient(plan, builder.factory.resource, builder.factory.scope,
-                                 builder.run_constants, drops, 10_000, 512, 0.05)
-    for i, rec in enumerate(recs):
-        client.send_record(rec, record_span_count(rec))
-        if i % 3 == 2:
-            client.end_drain()
-    assert client.force_flush(10_000)
-    client.shutdown(5)
-    assert drops.counts() == {}
-    assert client.exported == total
 
-    here = OtlpJsonFileSpanExporter(tmp_path / "here.jsonl")
-    here.export(builder.factory.spans([row for rec in recs for row in rows_from_record(rec)]))
-    here.shutdown()
+class _nothing:
+    def __enter__(self) -> None:
+        return None
 
-    def spans_of(path: Path) -> list[str]:
-        spans = []
-        for line in path.read_text().splitlines():
-            for rs in json.loads(line)["resourceSpans"]:
-                for ss in rs["scopeSpans"]:
-                    spans += [(rs["resource"], ss["scope"], sp) for sp in ss["spans"]]
-        # Phase span ids are drawn where the rows are made: name them by what they are.
-        names = {sp["spanId"]: f"{sp['traceId']}/{sp['name']}" for _, _, sp in spans}
-        out = []
-        for resource, scope, sp in spans:
-            sp = dict(sp, spanId=names[sp["spanId"]],
-                      parentSpanId=names.get(sp.get("parentSpanId", ""), ""))
-            out.append(json.dumps([resource, scope, sp], sort_keys=True))
-        return out
-
-    child, mine = spans_of(tmp_path / "child.jsonl"), spans_of(tmp_path / "here.jsonl")
-    assert len(child) == total == len(mine)
-    assert child == mine
-    assert any('"nan loss"' in s for s in child)  # the failed step's exception event
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def test_user_spans_nest_under_their_phase_through_the_child(tmp_path: Path) -> None:

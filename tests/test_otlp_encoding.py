@@ -237,3 +237,64 @@ def test_the_exporters_send_our_encoding_not_the_sdks(protocol, monkeypatch, tmp
         finally:
             exporter.shutdown()
     assert sorted(s.name for s in got) == sorted(s.name for s in spans)
+
+
+def _records_and_rows(tmp_path):
+    """Span records of steps of every shape, their rows, and the run's factory."""
+    from otel_train.span_rows import row_from_span, rows_from_record
+
+    with start_test_run(tmp_path) as run:
+        run._telemetry.worker.paused = True
+        for step in run.steps(range(4), loader="train"):
+            with step.phase("forward") as ph:
+                ph.set_attribute("tokens", 7 * step.index)
+            step.set_attribute("train.loss", 0.25 * step.index)
+            if step.index == 1:
+                with step.monitor("val_loss"):
+                    for _ in step.iter_data([1, 2], loader="val"):
+                        pass
+            if step.index == 2:
+                with pytest.raises(RuntimeError):
+                    with step.phase("optimizer"):
+                        raise RuntimeError("nan loss")
+        with run.monitor("checkpoint"):
+            pass
+        builder = run._telemetry.builder
+        records = [builder.record(r) for r in list(run._recorder.queue)]
+        run._telemetry.worker.paused = False
+    rows = [row for rec in records for row in rows_from_record(rec)]
+    user_rows = [row_from_span(s) for s in _sdk_spans()]
+    return rows, user_rows, builder.factory
+
+
+def test_span_rows_encode_to_exactly_the_bytes_of_the_spans_made_from_them(tmp_path):
+    from otel_train import attributes as A
+
+    rows, user_rows, factory = _records_and_rows(tmp_path)
+    # A row naming a run constant: the factory keeps the constant's place and block.
+    odd = rows[0][:8] + (dict(rows[0][8], **{A.RANK: 9}),) + rows[0][9:]
+    every = rows + user_rows + [odd]
+    assert any(r[9] for r in rows) and any(r[10] for r in rows)  # a status and an event
+    assert any(r[13] for r in user_rows) and any(r[12] for r in user_rows)  # links, scopes
+    for batch in (rows, every, user_rows, every[:1]):
+        enc = _Encoder()
+        want = enc.request(factory.spans(batch))
+        cold = _Encoder().request_rows(batch, factory.resource, factory.scope, factory._base)
+        assert cold == want
+        assert enc.request_rows(batch, factory.resource, factory.scope, factory._base) == want
+        assert ExportTraceServiceRequest.FromString(cold) == encode_spans(factory.spans(batch))
+
+
+def test_an_exporter_given_rows_sends_the_bytes_of_their_spans(tmp_path):
+    from otel_train.otlp_transport import SingleAttemptHttpSpanExporter
+
+    rows, user_rows, factory = _records_and_rows(tmp_path)
+    exporter = SingleAttemptHttpSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    spans = factory.spans(rows + user_rows)
+    assert exporter.as_spans(spans) is spans  # spans stay spans
+    want = exporter.encode(spans)
+    exporter.use_rows(factory.resource, factory.scope, factory._base)
+    assert exporter.encode(rows + user_rows) == want
+    again = exporter.as_spans(rows + user_rows)  # for the SDK's own path (old SDKs)
+    assert _Encoder().request(again) == want
+    exporter.shutdown()
