@@ -199,6 +199,17 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                   + ", ".join(f"{k} x{v}" for k, v in slow.items())]
     if data.get("slow_steps"):
         lines.append(f"slow steps: {data['slow_steps']}")
+    own = data.get("instrumentation_overhead_ratio")
+    exporter = data.get("exporter_process_cpu_seconds")
+    if own is not None or exporter is not None:
+        cost = [f"{_share(own)} of this process's wall time"] if own is not None else []
+        if exporter is not None:
+            per_step = data.get("exporter_process_cpu_seconds_per_step")
+            each = f", {per_step * 1e6:.0f} us per step" if per_step is not None else ""
+            startup = data.get("exporter_process_startup_cpu_seconds")
+            start = f" ({_secs(startup)} of it start-up)" if startup else ""
+            cost.append(f"exporter process {_secs(exporter)} CPU{start}{each} (its own core)")
+        lines += ["", "otel-train's own cost: " + "; ".join(cost)]
     return "\n".join(lines)
 
 

@@ -102,6 +102,8 @@ class DerivedMetricsStage:
             chain.append(self.console)
         for collector in collectors:  # extra families (the exporter process's CPU)
             self.metrics.registry.register(collector)
+        # The exporter process's CPU, reported in the costs beside this process's own.
+        self._exporter_cpu = [c for c in collectors if hasattr(c, "cpu_seconds")]
         self.otlp_metrics: Any = self._scale_out(chain)
         self.shared = SharedStepSpanProcessor(chain)
         self.processors: list[SpanProcessor] = [self.shared]
@@ -228,6 +230,16 @@ class DerivedMetricsStage:
         if data["rank"] is None:
             data["rank"] = self.identity.rank
         data["dropped_spans"] = self.drops.counts()
+        for source in self._exporter_cpu:
+            seconds = source.cpu_seconds()
+            if seconds is not None:
+                # Another process, on another core: not in this process's time, but
+                # otel-train's cost all the same.
+                startup = min(seconds, source.startup_cpu_seconds() or 0.0)
+                data["exporter_process_cpu_seconds"] = round(seconds, 6)
+                data["exporter_process_startup_cpu_seconds"] = round(startup, 6)
+                data["exporter_process_cpu_seconds_per_step"] = (
+                    (seconds - startup) / snapshot.steps if snapshot.steps else None)
         return data
 
     def after_fork_in_child(self) -> None:

@@ -18,6 +18,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -189,6 +190,8 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
     except Exception as exc:
         writer.send(("error", f"could not start: {exc!r}"), block=True)
         sys.exit(3)
+    # Start-up (interpreter, imports, the exporter) apart from the per-step work after it.
+    writer.send(("startup", time.process_time()), block=True)
     child.stats("stats", block=True)  # ready: the exporter is made
     threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()
     while True:

@@ -107,6 +107,7 @@ class ExportProcessClient(SpanProcessor):
         self._token = 0
         self._final = False
         self._ready = False  # the child reported once: its exporter is made
+        self.startup_cpu_seconds: float | None = None  # the child's CPU until it was ready
         self._next_read = 0.0  # monotonic: when tick() reads the child's reports next
         self._forked = False
         self._closed = False
@@ -266,6 +267,8 @@ class ExportProcessClient(SpanProcessor):
                 self._apply_stats(msg[1], msg[2], msg[3])
                 if kind == "final":
                     self._final = True
+            elif kind == "startup":
+                self.startup_cpu_seconds = float(msg[1])
             elif kind == "flushed":
                 self._flushed[msg[1]] = bool(msg[2])
             elif kind == "log":  # the child's own (rate-limited) log records, re-logged here
@@ -471,13 +474,24 @@ class ExporterProcessCpuCollector:
         self._rank = str(rank)
         self._last = 0.0
 
-    def collect(self) -> Iterator[Metric]:
-        """One counter family while the exporter process is (or was) readable."""
+    def startup_cpu_seconds(self) -> float | None:
+        """Of that, the CPU its start-up took (interpreter, imports, the exporter)."""
+        return self._client.startup_cpu_seconds
+
+    def cpu_seconds(self) -> float | None:
+        """The exporter process's CPU seconds so far (its last reading once it has exited),
+        or None if it was never readable."""
         pid = self._client.pid
         seconds = process_cpu_seconds(pid) if pid is not None else None
         if seconds is None and not self._last:
+            return None
+        self._last = max(self._last, seconds or 0.0)
+        return self._last
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family while the exporter process is (or was) readable."""
+        if self.cpu_seconds() is None:
             return
-        self._last = max(self._last, seconds or 0.0)  # the last reading once it has exited
         fam = CounterMetricFamily(
             METRIC_EXPORTER_CPU, "CPU time of otel-train's exporter process (span building, "
             "encoding and sending, out of the training process's GIL).", labels=["rank"])

@@ -92,6 +92,27 @@ def test_the_exporter_process_cpu_is_served_as_a_prometheus_counter(tmp_path: Pa
     assert float(line.split()[-1]) > 0.0  # its start-up alone (imports) costs CPU
 
 
+def test_the_costs_report_the_exporter_process_cpu_beside_this_process(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    _train(run, 20)
+    assert run.flush(timeout_seconds=10)
+    costs = run.costs()
+    run.shutdown(timeout=10)
+    assert costs["exporter_process_cpu_seconds"] > 0.0
+    # Start-up (imports: most of a short run's) is told apart from the per-step work.
+    startup = costs["exporter_process_startup_cpu_seconds"]
+    assert 0.0 < startup <= costs["exporter_process_cpu_seconds"]
+    assert costs["exporter_process_cpu_seconds_per_step"] == pytest.approx(
+        (costs["exporter_process_cpu_seconds"] - startup) / costs["steps"])
+    assert "exporter process" in str(costs).splitlines()[-1]
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["exporter_process_cpu_seconds"] > 0.0
+    in_process = start_test_run(tmp_path / "thread", export_process=False)
+    _train(in_process, 2)
+    assert "exporter_process_cpu_seconds" not in in_process.costs()
+    in_process.shutdown(timeout=10)
+
+
 def test_export_process_false_keeps_the_export_thread_in_the_training_process(
         tmp_path: Path) -> None:
     run = start_test_run(tmp_path, export_process=False)
