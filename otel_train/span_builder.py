@@ -372,7 +372,7 @@ class SpanBuildWorker:
 
     def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
         """The row path: a span record per step, its view to the metrics, it to export."""
-        done = 0
+        done = built = 0
         record_of, metrics, sampler, export = (self._builder.record, route.metrics,
                                                route.sampler, route.export)
         rank = route.rank
@@ -384,7 +384,7 @@ class SpanBuildWorker:
                 self._build_failed(record, exc)
                 continue
             spans = 1 + len(rec[C_PHASES] or ())
-            self._self_cost.add_hot_path_spans(spans)
+            built += spans
             if view is not None and metrics is not None:
                 metrics.on_view(view)  # never raises: it guards each processor
             # Unsampled by the SDK sampler (e.g. always_off): never exported.
@@ -396,8 +396,9 @@ class SpanBuildWorker:
                     self._drops.add("export_failed", spans)
                     self._warn.warning("send", "otel-train: could not queue spans for "
                                        "export: %r", exc)
-            self.spans_built += spans
             done += 1
+        self.spans_built += built
+        self._self_cost.add_hot_path_spans(built)  # once per drain: it takes a lock
         return done
 
     def stop(self, timeout_seconds: float) -> None:

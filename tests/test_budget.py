@@ -138,3 +138,24 @@ def test_with_several_ranks_budget_warnings_name_their_rank(
     assert any(m.startswith("otel-train: rank 0: monitoring CRITICAL") for m in msgs)
     assert any(m.startswith("otel-train: rank 0: monitoring operation 'inference'")
                for m in msgs)
+
+
+def test_a_budget_crossed_by_faster_training_alone_warns_within_eight_steps(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # val_loss costs 200 ms every 50 steps. Training at 100 ms per step: 4%, ok. Then steps
+    # get faster (20 ms): the steady ratio climbs past 5% on steps with no monitoring at
+    # all, long before the next eval would check it.
+    shared, ov, budget = make(min_steps=1)
+    crossed = warned = None
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(100):
+            monitor_ms = 200 if i % 50 == 0 else 0
+            feed(shared, train_step(i, step_ms=(20 if i > 50 else 100) + monitor_ms,
+                                    monitor_ms=monitor_ms, monitor="val_loss"))
+            if crossed is None and ov.steady_ratio(settled_only=True) > 0.05:
+                crossed = i
+            if warned is None and "monitoring WARNING" in caplog.text:
+                warned = i
+    assert crossed is not None and warned is not None
+    assert 50 < crossed < 90  # between two evals, well before the next
+    assert crossed <= warned <= crossed + 8
