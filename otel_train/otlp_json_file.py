@@ -35,8 +35,10 @@ from typing import IO, Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
+from otel_train.otlp_encoding import _row_status
 from otel_train.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
@@ -48,6 +50,7 @@ _FLAGS_LOCAL = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, as the OTLP expor
 _FLAGS_REMOTE = 0x300
 _MAX_CACHED = 8192
 _SCALARS = frozenset((str, bool, int, float))
+_ROW_KIND = {k.value: n for k, n in _SPAN_KIND.items()}  # a row's SpanKind value -> OTLP
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
@@ -86,6 +89,7 @@ class OtlpJsonEncoder:
         self._kv: dict[tuple[str, type, Any], str] = {}
         self._resources: dict[int, tuple[Any, str]] = {}
         self._scopes: dict[int, tuple[Any, str]] = {}
+        self._row_scopes: dict[tuple[Any, ...], Any] = {}
 
     def attributes(self, attrs: Mapping[str, Any] | None) -> str:
         """A JSON array of KeyValue (without the brackets)."""
@@ -198,6 +202,84 @@ class OtlpJsonEncoder:
         parts.append(',"status":{' + ",".join(st) + "}}")
         return "".join(parts)
 
+    def row(self, row: tuple[Any, ...], constants: Mapping[str, Any], block: str) -> str:
+        """One Span object as JSON text from a span row (span_rows.py): the same text as
+        ``span(RowSpanFactory.span(row))``, with no span made."""
+        (name, trace_id, span_id, _flags, parent_id, remote, start, end, attrs, status,
+         events, kind, scope, links) = row
+        parts = ['{"traceId":"%032x","spanId":"%016x"' % (trace_id, span_id)]
+        if parent_id:
+            parts.append(',"parentSpanId":"%016x"' % parent_id)
+        parts.append(',"flags":%d' % (_FLAGS_REMOTE if parent_id and remote else _FLAGS_LOCAL))
+        parts.append(',"name":' + _dumps(name or ""))
+        parts.append(',"kind":%d' % _ROW_KIND.get(kind, 1))
+        parts.append(',"startTimeUnixNano":"%d","endTimeUnixNano":"%d"' % (start, end))
+        if scope is None:  # otel-train's own span: the run's constants first
+            if attrs and not constants.keys().isdisjoint(attrs):
+                merged = dict(constants)
+                merged.update(attrs)
+                text = self.attributes(merged)
+            elif attrs:
+                own = self.attributes(attrs)
+                text = block + "," + own if block and own else block or own
+            else:
+                text = block
+            if text:
+                parts.append(',"attributes":[' + text + "]")
+        elif attrs:
+            parts.append(',"attributes":[' + self.attributes(attrs) + "]")
+        if events:
+            evs = []
+            for ev_name, ev_time, ev_attrs in events:
+                ev = '{"timeUnixNano":"%d","name":%s' % (ev_time or 0, _dumps(ev_name))
+                if ev_attrs:
+                    ev += ',"attributes":[' + self.attributes(ev_attrs) + "]"
+                evs.append(ev + "}")
+            parts.append(',"events":[' + ",".join(evs) + "]")
+        if links:
+            lks = []
+            for l_trace, l_span, _l_flags, l_attrs in links:
+                lk = '{"traceId":"%032x","spanId":"%016x"' % (l_trace, l_span)
+                if l_attrs:
+                    lk += ',"attributes":[' + self.attributes(l_attrs) + "]"
+                lks.append(lk + ',"flags":%d}' % _FLAGS_REMOTE)  # a row's links are remote
+            parts.append(',"links":[' + ",".join(lks) + "]")
+        if status is None:
+            parts.append(',"status":{}}')
+        else:
+            st = _row_status(status)
+            fields = []
+            if st.description:
+                fields.append('"message":' + _dumps(st.description))
+            if st.status_code.value:
+                fields.append('"code":%d' % st.status_code.value)
+            parts.append(',"status":{' + ",".join(fields) + "}}")
+        return "".join(parts)
+
+    def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,
+                     constants: Mapping[str, Any]) -> str:
+        """One line from span rows: the same text as ``request`` of the rows' spans
+        (``RowSpanFactory(resource, scope, constants)``)."""
+        block = self.attributes(constants)
+        by_scope: dict[Any, list[str]] = {}
+        encode = self.row
+        for row in rows:
+            by_scope.setdefault(row[12], []).append(encode(row, constants, block))
+        scopes = ",".join(
+            "{" + self._scope(scope if key is None else self._row_scope(key)) + ',"spans":['
+            + ",".join(encoded) + "]}" for key, encoded in by_scope.items())
+        return ('{"resourceSpans":[{' + self._resource(resource) + ',"scopeSpans":[' + scopes
+                + "]}]}")
+
+    def _row_scope(self, scope: tuple[Any, ...]) -> Any:
+        """The InstrumentationScope of a user row's ``(name, version, schema_url)``."""
+        got = self._row_scopes.get(scope)
+        if got is None:
+            if len(self._row_scopes) >= 256:
+                self._row_scopes.clear()
+            got = self._row_scopes[scope] = InstrumentationScope(*scope)
+        return got
+
     def request(self, spans: Sequence[ReadableSpan]) -> str:
         """One line: the spans grouped by resource, then by scope."""
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[str]]]]] = {}
@@ -263,6 +345,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         self.removed_spans = 0
         self._stem, self._suffix = _split_name(path)
         self._encoder = OtlpJsonEncoder()
+        self._rows: tuple[Any, Any, dict[str, Any]] | None = None
         self._lock = threading.Lock()
         self._warn = RateLimitedLogger(_log)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,11 +379,21 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         self._files[-1][1] = os.path.getsize(self._files[-1][0])
         self._file = None
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def use_rows(self, resource: Any, scope: Any, run_constants: Mapping[str, Any]) -> None:
+        """Take span rows (span_rows.py) as well as spans: rows are written as the same
+        text their ``RowSpanFactory(resource, scope, run_constants)`` spans would give, with
+        no span made (the exporter process's path)."""
+        self._rows = (resource, scope, dict(run_constants))
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
         """Append one line (an ExportTraceServiceRequest) holding ``spans``; rotate if due."""
         if not spans:
             return SpanExportResult.SUCCESS
-        data = (self._encoder.request(spans) + "\n").encode("utf-8")
+        if self._rows is not None and type(spans[0]) is tuple:
+            line = self._encoder.request_rows(spans, *self._rows)
+        else:
+            line = self._encoder.request(spans)
+        data = (line + "\n").encode("utf-8")
         with self._lock:
             if self._file is None:
                 return SpanExportResult.FAILURE

@@ -196,3 +196,28 @@ def test_the_fast_reader_agrees_with_the_json_parser_on_every_span(tmp_path):
     assert any(f[5].get("error") for f in fast)
     # A line it cannot account for in full (links) goes to the JSON parser.
     assert fast_span_fields(enc.request(_sdk_spans()).encode()) is None
+
+
+def test_span_rows_are_written_as_exactly_the_text_of_the_spans_made_from_them(tmp_path):
+    from test_otlp_encoding import _records_and_rows
+
+    from otel_train import attributes as A
+    from otel_train.otlp_json_file import OtlpJsonEncoder
+
+    rows, user_rows, factory = _records_and_rows(tmp_path)
+    odd = rows[0][:8] + (dict(rows[0][8], **{A.RANK: 9}),) + rows[0][9:]
+    bare = rows[1][:8] + ({},) + rows[1][9:]  # no attributes of its own
+    every = rows + user_rows + [odd, bare]
+    args = (factory.resource, factory.scope, factory._base)
+    for batch in (rows, every, user_rows, [odd], [bare]):
+        want = OtlpJsonEncoder().request(factory.spans(batch))
+        assert OtlpJsonEncoder().request_rows(batch, *args) == want
+    # The exporter takes rows once told how to make them, and writes the same lines.
+    exporter = OtlpJsonFileSpanExporter(tmp_path / "rows.jsonl")
+    exporter.use_rows(*args)
+    exporter.export(every)
+    exporter.export(factory.spans(every))
+    exporter.shutdown()
+    first, second = (tmp_path / "rows.jsonl").read_text().splitlines()
+    assert first == second
+    assert _decode_line(json.loads(first)) == encode_spans(factory.spans(every))
