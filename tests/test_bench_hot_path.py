@@ -1,0 +1,45 @@
+"""The hot-path benchmark runs end to end (a few rounds), so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks" / "bench_hot_path.py"
+
+
+def _figure(out: str, label: str) -> float:
+    match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d+) us", out, re.M)
+    assert match, (label, out)
+    return float(match.group(1))
+
+
+def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_spans():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--rounds", "14", "--paced-rounds", "1",
+         "--paced-steps", "40", "--step-us", "200"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    floor = _figure(out, "floor: 6 empty timestamp context managers")
+    ours = _figure(out, "otel-train hot path (training thread CPU)")
+    assert 0 < floor < ours  # more than six empty blocks, and a real timing
+    assert re.search(r"= \d+\.\d\d x floor", out)
+    rows = _figure(out, "  the same from span rows (the exporter process)")
+    spans = _figure(out, "background: OTLP protobuf encoding (otel-train)")
+    assert rows > 0 and spans > 0
+    for variant in ("floor: 6 empty timestamp context managers", "otel-train, worker paused",
+                    "otel-train, OTLP from the exporter process",
+                    "otel-train, OTLP from an in-process thread"):
+        assert re.search(rf"^{re.escape(variant)}\s+\d+\.\d\dus\s+\d+\.\d\dx", out, re.M), out
+    # Every span the paced runs recorded reached the real receiver.
+    match = re.search(r"spans: (\d+) delivered to the OTLP receiver, (\d+) built, (\d+) "
+                      r"recorded", out)
+    assert match, out
+    delivered, built, recorded = map(int, match.groups())
+    assert delivered == recorded > 0 and built <= recorded
