@@ -24,6 +24,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Mapping, Sequence
@@ -139,7 +140,6 @@ class _Encoder:
         self._scopes: dict[int, tuple[Any, bytes]] = {}
         self._trace: tuple[int, bytes] = (-1, b"")
         self._status: tuple[Any, bytes] = (None, b"")
-        self._row_scopes: dict[tuple[Any, ...], Any] = {}
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
         if not attrs:
@@ -203,11 +203,7 @@ class _Encoder:
         directly (the public properties copy attributes, events and links), repeated parts
         (trace id, name, status) cached."""
         trace_id, span_id, _, _, state, _ = span._context
-        last_id, tid = self._trace
-        if trace_id != last_id:  # a step's spans share one trace: encode it once
-            tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
-            self._trace = (trace_id, tid)
-        parts = [tid, b"\x12\x08" + span_id.to_bytes(8, "big")]
+        parts = [self._trace_id(trace_id), b"\x12\x08" + span_id.to_bytes(8, "big")]
         if state:
             parts.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items())
                              .encode("utf-8")))
@@ -216,13 +212,7 @@ class _Encoder:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
         name = span._name
         if name:
-            enc = self._names.get(name)
-            if enc is None:
-                enc = _ld(b"\x2a", name.encode("utf-8"))
-                if len(self._names) >= _MAX_CACHED:
-                    self._names.clear()
-                self._names[name] = enc
-            parts.append(enc)
+            parts.append(self._name(name))
         kind = span._kind
         parts.append(b"\x30\x01" if kind is _INTERNAL else b"\x30" + _SMALL[_SPAN_KIND[kind]])
         if span._start_time:
@@ -255,6 +245,24 @@ class _Encoder:
             parts.append(enc)
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
+
+    def _trace_id(self, trace_id: int) -> bytes:
+        """The trace id field; a step's spans share one trace, so the last one is kept."""
+        last_id, tid = self._trace
+        if trace_id != last_id:
+            tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+            self._trace = (trace_id, tid)
+        return tid
+
+    def _name(self, name: str) -> bytes:
+        """The name field, cached (span names repeat: train.step, forward, ...)."""
+        enc = self._names.get(name)
+        if enc is None:
+            enc = _ld(b"\x2a", name.encode("utf-8"))
+            if len(self._names) >= _MAX_CACHED:
+                self._names.clear()
+            self._names[name] = enc
+        return enc
 
     def _event(self, event: Any) -> bytes:
         ev = []
@@ -336,21 +344,11 @@ class _Encoder:
         """
         (name, trace_id, span_id, _flags, parent_id, remote, start, end, attrs, status,
          events, kind, scope, links) = row
-        last_id, tid = self._trace
-        if trace_id != last_id:
-            tid = b"\x0a\x10" + trace_id.to_bytes(16, "big")
-            self._trace = (trace_id, tid)
-        parts = [tid, b"\x12\x08" + span_id.to_bytes(8, "big")]
+        parts = [self._trace_id(trace_id), b"\x12\x08" + span_id.to_bytes(8, "big")]
         if parent_id:
             parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
         if name:
-            enc = self._names.get(name)
-            if enc is None:
-                enc = _ld(b"\x2a", name.encode("utf-8"))
-                if len(self._names) >= _MAX_CACHED:
-                    self._names.clear()
-                self._names[name] = enc
-            parts.append(enc)
+            parts.append(self._name(name))
         parts.append(_KIND_BYTES.get(kind, b"\x30\x01"))
         if start:
             parts.append(b"\x39" + _pack_q(start))
@@ -378,7 +376,7 @@ class _Encoder:
         if status is None:
             parts.append(_UNSET_STATUS)
         else:
-            parts.append(self._status_bytes(_row_status(status)))
+            parts.append(self._status_bytes(row_status(status)))
         parts.append(_FLAGS_REMOTE if parent_id and remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
@@ -400,26 +398,22 @@ class _Encoder:
         encode = self.row
         for row in rows:
             by_scope.setdefault(row[12], []).append(encode(row, consts, keys, block))
+        return self._resource_spans(resource, (
+            (scope if key is None else row_scope(key), encoded)
+            for key, encoded in by_scope.items()))
+
+    def _resource_spans(self, resource: Any, scopes: Any) -> bytes:
+        """One ResourceSpans field: ``scopes`` is ``(scope, [encoded span, ...])`` pairs."""
         rs = [_ld(b"\x0a", self.resource(resource))]
-        for scope_key, encoded in by_scope.items():
-            sc = scope if scope_key is None else self._row_scope(scope_key)
-            ss = [_ld(b"\x0a", self.scope(sc))]
+        for scope, encoded in scopes:
+            ss = [_ld(b"\x0a", self.scope(scope))]
             ss.extend(_ld(b"\x12", s) for s in encoded)
-            if sc is not None and sc.schema_url:
-                ss.append(_ld(b"\x1a", sc.schema_url.encode("utf-8")))
+            if scope is not None and scope.schema_url:
+                ss.append(_ld(b"\x1a", scope.schema_url.encode("utf-8")))
             rs.append(_ld(b"\x12", b"".join(ss)))
         if resource.schema_url:
             rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
         return _ld(b"\x0a", b"".join(rs))
-
-    def _row_scope(self, scope: tuple[Any, ...]) -> Any:
-        """The InstrumentationScope of a user row's ``(name, version, schema_url)``."""
-        got = self._row_scopes.get(scope)
-        if got is None:
-            if len(self._row_scopes) >= 256:
-                self._row_scopes.clear()
-            got = self._row_scopes[scope] = InstrumentationScope(*scope)
-        return got
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then by scope."""
@@ -429,19 +423,8 @@ class _Encoder:
             scope = span.instrumentation_scope or None
             by_scope = groups.setdefault(id(resource), (resource, {}))[1]
             by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))
-        out = []
-        for resource, by_scope in groups.values():
-            rs = [_ld(b"\x0a", self.resource(resource))]
-            for scope, encoded in by_scope.values():
-                ss = [_ld(b"\x0a", self.scope(scope))]
-                ss.extend(_ld(b"\x12", s) for s in encoded)
-                if scope is not None and scope.schema_url:
-                    ss.append(_ld(b"\x1a", scope.schema_url.encode("utf-8")))
-                rs.append(_ld(b"\x12", b"".join(ss)))
-            if resource.schema_url:
-                rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
-            out.append(_ld(b"\x0a", b"".join(rs)))
-        return b"".join(out)
+        return b"".join(self._resource_spans(resource, by_scope.values())
+                        for resource, by_scope in groups.values())
 
 
 _FLAGS_LOCAL = b"\x85\x01" + _pack_i(_FLAGS_HAS_IS_REMOTE)
@@ -452,7 +435,14 @@ _UNSET_STATUS = _Encoder._status_bytes(Status(StatusCode.UNSET))
 _STATUS_CODES = {c.value: c for c in StatusCode}
 
 
-def _row_status(status: tuple[int, str | None]) -> Status:
+@functools.lru_cache(maxsize=256)
+def row_scope(scope: tuple[Any, ...]) -> InstrumentationScope:
+    """The InstrumentationScope of a user span row's ``(name, version, schema_url)``, one
+    object per scope (the encoders' scope caches go by identity)."""
+    return InstrumentationScope(*scope)
+
+
+def row_status(status: tuple[int, str | None]) -> Status:
     """A row's ``(code, description)`` as the factory makes it a Status."""
     return Status(_STATUS_CODES.get(status[0], StatusCode.UNSET), status[1])
 

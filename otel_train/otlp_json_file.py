@@ -35,10 +35,9 @@ from typing import IO, Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
-from otel_train.otlp_encoding import _row_status
+from otel_train.otlp_encoding import row_scope, row_status
 from otel_train.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
@@ -89,7 +88,6 @@ class OtlpJsonEncoder:
         self._kv: dict[tuple[str, type, Any], str] = {}
         self._resources: dict[int, tuple[Any, str]] = {}
         self._scopes: dict[int, tuple[Any, str]] = {}
-        self._row_scopes: dict[tuple[Any, ...], Any] = {}
 
     def attributes(self, attrs: Mapping[str, Any] | None) -> str:
         """A JSON array of KeyValue (without the brackets)."""
@@ -247,7 +245,7 @@ class OtlpJsonEncoder:
         if status is None:
             parts.append(',"status":{}}')
         else:
-            st = _row_status(status)
+            st = row_status(status)
             fields = []
             if st.description:
                 fields.append('"message":' + _dumps(st.description))
@@ -266,19 +264,10 @@ class OtlpJsonEncoder:
         for row in rows:
             by_scope.setdefault(row[12], []).append(encode(row, constants, block))
         scopes = ",".join(
-            "{" + self._scope(scope if key is None else self._row_scope(key)) + ',"spans":['
+            "{" + self._scope(scope if key is None else row_scope(key)) + ',"spans":['
             + ",".join(encoded) + "]}" for key, encoded in by_scope.items())
         return ('{"resourceSpans":[{' + self._resource(resource) + ',"scopeSpans":[' + scopes
                 + "]}]}")
-
-    def _row_scope(self, scope: tuple[Any, ...]) -> Any:
-        """The InstrumentationScope of a user row's ``(name, version, schema_url)``."""
-        got = self._row_scopes.get(scope)
-        if got is None:
-            if len(self._row_scopes) >= 256:
-                self._row_scopes.clear()
-            got = self._row_scopes[scope] = InstrumentationScope(*scope)
-        return got
 
     def request(self, spans: Sequence[ReadableSpan]) -> str:
         """One line: the spans grouped by resource, then by scope."""

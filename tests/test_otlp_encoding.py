@@ -29,6 +29,24 @@ from train_helpers import clean_env, start_test_run  # noqa: F401
 from otel_train.otlp_encoding import RunConstantAttributes, _Encoder, encode_spans_fast
 
 
+def run_shaped_steps(run, steps: int, phase_attribute: bool = False) -> None:
+    """Steps of every shape: a loss attribute, monitoring with its own data (step 1), a
+    failed phase (step 2), and with ``phase_attribute`` an attribute on a phase."""
+    for step in run.steps(range(steps), loader="train"):
+        with step.phase("forward") as ph:
+            if phase_attribute:
+                ph.set_attribute("tokens", 7 * step.index)
+        step.set_attribute("train.loss", 0.25 * step.index)
+        if step.index == 1:
+            with step.monitor("val_loss"):
+                for _ in step.iter_data([1, 2], loader="val"):
+                    pass
+        if step.index == 2:
+            with pytest.raises(RuntimeError):
+                with step.phase("optimizer"):
+                    raise RuntimeError("nan loss")
+
+
 def _same(spans) -> None:
     ours = ExportTraceServiceRequest.FromString(encode_spans_fast(spans))
     sdk = encode_spans(spans)
@@ -73,18 +91,7 @@ def test_sdk_spans_of_every_shape_encode_exactly_as_the_sdk_encodes_them():
 def test_otel_train_step_spans_encode_exactly_as_the_sdk_encodes_them(tmp_path):
     with start_test_run(tmp_path) as run:
         run._telemetry.worker.paused = True
-        for step in run.steps(range(3), loader="train"):
-            with step.phase("forward"):
-                pass
-            step.set_attribute("train.loss", 0.25 * step.index)
-            if step.index == 1:
-                with step.monitor("val_loss"):
-                    for _ in step.iter_data([1, 2], loader="val"):
-                        pass
-            if step.index == 2:
-                with pytest.raises(RuntimeError):
-                    with step.phase("optimizer"):
-                        raise RuntimeError("nan loss")
+        run_shaped_steps(run, 3)
         records = list(run._recorder.queue)
         spans = [s for r in records for s in run._telemetry.builder.build(r)]
         run._telemetry.worker.paused = False
@@ -245,18 +252,7 @@ def _records_and_rows(tmp_path):
 
     with start_test_run(tmp_path) as run:
         run._telemetry.worker.paused = True
-        for step in run.steps(range(4), loader="train"):
-            with step.phase("forward") as ph:
-                ph.set_attribute("tokens", 7 * step.index)
-            step.set_attribute("train.loss", 0.25 * step.index)
-            if step.index == 1:
-                with step.monitor("val_loss"):
-                    for _ in step.iter_data([1, 2], loader="val"):
-                        pass
-            if step.index == 2:
-                with pytest.raises(RuntimeError):
-                    with step.phase("optimizer"):
-                        raise RuntimeError("nan loss")
+        run_shaped_steps(run, 4, phase_attribute=True)
         with run.monitor("checkpoint"):
             pass
         builder = run._telemetry.builder

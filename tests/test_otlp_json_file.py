@@ -16,7 +16,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
-from test_otlp_encoding import _sdk_spans
+from test_otlp_encoding import _sdk_spans, run_shaped_steps
 from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
 
 from otel_train.otlp_json_file import (
@@ -52,18 +52,7 @@ def _decode_line(line: dict) -> ExportTraceServiceRequest:
 def _step_spans(tmp_path, steps: int = 3):
     with start_test_run(tmp_path / "src") as run:
         run._telemetry.worker.paused = True
-        for step in run.steps(range(steps), loader="train"):
-            with step.phase("forward"):
-                pass
-            step.set_attribute("train.loss", 0.25 * step.index)
-            if step.index == 1:
-                with step.monitor("val_loss"):
-                    for _ in step.iter_data([1, 2], loader="val"):
-                        pass
-            if step.index == 2:
-                with pytest.raises(RuntimeError):
-                    with step.phase("optimizer"):
-                        raise RuntimeError("nan loss")
+        run_shaped_steps(run, steps)
         spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
         run._telemetry.worker.paused = False
     return spans
