@@ -151,23 +151,33 @@ class StepTailSampler(SpanProcessor):
             self._forward(evicted)  # fail open: a trace without its root is still exported
 
     def _reason(self, root: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
-        attrs = root.attributes or {}
-        if root.name != A.STEP_SPAN_NAME:
+        """The decision on a root span and the spans of its trace (the span path)."""
+        return self._decide(
+            root.name == A.STEP_SPAN_NAME, root.attributes or {}, root.context.trace_id,
+            failed=lambda: any(s.status.status_code is _ERROR for s in spans),
+            monitored=lambda: any((s.attributes or {}).get(A.PHASE_KIND) == A.KIND_MONITOR
+                                  for s in spans))
+
+    def _decide(self, is_step: bool, attrs: Any, trace_id: int, failed: Any,
+                monitored: Any) -> str | None:
+        """Why a trace is kept, or None: the one rule of both paths. ``failed`` and
+        ``monitored`` are asked only when the cheaper tests before them did not decide."""
+        if not is_step:
             # Monitoring between steps, or a user's own root span: monitoring is always kept;
             # anything else follows the ratio.
             if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR:
                 return "monitor"
-            return "ratio" if self._by_ratio(root.context.trace_id) else None
+            return "ratio" if self._by_ratio(trace_id) else None
         if attrs.get(A.SLOW):
             return "slow"
-        if any(s.status.status_code is _ERROR for s in spans):
+        if failed():
             return "error"
-        if any((s.attributes or {}).get(A.PHASE_KIND) == A.KIND_MONITOR for s in spans):
+        if monitored():
             return "monitor"
         step = attrs.get(A.STEP)
         if isinstance(step, int) and step < self.keep_first_steps:
             return "first"
-        if self._by_ratio(root.context.trace_id):
+        if self._by_ratio(trace_id):
             return "ratio"
         return None
 
@@ -196,24 +206,13 @@ class StepTailSampler(SpanProcessor):
             return True
 
     def _record_reason(self, rec: tuple[Any, ...], held: list[ReadableSpan]) -> str | None:
-        attrs = rec[C_ATTRS]
+        """The decision on a span record and the user spans held for its trace (row path)."""
         phases = rec[C_PHASES]
-        if phases is None:  # monitoring between steps
-            return "monitor" if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR else (
-                "ratio" if self._by_ratio(rec[C_TRACE]) else None)
-        if attrs.get(A.SLOW):
-            return "slow"
-        if (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
-                or any(s.status.status_code is _ERROR for s in held)):
-            return "error"
-        if any(p[1] == A.KIND_MONITOR for p in phases):
-            return "monitor"
-        step = attrs.get(A.STEP)
-        if isinstance(step, int) and step < self.keep_first_steps:
-            return "first"
-        if self._by_ratio(rec[C_TRACE]):
-            return "ratio"
-        return None
+        return self._decide(
+            phases is not None, rec[C_ATTRS], rec[C_TRACE],
+            failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
+                            or any(s.status.status_code is _ERROR for s in held)),
+            monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases))
 
     def _by_ratio(self, trace_id: int) -> bool:
         return trace_id & _TRACE_ID_LOW_64 < self._bound

@@ -213,3 +213,39 @@ def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_st
     users = [s for s in spans if s.name == "user-work"]
     assert len(users) == len(kept_traces) and {u.trace_id for u in users} == kept_traces
     assert run.dropped_spans() == {}
+
+
+def test_span_records_are_kept_for_the_same_reasons_as_spans_at_ratio_zero(tmp_path: Path):
+    """The row path (span records, the exporter process's input) decides as the span path."""
+    run = start_test_run(tmp_path, exporter="none")
+    run._telemetry.worker.paused = True
+    for step in run.steps(range(9)):
+        if step.index == 6:
+            with pytest.raises(RuntimeError), step.phase("forward"):
+                raise RuntimeError("nan loss")
+        elif step.index == 7:
+            with step.monitor("val_loss"):
+                pass
+        else:
+            with step.phase("forward"):
+                pass
+    with run.monitor("checkpoint"):
+        pass
+    builder = run._telemetry.builder
+    recs = [builder.record(r) for r in list(run._recorder.queue)]
+    run.shutdown(timeout=5)
+    out = _Collect()
+    sampler = StepTailSampler(0.0, keep_first_steps=1, downstream=out)  # type: ignore[arg-type]
+    # A user's failed span held for step 5's trace: the step is kept for it.
+    held_for = recs[5][1]
+    failed = ReadableSpan(name="user", context=SpanContext(held_for, 99, False, SAMPLED),
+                          parent=SpanContext(held_for, 98, False, SAMPLED),
+                          status=Status(StatusCode.ERROR))
+    sampler.on_end(failed)
+    kept = {(rec[0], rec[6][A.STEP]): rec[6].get(SAMPLE_REASON)
+            for rec in recs if sampler.keep_record(rec)}
+    assert kept == {(A.STEP_SPAN_NAME, 0): "first", (A.STEP_SPAN_NAME, 5): "error",
+                    (A.STEP_SPAN_NAME, 6): "error", (A.STEP_SPAN_NAME, 7): "monitor",
+                    ("checkpoint", 8): None}
+    assert [s.name for s in out.spans] == ["user"]  # forwarded with its kept step
+    assert sampler.sampled_out_steps == 5  # steps 1-4 and 8: ordinary
