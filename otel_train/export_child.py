@@ -165,7 +165,7 @@ def _check_row(row: tuple[Any, ...]) -> None:
     """Refuse a row that could not be encoded, before it can fail a whole batch."""
     if (type(row) is not tuple or len(row) != 14 or type(row[1]) is not int
             or type(row[2]) is not int or type(row[6]) is not int
-            or type(row[7]) is not int):
+            or type(row[7]) is not int or not isinstance(row[8], dict)):
         raise ValueError(f"not a span row: {row!r:.200}")
 
 

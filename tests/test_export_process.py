@@ -357,3 +357,28 @@ def test_the_child_ignores_the_launchers_sigterm_and_flushes_through_the_run(
     steps = [s for s in spans if s.name == "train.step"]
     assert len(steps) > 100
     assert len(spans) == 3 * len(steps)  # each step whole: root, data, forward
+
+
+def test_a_malformed_record_is_counted_and_never_fails_the_batch_it_came_with(
+        tmp_path: Path) -> None:
+    from otlp_receivers import HttpOtlpReceiver
+
+    recs, builder = _records_of_every_shape(tmp_path)
+    good = recs[:3]
+    # A monitoring record whose attributes are not a dict: its row cannot be encoded.
+    bad = recs[0][:6] + ("not a dict",) + recs[0][7:9] + (None, None)
+    with HttpOtlpReceiver() as receiver:
+        drops = DropCounter()
+        client = ExportProcessClient(
+            ExportPlan("otlp", endpoint=receiver.endpoint, protocol="http/protobuf"),
+            builder.factory.resource, builder.factory.scope, builder.run_constants, drops,
+            10_000, 512, 0.05)
+        for rec in (good[0], bad, *good[1:]):
+            client.send_record(rec, record_span_count(rec))
+        client.end_drain()
+        assert client.force_flush(10_000)
+        client.shutdown(5)
+        total = sum(record_span_count(r) for r in good)
+        assert drops.counts() == {"build_error": 1}
+        assert client.exported == total
+        assert len(receiver.spans()) == total  # the good spans of the same frame arrived
