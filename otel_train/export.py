@@ -45,6 +45,13 @@ from otel_train.otlp_transport import (
     PendingSend,
 )
 from otel_train.rate_limited_log import RateLimitedLogger
+from otel_train.span_rows import (
+    R_FLAGS,
+    RowSpanFactory,
+    check_row,
+    record_span_count,
+    rows_from_record,
+)
 
 _log = logging.getLogger("otel_train")
 # Retry schedule after a batch could not be delivered: 0.5 s doubling to 5 s, +-20% jitter
@@ -119,6 +126,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._failed_at = 0.0
         self._tries = 0
         self._abandoned = False  # set when shutdown gave up on a stuck (plain) exporter
+        self._factory: RowSpanFactory | None = None  # use_rows: records and rows taken too
+        self._takes_rows = False  # ... and queued as rows, the exporter encoding them
         self._thread = threading.Thread(target=self._run, name="otel-train-export", daemon=True)
         self._thread.start()
 
@@ -130,11 +139,44 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         if span.context.trace_flags.sampled:
             self._enqueue(span)
 
-    def on_end_row(self, row: tuple[Any, ...]) -> None:
-        """Queue a sampled span row (span_rows.py) for an exporter that encodes rows
-        (``use_rows``): the exporter process's path, where no ``ReadableSpan`` is made."""
-        if row[3] & 1:  # R_FLAGS: the sampled bit
-            self._enqueue(row)
+    def use_rows(self, factory: RowSpanFactory) -> None:
+        """Take span records and rows (span_rows.py) through :meth:`on_records`: queued as
+        rows when the exporter encodes rows itself (its ``use_rows``: no ``ReadableSpan`` is
+        made), else as the spans ``factory`` makes of them."""
+        self._factory = factory
+        if hasattr(self._exporter, "use_rows"):
+            self._exporter.use_rows(factory.resource, factory.scope, factory.run_constants)
+            self._takes_rows = True
+
+    def on_records(self, records: Sequence[tuple[Any, ...]],
+                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+        """Queue the spans of span records (steps) and of span rows (user spans), in order;
+        one that cannot be made or encoded is counted (``build_error``), never the batch."""
+        for rec in records:
+            try:
+                made = rows_from_record(rec)
+            except Exception as exc:
+                self._bad(exc, record_span_count(rec))
+                continue
+            for row in made:
+                self._on_row(row)
+        for row in rows:
+            self._on_row(row)
+
+    def _on_row(self, row: tuple[Any, ...]) -> None:
+        try:
+            check_row(row)
+            if self._takes_rows:
+                if row[R_FLAGS] & 1:  # sampled
+                    self._enqueue(row)
+            else:
+                self.on_end(self._factory.span(row))
+        except Exception as exc:
+            self._bad(exc)
+
+    def _bad(self, exc: Exception, spans: int = 1) -> None:
+        self._drops.add("build_error", spans)
+        self._warn.warning("build", "otel-train: could not export a span: %r", exc)
 
     def _enqueue(self, span: Any) -> None:
         if self._stopping:

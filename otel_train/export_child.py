@@ -2,9 +2,9 @@
 
 Started by ``export_process.ExportProcessClient`` as ``python -I -c`` with two pipe ends.
 The first frame is its configuration (the export plan, resource, scope, run constants and
-bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It builds
-``ReadableSpan``s (span_rows.py) and feeds ``BoundedBatchSpanProcessor`` with the planned
-exporter, exactly as the training process would; it reports its export and drop counts every
+bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It feeds
+the records to ``BoundedBatchSpanProcessor`` with the planned exporter, which encodes their
+rows (span_rows.py) straight to OTLP or the span file, exactly as the training process would; it reports its export and drop counts every
 0.25 s and its log records as they come, and leaves when told to stop, when the pipe closes,
 or when the training process is gone.
 """
@@ -26,7 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.drop_counter import DropCounter
 from otel_train.export_pipe import STATS_INTERVAL_SECONDS, FrameReader, frame, write_all
-from otel_train.span_rows import RowSpanFactory, record_span_count, rows_from_record
+from otel_train.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
 _ORPHAN_CHECK_SECONDS = 0.5
@@ -90,16 +90,12 @@ class _Child:
         self.factory = RowSpanFactory(Resource(attrs, schema),
                                       InstrumentationScope(*config["scope"]),
                                       config["run_constants"])
-        exporter = create_exporter(config["plan"])
-        # The OTLP exporters and the span file encode rows straight to their bytes: no
-        # ReadableSpan is made here (~20 µs per 7-span step) and the encoding itself is
-        # cheaper. Any other exporter takes the factory's spans.
-        self.rows = hasattr(exporter, "use_rows")
-        if self.rows:
-            exporter.use_rows(self.factory.resource, self.factory.scope,
-                              config["run_constants"])
         self.export = BoundedBatchSpanProcessor(
-            exporter, self.drops, config["max_queue"], config["batch"], config["interval"])
+            create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
+            config["interval"])
+        # The OTLP exporters and the span file encode rows straight to their bytes: no
+        # ReadableSpan is made here (~20 µs per 7-span step).
+        self.export.use_rows(self.factory)
         self.parent_pid = config["parent_pid"]
         self._last: Any = None
         self._done = threading.Event()
@@ -114,32 +110,7 @@ class _Child:
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
         """Export one frame: the steps' span records, then the user spans' rows."""
-        if self.rows:
-            on_row = self.export.on_end_row
-        else:
-            span, on_end = self.factory.span, self.export.on_end
-
-            def on_row(row: tuple[Any, ...]) -> None:
-                on_end(span(row))
-        for rec in recs:
-            try:
-                made = rows_from_record(rec)
-            except Exception as exc:
-                self.drops.add("build_error", record_span_count(rec))
-                _log.debug("otel-train exporter: bad span record: %r", exc)
-                continue
-            for row in made:
-                self._queue_row(on_row, row)
-        for row in rows:
-            self._queue_row(on_row, row)
-
-    def _queue_row(self, on_row: Any, row: tuple[Any, ...]) -> None:
-        try:
-            _check_row(row)
-            on_row(row)
-        except Exception as exc:
-            self.drops.add("build_error")
-            _log.debug("otel-train exporter: bad row: %r", exc)
+        self.export.on_records(recs, rows)
 
     def stop(self, timeout_seconds: float) -> None:
         """Export what is queued within ``timeout_seconds``, report the final counts."""
@@ -159,14 +130,6 @@ class _Child:
                 if os.getppid() != self.parent_pid:
                     self.stop(_ORPHAN_FLUSH_SECONDS)
                     os._exit(0)
-
-
-def _check_row(row: tuple[Any, ...]) -> None:
-    """Refuse a row that could not be encoded, before it can fail a whole batch."""
-    if (type(row) is not tuple or len(row) != 14 or type(row[1]) is not int
-            or type(row[2]) is not int or type(row[6]) is not int
-            or type(row[7]) is not int or not isinstance(row[8], dict)):
-        raise ValueError(f"not a span row: {row!r:.200}")
 
 
 def child_main(cmd_fd: int, stat_fd: int) -> None:

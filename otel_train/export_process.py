@@ -4,10 +4,11 @@ In CPython every microsecond the background spends building ``ReadableSpan``s an
 OTLP holds the GIL the training thread needs: measured here, 100-250 µs of stall per step on
 a ~1 ms step (``benchmarks/bench_hot_path.py``). With this module the training process only
 turns each step into a span record (span_rows.py), feeds it to the derived metrics, and writes
-the records down a pipe, one ``marshal``-ed frame per drain. A child Python process started with the
-run does the rest with the code the in-process path uses: records -> rows -> ``ReadableSpan``s ->
-``BoundedBatchSpanProcessor`` -> the planned exporter (OTLP gRPC/HTTP with the fast encoder,
-or the span file), with the same retries, bounds and drop counting.
+the records down a pipe, one ``marshal``-ed frame per drain. A child Python process started
+with the run does the rest with the code the in-process path uses: records ->
+``BoundedBatchSpanProcessor.on_records`` -> the planned exporter (OTLP gRPC/HTTP or the span
+file, encoding the records' rows directly, no ``ReadableSpan`` made), with the same
+retries, bounds and drop counting.
 
 Promises kept:
 
@@ -63,12 +64,7 @@ from otel_train.export_pipe import (
     write_all,
 )
 from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.span_rows import (
-    RowSpanFactory,
-    record_span_count,
-    row_from_span,
-    rows_from_record,
-)
+from otel_train.span_rows import RowSpanFactory, record_span_count, row_from_span
 
 _log = logging.getLogger("otel_train")
 _BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
@@ -306,6 +302,8 @@ class ExportProcessClient(SpanProcessor):
         """Export from this process from now on, starting with what the child never got."""
         self._close_fds()
         self._fallback = self._make_fallback() if self._make_fallback is not None else None
+        if self._fallback is not None:
+            self._fallback.use_rows(self._factory)
         left = [_frame_spans(item[0]) for item in self._outbox if not item[2]]
         cut = sum(item[1] for item in self._outbox if item[2])  # half in the dead pipe
         self._drops.add("export_failed", cut)
@@ -319,13 +317,7 @@ class ExportProcessClient(SpanProcessor):
                 self._to_fallback(recs, rows)
 
     def _to_fallback(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        target = self._fallback
-        for row in [r for rec in recs for r in rows_from_record(rec)] + rows:
-            try:
-                target.on_end(self._factory.span(row))
-            except Exception as exc:
-                self._drops.add("build_error")
-                self._warn.warning("fallback", "otel-train: span export failed: %r", exc)
+        self._fallback.on_records(recs, rows)  # as the child would (export.py)
 
     def _wait(self, deadline: float, done: Any) -> bool:
         """Pump and read until ``done()`` or the deadline; never past it."""

@@ -33,9 +33,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from otel_train.otlp_encoding import row_scope, row_status
 from otel_train.rate_limited_log import RateLimitedLogger
@@ -165,40 +165,42 @@ class OtlpJsonEncoder:
         if not plain and span.dropped_attributes:
             parts.append(',"droppedAttributesCount":%d' % span.dropped_attributes)
         if span.events:
-            evs = []
-            for event in span.events:
-                ev = '{"timeUnixNano":"%d","name":%s' % (event.timestamp or 0, _dumps(event.name))
-                if event.attributes:
-                    ev += ',"attributes":[' + self.attributes(event.attributes) + "]"
-                if event.dropped_attributes:
-                    ev += ',"droppedAttributesCount":%d' % event.dropped_attributes
-                evs.append(ev + "}")
-            parts.append(',"events":[' + ",".join(evs) + "]")
+            parts.append(',"events":[' + ",".join(map(self._event, span.events)) + "]")
         if not plain and span.dropped_events:
             parts.append(',"droppedEventsCount":%d' % span.dropped_events)
         if span.links:
-            lks = []
-            for link in span.links:
-                lc = link.context
-                lk = '{"traceId":"%032x","spanId":"%016x"' % (lc.trace_id, lc.span_id)
-                if link.attributes:
-                    lk += ',"attributes":[' + self.attributes(link.attributes) + "]"
-                if link.dropped_attributes:
-                    lk += ',"droppedAttributesCount":%d' % link.dropped_attributes
-                lk += ',"flags":%d' % (_FLAGS_REMOTE if lc.is_remote else _FLAGS_LOCAL)
-                lks.append(lk + "}")
-            parts.append(',"links":[' + ",".join(lks) + "]")
+            parts.append(',"links":[' + ",".join(map(self._link, span.links)) + "]")
         if not plain and span.dropped_links:
             parts.append(',"droppedLinksCount":%d' % span.dropped_links)
-        status = span.status
+        parts.append(self._status(span.status))
+        return "".join(parts)
+
+    def _event(self, event: Any) -> str:
+        ev = '{"timeUnixNano":"%d","name":%s' % (event.timestamp or 0, _dumps(event.name))
+        if event.attributes:
+            ev += ',"attributes":[' + self.attributes(event.attributes) + "]"
+        if event.dropped_attributes:
+            ev += ',"droppedAttributesCount":%d' % event.dropped_attributes
+        return ev + "}"
+
+    def _link(self, link: Any) -> str:
+        lc = link.context
+        lk = '{"traceId":"%032x","spanId":"%016x"' % (lc.trace_id, lc.span_id)
+        if link.attributes:
+            lk += ',"attributes":[' + self.attributes(link.attributes) + "]"
+        if link.dropped_attributes:
+            lk += ',"droppedAttributesCount":%d' % link.dropped_attributes
+        return lk + ',"flags":%d}' % (_FLAGS_REMOTE if lc.is_remote else _FLAGS_LOCAL)
+
+    def _status(self, status: Any) -> str:
+        """The span's closing ``status`` member (and the span's closing brace)."""
         st = []
         if status is not None:
             if status.description:
                 st.append('"message":' + _dumps(status.description))
             if status.status_code.value:
                 st.append('"code":%d' % status.status_code.value)
-        parts.append(',"status":{' + ",".join(st) + "}}")
-        return "".join(parts)
+        return ',"status":{' + ",".join(st) + "}}"
 
     def row(self, row: tuple[Any, ...], constants: Mapping[str, Any], block: str) -> str:
         """One Span object as JSON text from a span row (span_rows.py): the same text as
@@ -226,32 +228,16 @@ class OtlpJsonEncoder:
                 parts.append(',"attributes":[' + text + "]")
         elif attrs:
             parts.append(',"attributes":[' + self.attributes(attrs) + "]")
+        # Events, links and statuses are rare (failures, user spans): made as the factory
+        # makes them, then written by the span path's own code.
         if events:
-            evs = []
-            for ev_name, ev_time, ev_attrs in events:
-                ev = '{"timeUnixNano":"%d","name":%s' % (ev_time or 0, _dumps(ev_name))
-                if ev_attrs:
-                    ev += ',"attributes":[' + self.attributes(ev_attrs) + "]"
-                evs.append(ev + "}")
-            parts.append(',"events":[' + ",".join(evs) + "]")
+            parts.append(',"events":[' + ",".join(
+                self._event(Event(n, a, timestamp=t)) for n, t, a in events) + "]")
         if links:
-            lks = []
-            for l_trace, l_span, _l_flags, l_attrs in links:
-                lk = '{"traceId":"%032x","spanId":"%016x"' % (l_trace, l_span)
-                if l_attrs:
-                    lk += ',"attributes":[' + self.attributes(l_attrs) + "]"
-                lks.append(lk + ',"flags":%d}' % _FLAGS_REMOTE)  # a row's links are remote
-            parts.append(',"links":[' + ",".join(lks) + "]")
-        if status is None:
-            parts.append(',"status":{}}')
-        else:
-            st = row_status(status)
-            fields = []
-            if st.description:
-                fields.append('"message":' + _dumps(st.description))
-            if st.status_code.value:
-                fields.append('"code":%d' % st.status_code.value)
-            parts.append(',"status":{' + ",".join(fields) + "}}")
+            parts.append(',"links":[' + ",".join(
+                self._link(Link(SpanContext(t, sid, True, TraceFlags(f)), a))
+                for t, sid, f, a in links) + "]")
+        parts.append(',"status":{}}' if status is None else self._status(row_status(status)))
         return "".join(parts)
 
     def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,

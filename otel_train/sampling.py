@@ -44,7 +44,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from otel_train import attributes as A
 from otel_train.options import RunOptions
 from otel_train.rate_limited_log import warn_once
-from otel_train.span_rows import C_ATTRS, C_PHASES, C_STATUS, C_TRACE
+from otel_train.span_rows import C_ATTRS, C_PHASES, C_STATUS, C_TRACE, record_span_count
 from otel_train.steps_view import set_span_attribute
 
 _log = logging.getLogger("otel_train")
@@ -194,7 +194,7 @@ class StepTailSampler(SpanProcessor):
             reason = self._record_reason(rec, held)
             if reason is None:
                 self.sampled_out_steps += 1
-                self.sampled_out_spans += 1 + len(phases or ()) + len(held)
+                self.sampled_out_spans += record_span_count(rec) + len(held)
                 return False
             self.kept_steps += 1
             if phases is not None:

@@ -30,8 +30,8 @@ from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
 from otel_train.self_cost import SelfCostMeter
 from otel_train.span_rows import (
     C_FLAGS,
-    C_PHASES,
     RowSpanFactory,
+    record_span_count,
     rows_from_record,
     view_from_record,
 )
@@ -77,8 +77,6 @@ class StepSpanBuilder:
         epoch_offset_ns: int,
     ) -> None:
         self._identity = identity
-        self._resource = resource
-        self._scope = scope
         self._is_sampled = is_sampled
         self._offset = epoch_offset_ns
         # OTEL_*ATTRIBUTE_* limits, read once (the SDK reads them when its provider is made).
@@ -348,14 +346,14 @@ class SpanBuildWorker:
 
     def _drain_spans(self, deadline_ns: int | None) -> int:
         """The classic path: ReadableSpans to every span processor, in order."""
-        done = 0
+        done = built = 0
         for record in self._queued(deadline_ns):
             try:
                 spans = self._builder.build(record)
             except Exception as exc:
                 self._build_failed(record, exc)
                 continue
-            self._self_cost.add_hot_path_spans(len(spans))
+            built += len(spans)
             for span in spans:
                 for proc in self._processors:
                     try:
@@ -366,8 +364,9 @@ class SpanBuildWorker:
                             "otel-train: span processor %s failed: %r",
                             type(proc).__name__, exc,
                         )
-            self.spans_built += len(spans)
             done += 1
+        self.spans_built += built
+        self._self_cost.add_hot_path_spans(built)  # once per drain: it takes a lock
         return done
 
     def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
@@ -383,7 +382,7 @@ class SpanBuildWorker:
             except Exception as exc:
                 self._build_failed(record, exc)
                 continue
-            spans = 1 + len(rec[C_PHASES] or ())
+            spans = record_span_count(rec)
             built += spans
             if view is not None and metrics is not None:
                 metrics.on_view(view)  # never raises: it guards each processor

@@ -100,6 +100,14 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     return view
 
 
+def check_row(row: tuple[Any, ...]) -> None:
+    """Refuse a row that could not be encoded (ValueError), before it can fail a batch."""
+    if (type(row) is not tuple or len(row) != 14 or type(row[R_TRACE]) is not int
+            or type(row[R_SPAN]) is not int or type(row[R_START]) is not int
+            or type(row[R_END]) is not int or not isinstance(row[R_ATTRS], dict)):
+        raise ValueError(f"not a span row: {row!r:.200}")
+
+
 def record_span_count(rec: tuple[Any, ...]) -> int:
     """Spans of one record: the root and its phases."""
     return 1 + len(rec[C_PHASES] or ())
@@ -149,6 +157,11 @@ class RowSpanFactory:
         self._base = dict(run_constants)
         self._attrs_type = run_attributes_type(self._base)
         self._scopes: dict[tuple[Any, ...], InstrumentationScope] = {}
+
+    @property
+    def run_constants(self) -> dict[str, Any]:
+        """The run's constant attributes, first in every otel-train span."""
+        return self._base
 
     def span(self, row: tuple[Any, ...]) -> ReadableSpan:
         """One ``ReadableSpan`` from one row."""

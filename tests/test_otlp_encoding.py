@@ -275,9 +275,9 @@ def test_span_rows_encode_to_exactly_the_bytes_of_the_spans_made_from_them(tmp_p
     for batch in (rows, every, user_rows, every[:1]):
         enc = _Encoder()
         want = enc.request(factory.spans(batch))
-        cold = _Encoder().request_rows(batch, factory.resource, factory.scope, factory._base)
+        cold = _Encoder().request_rows(batch, factory.resource, factory.scope, factory.run_constants)
         assert cold == want
-        assert enc.request_rows(batch, factory.resource, factory.scope, factory._base) == want
+        assert enc.request_rows(batch, factory.resource, factory.scope, factory.run_constants) == want
         assert ExportTraceServiceRequest.FromString(cold) == encode_spans(factory.spans(batch))
 
 
@@ -289,7 +289,7 @@ def test_an_exporter_given_rows_sends_the_bytes_of_their_spans(tmp_path):
     spans = factory.spans(rows + user_rows)
     assert exporter.as_spans(spans) is spans  # spans stay spans
     want = exporter.encode(spans)
-    exporter.use_rows(factory.resource, factory.scope, factory._base)
+    exporter.use_rows(factory.resource, factory.scope, factory.run_constants)
     assert exporter.encode(rows + user_rows) == want
     again = exporter.as_spans(rows + user_rows)  # for the SDK's own path (old SDKs)
     assert _Encoder().request(again) == want

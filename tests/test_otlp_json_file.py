@@ -197,7 +197,7 @@ def test_span_rows_are_written_as_exactly_the_text_of_the_spans_made_from_them(t
     odd = rows[0][:8] + (dict(rows[0][8], **{A.RANK: 9}),) + rows[0][9:]
     bare = rows[1][:8] + ({},) + rows[1][9:]  # no attributes of its own
     every = rows + user_rows + [odd, bare]
-    args = (factory.resource, factory.scope, factory._base)
+    args = (factory.resource, factory.scope, factory.run_constants)
     for batch in (rows, every, user_rows, [odd], [bare]):
         want = OtlpJsonEncoder().request(factory.spans(batch))
         assert OtlpJsonEncoder().request_rows(batch, *args) == want
