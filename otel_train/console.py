@@ -1,6 +1,7 @@
 """Two-tier console report, as hand-timed training loops print it (to stderr).
 
-- Fast log, every ``log_every`` steps: one line with the step time and its phases::
+- Fast log, every ``log_every`` steps but at most once per ``min_interval_seconds`` (1 s;
+  slow steps always get theirs): one line with the step time and its phases::
 
       ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s)
           | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]        (one line)
@@ -78,13 +79,19 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         eval_operations: Iterable[str] = (),
         warmup_steps: int = 5,
         world_size: int = 1,
+        min_interval_seconds: float = 1.0,
     ) -> None:
         super().__init__()
         if not isinstance(log_every, int) or log_every < 1:
             raise ValueError("log_every must be an integer >= 1")
+        if not min_interval_seconds >= 0:
+            raise ValueError("console_min_interval_seconds must be >= 0")
         if not 0.0 <= breakdown_min_share <= 1.0:
             raise ValueError("console_breakdown_min_share must be between 0 and 1")
         self.log_every = log_every
+        # Measured by the steps' own end times: no clock read, and replays are exact.
+        self._min_interval_ns = int(min_interval_seconds * 1e9)
+        self._next_fast_ns = 0  # no routine fast line for a step ending before this
         self.breakdown_min_share = breakdown_min_share
         self.eval_operations = frozenset(eval_operations)
         self.warmup_steps = warmup_steps
@@ -108,7 +115,11 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self._note_first_calls(view)
         if view.operations and self.is_material(view):
             self._write(self.format_breakdown(view), view)
-        elif view.step % self.log_every == 0 or view.slow:
+        elif view.slow or (view.step % self.log_every == 0
+                           and view.end_ns >= self._next_fast_ns):
+            # Formatting a line costs ~40 us of the GIL the training thread needs: a fast
+            # loop gets one routine line per interval, not one per log_every steps.
+            self._next_fast_ns = view.end_ns + self._min_interval_ns
             self._write(self.format_fast(view), view)
 
     def on_operation(self, view: StepView) -> None:

@@ -98,7 +98,8 @@ class DerivedMetricsStage:
                 options.log_every, self.overhead, self.budget,
                 breakdown_min_share=options.console_breakdown_min_share,
                 eval_operations=options.eval_operations, warmup_steps=warmup,
-                world_size=world)
+                world_size=world,
+                min_interval_seconds=options.console_min_interval_seconds)
             chain.append(self.console)
         for collector in collectors:  # extra families (the exporter process's CPU)
             self.metrics.registry.register(collector)

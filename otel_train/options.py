@@ -60,6 +60,10 @@ class RunOptions:
     critical: float = 0.10
     console: bool = True
     log_every: int = 10
+    # The fast line every log_every steps, but at most one per this many seconds: a 1 ms
+    # step with log_every=10 would print 100 lines a second. 0: every log_every steps.
+    # Breakdowns and slow-step lines are never held back.
+    console_min_interval_seconds: float = 1.0
     # None disables the endpoint, 0 picks a free port; DEFAULT is 9464 + local rank.
     prometheus_port: int | None = DEFAULT
     prometheus_host: str = "127.0.0.1"
@@ -220,6 +224,11 @@ class RunOptions:
         if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
                 or self.warmup_steps < 0:
             self._fail("warmup_steps", "must be an integer >= 0 (0: no warm-up)")
+        v = self.console_min_interval_seconds
+        if not _is_number(v) or not v >= 0 or math.isinf(v):
+            self._fail("console_min_interval_seconds",
+                       "must be a finite number of seconds >= 0 (0: a line every log_every "
+                       "steps)")
         share = self.console_breakdown_min_share
         if not _is_number(share) or not 0.0 <= share <= 1.0:
             self._fail("console_breakdown_min_share",

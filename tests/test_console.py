@@ -38,6 +38,38 @@ def test_fast_log_every_log_every_steps_one_line_each() -> None:
     assert "monitoring 0.0% recent, 0.0% total (0.0% steady) [ok]" in lines[1]
 
 
+def fast_loop_step(index: int, step_ms: float = 1.0) -> list:
+    """A step of a ~1 ms loop: steps follow each other 1 ms apart."""
+    return step_spans(index, [("forward", "train", 0, step_ms * 0.4),
+                              ("backward", "train", step_ms * 0.4, step_ms)],
+                      step_ms, start_ms=index * 1.0)
+
+
+def test_a_fast_loop_gets_one_routine_line_per_interval_not_every_log_every_steps() -> None:
+    shared, out = pipeline(log_every=10, min_interval_seconds=1.0)
+    for i in range(3000):  # 3 s of 1 ms steps: log_every alone would print 300 lines
+        feed(shared, fast_loop_step(i))
+    lines = out.getvalue().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["⏱️  step 0", "⏱️  step 1000", "⏱️  step 2000"]
+    shared, out = pipeline(log_every=10, min_interval_seconds=0)
+    for i in range(100):
+        feed(shared, fast_loop_step(i))
+    assert len(out.getvalue().splitlines()) == 10  # 0: every log_every steps, as before
+
+
+def test_slow_steps_and_breakdowns_are_never_held_back_by_the_interval() -> None:
+    shared, out = pipeline(log_every=10, min_interval_seconds=60.0)
+    for i in range(300):
+        feed(shared, fast_loop_step(i, step_ms=40.0 if i == 150 else 1.0))
+    phases = [("forward", "train", 0, 1), ("val_loss", "monitor", 1, 30)]
+    feed(shared, step_spans(300, phases, 30, start_ms=300.0))
+    text = out.getvalue()
+    lines = [ln.split(":")[0] for ln in text.splitlines() if ln.startswith("⏱️  step")]
+    assert lines == ["⏱️  step 0", "⏱️  step 150"]  # the routine ones wait a minute
+    assert "🚩 slow step" in text.splitlines()[1]
+    assert "TIMING BREAKDOWN (Step 300)" in text
+
+
 def test_warm_up_steps_are_marked_on_their_lines() -> None:
     shared, out = pipeline(log_every=2, warmup_steps=3)
     for i in range(6):
@@ -131,3 +163,5 @@ def test_monitoring_between_steps_prints_one_line() -> None:
 def test_log_every_must_be_positive() -> None:
     with pytest.raises(ValueError, match="log_every"):
         ConsoleReportSpanProcessor(0)
+    with pytest.raises(ValueError, match="console_min_interval_seconds"):
+        ConsoleReportSpanProcessor(10, min_interval_seconds=-1.0)

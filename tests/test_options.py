@@ -136,6 +136,8 @@ def test_env_value_breaking_a_rule_names_the_variable():
 @pytest.mark.parametrize("kwargs,name", [
     ({"max_queued_steps": 0}, "max_queued_steps"),
     ({"log_every": True}, "log_every"),
+    ({"console_min_interval_seconds": -1}, "console_min_interval_seconds"),
+    ({"console_min_interval_seconds": float("inf")}, "console_min_interval_seconds"),
     ({"shutdown_timeout_seconds": 0}, "shutdown_timeout_seconds"),
     ({"export_interval_seconds": float("inf")}, "export_interval_seconds"),
     ({"slow_step_factor": 1.0}, "slow_step_factor"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from time import perf_counter_ns
 
 import pytest
 import torch
@@ -100,6 +101,65 @@ def test_unsampled_steps_get_unsampled_span_contexts():
     rec = Recorder(10, DropCounter(), None)
     spans = _builder(sampled=False).build(_step(rec))
     assert not any(s.context.trace_flags.sampled for s in spans)
+
+
+def _flat_step(rec: Recorder, index: int, loader: str | None) -> Step:
+    step = Step(rec, index, loader, rec.phase("data", "train"))
+    step.ev.extend((perf_counter_ns(), None))  # as run.steps closes the data phase
+    for name in ("forward", "backward", "optimizer"):
+        with step.phase(name):
+            pass
+    with step.monitor("val_loss"):
+        pass
+    step.record_phase("checkpoint", perf_counter_ns() - 50, perf_counter_ns())
+    step._finish(None)
+    return step
+
+
+def test_steps_whose_phases_run_one_after_another_give_the_record_the_decoder_gives(
+        monkeypatch):
+    """The flat-step fast path (read off the event list by slices) and the decoder agree."""
+    import otel_train.span_builder as sb
+
+    rec = Recorder(10, DropCounter(), None)
+    for loader in ("train", None):
+        step = _flat_step(rec, 7, loader)
+        assert sb._flat_phases(step.ev, loader, 1, 0) is not None  # the fast path applies
+        builder = _builder()
+        monkeypatch.setattr(sb, "_getrandbits", lambda bits: 99)
+        fast = builder.record(step)
+        monkeypatch.setattr(sb, "_flat_phases", lambda *a: None)  # the decoder only
+        decoded = builder.record(step)
+        monkeypatch.undo()
+        assert fast == decoded
+        names = [(p[0], p[1], p[2]) for p in fast[9]]
+        assert names == [("data", "train", loader), ("forward", "train", None),
+                         ("backward", "train", None), ("optimizer", "train", None),
+                         ("val_loss", "monitor", None), ("checkpoint", "train", None)]
+    assert sb._flat_phases([], "train", 1, 0) == []
+
+
+def test_nested_failed_and_open_phases_are_left_to_the_decoder():
+    import otel_train.span_builder as sb
+
+    rec = Recorder(10, DropCounter(), None)
+    nested = _step(rec)  # forward > attention
+    step = Step(rec, 0, None)
+    with pytest.raises(ValueError):
+        with step.phase("forward"):
+            raise ValueError("bad batch")
+    step._finish(None)
+    open_ = Step(rec, 1, None)
+    open_.phase("forward").__enter__()
+    open_._finish(None)
+    inner = Step(rec, 2, None)  # a phase recorded inside another: nested, by position
+    with inner.phase("forward"):
+        inner.record_phase("kernel", perf_counter_ns() - 10, perf_counter_ns())
+    inner._finish(None)
+    for s in (nested, step, open_, inner):
+        assert sb._flat_phases(s.ev, None, 1, 0) is None
+    kernel, forward = _builder().record(inner)[9][1], _builder().record(inner)[9][0]
+    assert kernel[0] == "kernel" and forward[0] == "forward" and kernel[5] == 1  # its parent
 
 
 def test_a_phase_left_open_ends_with_its_step():
