@@ -46,6 +46,11 @@ of the paired ratios with a bootstrap 95% interval (2000 resamples of the pairs)
   the frame down the pipe); the exporter process then finishes sending outside the clock (its
   CPU is ``expCPU``). With export in this process (``otel-thread``, the SDK) the drain is
   the whole flush, delivery included.
+- What settling outside the clock leaves out: the exporter process (and the receiver)
+  working *while* training runs, competing for this 2-vCPU machine's cores and caches.
+  Long blocks (``--block-steps 1500`` for the MLP) keep the drains and most of the exporter
+  process's work inside the block, at the price of far fewer pairs (wider intervals): read
+  both.
 - Peers patch torch globally and set global providers: they run in alternating short
   subprocesses (bare, peer, peer, bare, ...), each a warm-up block then one timed block.
 
