@@ -67,6 +67,7 @@ TRACES_PATH = "/v1/traces"
 # Bounds so no test can hang on a receiver: the longest "hang" we allow, and teardown waits.
 _MAX_HANG_SECONDS = 30.0
 _STOP_GRACE_SECONDS = 1.0
+_CANCEL_GRACE_SECONDS = 0.3  # under the stop grace: the answer still goes out
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,14 @@ class _ReceiverBase:
             if left <= 0:
                 break
             self._closing.wait(min(left, 0.05))
+        if self._closing.is_set():
+            # Closing: a client that has just cancelled may not be seen as gone yet (gRPC's
+            # cancel reaches the server asynchronously); a moment, bounded, before answering.
+            end = time.monotonic() + _CANCEL_GRACE_SECONDS
+            while time.monotonic() < end:
+                if client_gone():
+                    return True
+                time.sleep(0.01)
         return client_gone()
 
     # -- outages ---------------------------------------------------------------------------
