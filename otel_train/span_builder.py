@@ -26,7 +26,13 @@ from otel_train.attribute_values import AttributeLimits, plain_attributes
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity, step_trace_id
 from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.recorder import MonitorRecord, Recorder, Step, decode_events
+from otel_train.recorder import (
+    MonitorRecord,
+    Recorder,
+    Step,
+    decode_events,
+    flat_events,
+)
 from otel_train.self_cost import SelfCostMeter
 from otel_train.span_rows import (
     C_FLAGS,
@@ -49,7 +55,6 @@ _getrandbits = random.getrandbits
 _STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
-_INT = {int}
 
 
 def run_constant_attributes(identity: RunIdentity, device_synced: bool,
@@ -204,24 +209,17 @@ def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
 
 def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int
                  ) -> list[tuple[Any, ...]] | None:
-    """The record's phases of a step whose phases ran one after another and none failed;
-    None for any other event list (nested, failed, left open): decode_events handles those.
+    """The record's phases of a flat step (recorder.flat_events), None for any other.
 
-    Most steps are such, and are read straight off the event list by slices, with no
-    decoding: it halves the record's CPU (benchmarks/bench_hot_path.py, "record").
+    Most steps are flat, and read by slices with no decoding: it takes a third off the
+    record's CPU (7.2 -> 5.0 us for a 5-phase step).
     """
-    # Flat: each entry (phase, start) is followed by its exit (end, None), so phases sit
-    # at positions 0 mod 4 only, int end times at 2 mod 4 and no exception at 3 mod 4.
-    if len(ev) & 3:
-        return None
-    opens, ends = ev[0::4], ev[2::4]
-    if not opens:
-        return []
-    if any(ev[3::4]) or set(map(type, ends)) != _INT or int in set(map(type, opens)):
+    flat = flat_events(ev)
+    if flat is None:
         return None
     phases = []
     ordinal = 0
-    for phase, start, end in zip(opens, ev[1::4], ends):
+    for phase, start, end in zip(*flat):
         ordinal += 1
         name = phase.name
         # As decoded: only data spans carry a loader; the kind is the phase's own.
