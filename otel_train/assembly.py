@@ -71,6 +71,7 @@ MODE_APP = "app"  # the application installed an SDK TracerProvider: our spans j
 MODE_FOREIGN = "foreign"  # some other API-level provider: left alone, we export on our own
 MODE_DISABLED = "disabled"  # OTEL_SDK_DISABLED
 _PROCESS_KINDS = ("otlp", "jsonl")  # exporters the exporter process makes from the plan
+_COSTS_SYNC_SECONDS = 2.0  # run.costs() waits this long at most for the exporter process
 
 
 class ApplicationProviderSink(SpanProcessor):
@@ -113,6 +114,10 @@ class RunTelemetry:
     def costs(self) -> dict[str, Any]:
         """Fold in the steps still queued, then what monitoring cost so far."""
         self.worker.drain()
+        if self.derived.remote is not None:
+            # The exporter process feeds the metrics: its state after those steps (bounded;
+            # past the bound, its last state).
+            self.derived.remote.sync(_COSTS_SYNC_SECONDS)
         return self.derived.costs()
 
     def start(self) -> None:
@@ -296,6 +301,15 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     if not joins_app and (export is None or isinstance(export, ExportProcessClient)):
         route = RowRoute(derived.shared, derived.sampler if export is not None else None,
                          export, identity.rank)
+        if (isinstance(export, ExportProcessClient) and options.metrics_in_export_process
+                and derived.sampler is None and derived.otlp_metrics is None
+                and is_sampled is _always_sampled):
+            # The derived metrics run in the exporter process too, and this process keeps
+            # their state as a copy (derived_chain.py): the span worker then only builds
+            # records and hands them over. With tail sampling, metrics over OTLP or an SDK
+            # sampler that drops steps, they stay here (not moved yet).
+            derived.run_in_exporter_process(export)
+            route.metrics = None
     sinks: list[SpanProcessor] = list(derived.processors)
     if export_stage is not None:
         sinks.append(export_stage)
@@ -314,7 +328,7 @@ def sampling_function(sampler: Sampler) -> Any:
     """trace id -> sampled? Constant when the sampler always samples (the usual case)."""
     if sampler is ALWAYS_ON or (isinstance(sampler, ParentBased)
                                 and getattr(sampler, "_root", None) is ALWAYS_ON):
-        return lambda trace_id: True
+        return _always_sampled
 
     def is_sampled(trace_id: int) -> bool:
         try:
@@ -322,3 +336,8 @@ def sampling_function(sampler: Sampler) -> Any:
         except Exception:
             return True
     return is_sampled
+
+
+def _always_sampled(trace_id: int) -> bool:
+    """Every step is sampled (ALWAYS_ON, or parent-based on it)."""
+    return True

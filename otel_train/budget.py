@@ -117,6 +117,8 @@ class BudgetSpanProcessor(StepViewProcessor):
     Add it after the overhead processor (it reads the ratio the step just updated).
     """
 
+    state_fields = ("_unchecked", "_worst_warned", "slow_operations", "warnings_logged")
+
     def __init__(
         self,
         overhead: OverheadSpanProcessor,

@@ -68,6 +68,9 @@ _WHY = {
 class ConsoleReportSpanProcessor(StepViewProcessor):
     """Prints the fast log and the full timing breakdown; reads overhead and budget."""
 
+    state_fields = ("_next_fast_ns", "_steps_seen", "_seen_operations", "_last_step_ns",
+                    "lines_written")
+
     def __init__(
         self,
         log_every: int = 10,

@@ -30,7 +30,6 @@ from typing import Any
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train import otlp_metrics as om
-from otel_train.budget import BudgetSpanProcessor
 from otel_train.console import ConsoleReportSpanProcessor
 from otel_train.costs import (
     CostsFileWriter,
@@ -38,17 +37,15 @@ from otel_train.costs import (
     build_costs,
     write_json_atomic,
 )
+from otel_train.derived_chain import StepChain, chain_settings
 from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
-from otel_train.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.identity import RunIdentity
 from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
-from otel_train.overhead import OverheadSpanProcessor
-from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.recorder import Recorder
 from otel_train.sampling import build_step_sampler
 from otel_train.self_cost import SelfCostMeter
-from otel_train.slow_steps import SlowStepSpanProcessor
+from otel_train.span_rows import view_from_record
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.watchdog import StallWatchdog
 
@@ -73,34 +70,20 @@ class DerivedMetricsStage:
         self.identity = identity
         self.drops = drops
         self.status_dir = Path(status_dir)
-        window = options.recent_window_steps
-        warmup, world = options.warmup_steps, identity.world_size
-        self.slow = SlowStepSpanProcessor(options.slow_step_factor, options.slow_step_seconds,
-                                          window, warmup_steps=warmup, world_size=world)
-        self.overhead = OverheadSpanProcessor(window, self_cost, warmup_steps=warmup)
-        self.budget = BudgetSpanProcessor(self.overhead, options.budget, options.critical,
-                                          options.slow_operation_seconds, world_size=world)
+        self.self_cost = self_cost
+        self.settings = chain_settings(options, identity)
+        self.chain = StepChain(self.settings, self_cost)
+        self.slow, self.overhead = self.chain.slow, self.chain.overhead
+        self.budget = self.chain.budget
+        self.metrics, self.gpu_steps = self.chain.metrics, self.chain.gpu_steps
+        self.console: ConsoleReportSpanProcessor | None = self.chain.console
         self.watchdog = StallWatchdog(
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
             slow_operation_seconds=options.slow_operation_seconds)
-        self.metrics = PrometheusMetricsSpanProcessor(
-            identity.rank, options.budget, self.overhead, progress=self.watchdog.progress,
-            drops=drops, critical=options.critical, slow_step_factor=options.slow_step_factor,
-            slow_operation_seconds=options.slow_operation_seconds, run_id=identity.run_id,
-            world_size=identity.world_size)
-        self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
-        self.console: ConsoleReportSpanProcessor | None = None
-        chain: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
-                                          self.budget, self.metrics]
-        if options.console:
-            self.console = ConsoleReportSpanProcessor(
-                options.log_every, self.overhead, self.budget,
-                breakdown_min_share=options.console_breakdown_min_share,
-                eval_operations=options.eval_operations, warmup_steps=warmup,
-                world_size=world,
-                min_interval_seconds=options.console_min_interval_seconds)
-            chain.append(self.console)
+        self.metrics.progress = self.watchdog.progress
+        self.metrics.drops = drops
+        chain: list[StepViewProcessor] = self.chain.processors
         for collector in collectors:  # extra families (the exporter process's CPU)
             self.metrics.registry.register(collector)
         # The exporter process's CPU, reported in the costs beside this process's own.
@@ -122,6 +105,35 @@ class DerivedMetricsStage:
                                             options.costs_interval_seconds)
         self.prometheus_url: str | None = None
         self._started = False
+        # The exporter process that feeds the chain (run_in_exporter_process), or None.
+        self.remote: Any = None
+        self.state_loads = 0  # states loaded from the exporter process
+
+    def run_in_exporter_process(self, client: Any) -> None:
+        """Let the exporter process feed the chain; this one becomes its copy.
+
+        ``client`` (export_process.ExportProcessClient) builds the same chain there from
+        ``self.settings``, sends its state back a few times a second (``load_state``), and
+        if it dies, feeds this chain from where its last state left it (``feed_records``).
+        """
+        self.remote = client
+        client.derive_metrics(self.settings, self.self_cost, on_state=self.load_state,
+                              feed=self.feed_records)
+        self.gpu_steps.forward = client.send_gpu_round
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """The exporter process's chain state: this copy continues from it."""
+        with self.shared.lock:
+            self.chain.load_state(state)
+            self.state_loads += 1
+
+    def feed_records(self, recs: Sequence[tuple[Any, ...]]) -> None:
+        """Span records the exporter process will never see: through this chain."""
+        rank = self.identity.rank
+        for rec in recs:
+            view = view_from_record(rec, rank)
+            if view is not None:
+                self.shared.on_view(view)
 
     def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
         """The tail sampler (sampling.py; run.py puts it before export, after these

@@ -77,6 +77,32 @@ class _PipeLogHandler(logging.Handler):
             pass
 
 
+class _ConsoleStream:
+    """The console report's stream here: each printed line goes to the training process,
+    which writes it to its own ``sys.stderr`` (where notebooks and tests capture it)."""
+
+    def __init__(self, writer: _StatWriter) -> None:
+        self._writer = writer
+        self._parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        """Keep a part of the line."""
+        self._parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        """Send the line (``print(..., flush=True)`` ends every line with this)."""
+        text, self._parts = "".join(self._parts), []
+        if text:
+            self._writer.send(("console", text[:60000]), block=True)
+
+
+class _ParentSelfCost:
+    """The training process's own CPU so far, as its last frame said (for the overhead)."""
+
+    total_ns = 0
+
+
 class _Child:
     """The exporter process: rows in, spans exported, counts out."""
 
@@ -99,6 +125,40 @@ class _Child:
         self.parent_pid = config["parent_pid"]
         self._last: Any = None
         self._done = threading.Event()
+        self._writer = writer
+        # The derived metrics, when the training process hands them over ("derive").
+        self.chain: Any = None
+        self.shared: Any = None
+        self.rank: Any = None
+        self.parent_cost = _ParentSelfCost()
+        self._version = 0  # frames fed to the chain
+        self._sent_version = 0
+        self._state_lock = threading.Lock()
+
+    def derive(self, settings: dict[str, Any]) -> None:
+        """Build the run's derived-metrics chain here, as the training process would."""
+        from otel_train.derived_chain import StepChain
+        from otel_train.steps_view import SharedStepSpanProcessor
+
+        self.chain = StepChain(settings, self.parent_cost,
+                               console_stream=_ConsoleStream(self._writer))  # type: ignore[arg-type]
+        self.shared = SharedStepSpanProcessor(self.chain.processors)
+        self.rank = settings["rank"]
+
+    def send_state(self) -> None:
+        """The chain's state to the training process (only when it changed)."""
+        if self.shared is None:
+            return
+        # One sender at a time (the watch thread, and this thread before a flush, sync or
+        # stop), so states reach the training process in the order they were taken.
+        with self._state_lock:
+            with self.shared.lock:
+                version = self._version
+                if version == self._sent_version:
+                    return
+                state = self.chain.export_state()
+            self._sent_version = version
+            self.send(("derived", state), block=True)
 
     def stats(self, kind: str = "stats", block: bool = False) -> None:
         """The cumulative counts (sent only when they changed, unless final)."""
@@ -108,8 +168,25 @@ class _Child:
         self._last = now
         self.send((kind, *now), block)
 
-    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        """Export one frame: the steps' span records, then the user spans' rows."""
+    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
+              parent_cost_ns: int = 0) -> None:
+        """One frame: the steps' records through the chain (if here), then exported with
+        the user spans' rows."""
+        if self.shared is not None and recs:
+            from otel_train.span_rows import C_FLAGS, view_from_record
+
+            self.parent_cost.total_ns = parent_cost_ns
+            with self.shared.lock:
+                for rec in recs:
+                    try:
+                        view = view_from_record(rec, self.rank)
+                    except Exception as exc:
+                        _log.warning("otel-train: a step's metrics failed: %r", exc)
+                        continue
+                    if view is not None:
+                        self.shared.on_view(view)  # marks slow steps before export
+                self._version += 1
+            recs = [r for r in recs if r[C_FLAGS] & 1]  # unsampled: metrics only
         self.export.on_records(recs, rows)
 
     def stop(self, timeout_seconds: float) -> None:
@@ -117,6 +194,7 @@ class _Child:
         if self._done.is_set():
             return
         self._done.set()
+        self.send_state()  # final: no step comes after a stop
         self.export.shutdown(timeout_seconds)
         self.stats("final", block=True)
 
@@ -125,6 +203,7 @@ class _Child:
         checks = 0
         while not self._done.wait(STATS_INTERVAL_SECONDS):
             self.stats()
+            self.send_state()
             checks += 1
             if checks % max(1, int(_ORPHAN_CHECK_SECONDS / STATS_INTERVAL_SECONDS)) == 0:
                 if os.getppid() != self.parent_pid:
@@ -165,11 +244,24 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
         msg = marshal.loads(raw)
         kind = msg[0]
         if kind == "spans":
-            child.spans(msg[1], msg[2])
+            child.spans(msg[1], msg[2], msg[3] if len(msg) > 3 else 0)
         elif kind == "flush":
+            child.send_state()
             ok = child.export.force_flush(int(msg[2] * 1000))
             child.stats(block=True)
             child.send(("flushed", msg[1], ok), block=True)
+        elif kind == "sync":  # run.costs(): the chain's state now, nothing exported
+            child.send_state()
+            child.send(("flushed", msg[1], True), block=True)
+        elif kind == "derive":
+            try:
+                child.derive(msg[1])
+            except Exception as exc:
+                child.chain = child.shared = None
+                writer.send(("derive_failed", repr(exc)), block=True)
+        elif kind == "gpu":
+            if child.chain is not None:
+                child.chain.gpu_steps.add_round(tuple(msg[1]))
         elif kind == "stop":
             child.stop(msg[1])
             break

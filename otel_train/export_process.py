@@ -107,6 +107,12 @@ class ExportProcessClient(SpanProcessor):
         self._next_read = 0.0  # monotonic: when tick() reads the child's reports next
         self._forked = False
         self._closed = False
+        self._took_over = False  # the child died or never started: this process exports
+        # The derived metrics, when the exporter process runs them (derive_metrics).
+        self._self_cost: Any = None
+        self._on_state: Any = None
+        self._feed: Any = None
+        self._feed_here = False  # the child could not run them: this process feeds them
         self.pid: int | None = None
         config = {
             "plan": plan,
@@ -145,6 +151,52 @@ class ExportProcessClient(SpanProcessor):
         os.set_blocking(self._cmd_w, False)
         os.set_blocking(self._stat_r, False)
         self._reader = FrameReader(self._stat_r)
+
+    # -- the derived metrics in the exporter process -------------------------------------
+    def derive_metrics(self, settings: dict[str, Any], self_cost: Any, on_state: Any,
+                       feed: Any) -> None:
+        """Run the derived-metrics chain (derived_chain.py) in the exporter process.
+
+        From here on every span record sent also feeds the child's chain; its state comes
+        back to ``on_state`` a few times a second and before every flush, sync and stop.
+        Should the child die, ``feed`` takes the records it will never see, so the chain
+        in this process goes on from the last state.
+        """
+        with self._io_lock:
+            self._self_cost, self._on_state, self._feed = self_cost, on_state, feed
+            if not self._took_over:
+                self._queue_frame(marshal.dumps(("derive", settings)), 0)
+
+    @property
+    def derives_metrics(self) -> bool:
+        """The child runs the derived metrics now (it was asked to and is alive)."""
+        return (self._feed is not None and not self._feed_here and not self._took_over
+                and not self._forked)
+
+    def send_gpu_round(self, row: tuple[Any, ...]) -> None:
+        """One GPU sampling round for the child's GPU step attributes (sampler thread)."""
+        if self._forked or self._closed:
+            return
+        with self._io_lock:
+            if not self._took_over:
+                self._queue_frame(marshal.dumps(("gpu", tuple(row))), 0)
+
+    def sync(self, timeout_seconds: float) -> bool:
+        """Wait until the child's chain has taken every record handed over so far and its
+        state is loaded here; False past the timeout (the last state stays)."""
+        if not self.derives_metrics or self._closed:
+            return True
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        self.end_drain()
+        with self._io_lock:
+            if self._took_over:
+                return True
+            self._token += 1
+            token = self._token
+            self._queue_frame(marshal.dumps(("sync", token)), 0)
+        if self._wait(deadline, lambda empty: token in self._flushed):
+            return self._flushed.pop(token, False)
+        return self._took_over
 
     # -- from the span worker and the training thread -----------------------------------
     def send_record(self, rec: tuple[Any, ...], spans: int) -> None:
@@ -187,12 +239,17 @@ class ExportProcessClient(SpanProcessor):
                 self._drops.add("build_error")
                 self._warn.warning("row", "otel-train: could not export a span: %r", exc)
         rows = [r for r in rows if r is not None]
+        if self._feed_here and recs and not self._took_over:
+            self._feed_locally(recs)
         with self._io_lock:
-            if self._fallback is not None:
+            if self._took_over:
                 self._to_fallback(recs, rows)
                 return
             if recs or rows:
-                self._queue_frame(marshal.dumps(("spans", recs, rows)), spans + len(rows))
+                # The training process's own cost so far, for the child's overhead figures.
+                cost = self._self_cost.total_ns if self._self_cost is not None else 0
+                self._queue_frame(marshal.dumps(("spans", recs, rows, cost)),
+                                  spans + len(rows))
             self._pump()
             self._read_counts()
             if self._proc.poll() is not None and not self._final:
@@ -269,8 +326,30 @@ class ExportProcessClient(SpanProcessor):
                 self._flushed[msg[1]] = bool(msg[2])
             elif kind == "log":  # the child's own (rate-limited) log records, re-logged here
                 _log.log(msg[1], "%s", msg[2])
+            elif kind == "derived":
+                self._load_state(msg[1])
+            elif kind == "derive_failed":
+                self._feed_here = True
+                _log.warning("otel-train: the exporter process could not run the derived "
+                             "metrics (%s); they run in the training process from now on "
+                             "(steps handed over before this are not in them)", msg[1])
+            elif kind == "console":  # the child's console lines: to this process's stderr
+                try:
+                    sys.stderr.write(msg[1])
+                    sys.stderr.flush()
+                except Exception:
+                    pass
             elif kind == "error":
                 self._warn.warning("child", "otel-train: the exporter process: %s", msg[1])
+
+    def _load_state(self, state: Any) -> None:
+        if self._on_state is None or self._took_over:
+            return
+        try:
+            self._on_state(state)
+        except Exception as exc:
+            self._warn.warning("state", "otel-train: could not load the exporter process's "
+                               "metrics state: %r", exc)
 
     def _apply_stats(self, exported: int, failures: int, drops: dict[str, int]) -> None:
         self.exported = exported
@@ -300,6 +379,7 @@ class ExportProcessClient(SpanProcessor):
 
     def _take_over(self) -> None:
         """Export from this process from now on, starting with what the child never got."""
+        self._took_over = True
         self._close_fds()
         self._fallback = self._make_fallback() if self._make_fallback is not None else None
         if self._fallback is not None:
@@ -310,14 +390,27 @@ class ExportProcessClient(SpanProcessor):
         self._outbox.clear()
         self._outbox_spans = 0
         for recs, rows in left:
-            if self._fallback is None:
-                self._drops.add("export_failed",
-                                sum(record_span_count(r) for r in recs) + len(rows))
-            else:
-                self._to_fallback(recs, rows)
+            self._to_fallback(recs, rows)
+        if self._feed is not None:
+            _log.warning("otel-train: the derived metrics go on in the training process from "
+                         "the exporter process's last state (steps it took since are not "
+                         "in them)")
+
+    def _feed_locally(self, recs: list[tuple[Any, ...]]) -> None:
+        try:
+            self._feed(recs)  # the chain here goes on from the child's last state
+        except Exception as exc:
+            self._warn.warning("feed", "otel-train: derived metrics failed: %r", exc)
 
     def _to_fallback(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        self._fallback.on_records(recs, rows)  # as the child would (export.py)
+        """What the child would have done with a frame, in this process."""
+        if self._feed is not None and recs and not self._feed_here:
+            self._feed_locally(recs)
+        if self._fallback is None:
+            self._drops.add("export_failed",
+                            sum(record_span_count(r) for r in recs) + len(rows))
+        else:
+            self._fallback.on_records(recs, rows)  # as the child would (export.py)
 
     def _wait(self, deadline: float, done: Any) -> bool:
         """Pump and read until ``done()`` or the deadline; never past it."""

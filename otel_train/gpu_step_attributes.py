@@ -36,6 +36,7 @@ class GpuStepAttributeSpanProcessor(StepViewProcessor):
         # because the sampler thread writes while the span thread reads.
         self._rounds: deque[tuple[int, float | None, int]] = deque(maxlen=max_rounds)
         self._rounds_lock = threading.Lock()
+        self.forward: Callable[[tuple[int, float | None, int]], None] | None = None
 
     def on_samples(self, samples: list[Any]) -> None:
         """One sampling round (``GpuSample``s), from the sampler thread."""
@@ -44,10 +45,16 @@ class GpuStepAttributeSpanProcessor(StepViewProcessor):
         utils = [s.utilization_ratio for s in samples if s.utilization_ratio is not None]
         ts = max(s.timestamp_ns for s in samples)
         row = (ts, max(utils) if utils else None, max(s.memory_used_bytes for s in samples))
-        with self._rounds_lock:
-            self._rounds.append(row)
+        self.add_round(row)
+        if self.forward is not None:
+            self.forward(row)  # to the copy of this processor in the exporter process
         if self._on_latest is not None:
             self._on_latest(samples)
+
+    def add_round(self, row: tuple[int, float | None, int]) -> None:
+        """One round as (timestamp_ns, max utilization or None, max memory used bytes)."""
+        with self._rounds_lock:
+            self._rounds.append(row)
 
     def on_step(self, view: StepView) -> None:
         """Attach the readings that overlap the step to its root span."""

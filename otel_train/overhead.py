@@ -112,6 +112,10 @@ def _ratio(part: float, whole: float) -> float:
 class OverheadSpanProcessor(StepViewProcessor):
     """Monitoring time / training time: recent window, cumulative, steady, per operation."""
 
+    state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
+                    "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
+                    "_between_ns", "_ops", "_cost_marks")
+
     def __init__(self, recent_window_steps: int = 100,
                  self_cost: SelfCostMeter | None = None, warmup_steps: int = 5) -> None:
         super().__init__()

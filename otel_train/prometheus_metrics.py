@@ -169,6 +169,36 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         h.counts[bisect_left(self._bounds, s)] += 1
         h.total += s
 
+    def export_state(self) -> dict[str, Any]:
+        """Histograms and counters as plain data (GPU readings are fed on each side)."""
+        def hist(h: _Histogram) -> tuple[Any, ...]:
+            return (list(h.counts), h.total, None if h.exemplars is None else list(h.exemplars))
+        return {
+            "steps": {rank: hist(h) for rank, h in self._steps.items()},
+            "phases": {rank: [(key, hist(h)) for key, h in by_key.items()]
+                       for rank, by_key in self._phases.items()},
+            "steps_total": dict(self._steps_total), "slow_total": dict(self._slow_total),
+            "last_end_s": dict(self._last_end_s),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``export_state``'s figures (same buckets)."""
+        def hist(data: tuple[Any, ...]) -> _Histogram:
+            counts, total, exemplars = data
+            if len(counts) != len(self._bounds) + 1:
+                raise ValueError("histogram state has other buckets")
+            h = _Histogram(len(self._bounds), exemplars is not None)
+            h.counts, h.total = list(counts), total
+            if exemplars is not None:
+                h.exemplars = [tuple(e) if e is not None else None for e in exemplars]
+            return h
+        self._steps = {rank: hist(h) for rank, h in state["steps"].items()}
+        self._phases = {rank: {tuple(key): hist(h) for key, h in pairs}
+                        for rank, pairs in state["phases"].items()}
+        self._steps_total = dict(state["steps_total"])
+        self._slow_total = dict(state["slow_total"])
+        self._last_end_s = dict(state["last_end_s"])
+
     def set_gpu_samples(self, samples: Sequence[Any]) -> None:
         """Latest GPU readings (``GpuSample``s), from the sampler thread."""
         with self._lock:

@@ -102,6 +102,9 @@ def _median(ordered: list[Any]) -> float:
 class SlowStepSpanProcessor(StepViewProcessor):
     """Flags steps whose training time is far above their loader's robust baseline."""
 
+    state_fields = ("steps_seen", "slow_steps", "unexplained", "_unexplained_pending",
+                    "last_slow", "_explained")
+
     def __init__(
         self,
         factor: float = 2.5,
@@ -185,6 +188,25 @@ class SlowStepSpanProcessor(StepViewProcessor):
             self._unexplained_pending = 0
         self.last_slow = text
         self._log.warning("%s", text)  # logging reports a failing handler itself
+
+    def export_state(self) -> dict[str, Any]:
+        """The running figures, the loaders' baselines included (plain data)."""
+        state = super().export_state()
+        state["_baselines"] = {loader: (list(b.window), list(b.ordered), b._sigma,
+                                        b._sigma_age)
+                               for loader, b in self._baselines.items()}
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``export_state``'s figures."""
+        super().load_state(state)
+        baselines = {}
+        for loader, (window, ordered, sigma, age) in state.get("_baselines", {}).items():
+            b = baselines[loader] = _Baseline()
+            b.window.extend(window)
+            b.ordered = list(ordered)
+            b._sigma, b._sigma_age = sigma, age
+        self._baselines = baselines
 
     def median_seconds(self) -> float | None:
         """The largest per-loader median training time, or None before ``min_history`` steps."""

@@ -417,13 +417,14 @@ class SpanBuildWorker:
         for record in self._queued(deadline_ns):
             try:
                 rec = record_of(record)
-                view = view_from_record(rec, rank)
+                # No metrics here: the exporter process feeds them (derived_chain.py).
+                view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
                 self._build_failed(record, exc)
                 continue
             spans = record_span_count(rec)
             built += spans
-            if view is not None and metrics is not None:
+            if view is not None:
                 metrics.on_view(view)  # never raises: it guards each processor
             # Unsampled by the SDK sampler (e.g. always_off): never exported.
             if export is not None and rec[C_FLAGS] & 1 and (

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -232,9 +233,28 @@ class StepViewProcessor(SpanProcessor):
     views assembled once for all. ``on_step`` runs with ``self._lock`` held; readers take it.
     """
 
+    # The running figures ``export_state`` copies: what another copy of this processor
+    # needs to continue exactly where this one is (the exporter process feeds the chain
+    # and the training process keeps a copy, derived_chain.py).
+    state_fields: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         self._lock: threading.RLock = threading.RLock()
         self._assembler: StepAssembler | None = None
+
+    def export_state(self) -> dict[str, Any]:
+        """The running figures as plain data (``marshal``-able); call with the lock held."""
+        return {name: _plain(getattr(self, name)) for name in self.state_fields}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``export_state``'s figures (of a processor built the same way)."""
+        for name in self.state_fields:
+            if name in state:
+                current = getattr(self, name)
+                value = state[name]
+                if isinstance(current, deque):
+                    value = deque(value, maxlen=current.maxlen)
+                setattr(self, name, value)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start: everything is derived from finished spans."""
@@ -324,3 +344,14 @@ class SharedStepSpanProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Synchronous: nothing is pending."""
         return True
+
+
+def _plain(value: Any) -> Any:
+    """Containers of running figures as marshal-able values (deques become lists)."""
+    if isinstance(value, deque):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -382,3 +382,135 @@ def test_a_malformed_record_is_counted_and_never_fails_the_batch_it_came_with(
         assert drops.counts() == {"build_error": 1}
         assert client.exported == total
         assert len(receiver.spans()) == total  # the good spans of the same frame arrived
+
+
+# -- the derived metrics in the exporter process (derived_chain.py) ---------------------------
+def _scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    out = {}
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            name, _, val = ln.rpartition(" ")
+            out[name] = float(val)
+    return out
+
+
+def test_the_derived_metrics_run_in_the_exporter_process_and_this_process_serves_a_copy(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0)
+    derived = run._telemetry.derived
+    assert derived.remote is run._telemetry.export
+    _train(run, 50)
+    costs = run.costs()  # no flush: costs() waits for the child's state after those steps
+    assert costs["steps"] == 50
+    assert costs["operations"]["val_loss"]["calls"] == 10
+    metrics = _scrape(run.prometheus_url)
+    assert metrics['otel_train_steps_total{rank="0"}'] == 50
+    assert metrics['otel_train_phase_duration_seconds_count{kind="train",loader="",'
+                   'phase="forward",rank="0"}'] == 50
+    # This process built the records and fed no processor: the child did.
+    assert derived.shared.assembler.views == 0
+    assert derived.state_loads >= 1
+    run.shutdown(timeout=10)
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["steps"] == 50
+
+
+def test_a_slow_step_is_judged_in_the_child_and_marked_in_the_exported_span(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = start_test_run(tmp_path, console=True, log_every=1000,
+                         console_min_interval_seconds=0)
+    assert run._telemetry.derived.remote is not None
+    with caplog.at_level("WARNING", logger="otel_train"):
+        for step in run.steps(range(30), loader="train"):
+            with step.phase("forward"):
+                time.sleep(0.002 if step.index != 20 else 0.2)
+        run.shutdown(timeout=10)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
+             if s.name == "train.step"}
+    assert roots[20].attributes["train.slow"] is True
+    assert sum(r.attributes["train.slow"] for r in roots.values()) == 1
+    # The child's warning reaches this process's logger; its console lines this stderr.
+    assert any("slow step 20" in r.getMessage() for r in caplog.records)
+    err = capsys.readouterr().err
+    assert "step 0 [warm-up]:" in err and "step 20:" in err and "slow step" in err
+    assert run._telemetry.derived.slow.slow_steps == 1  # the copy here, from the final state
+
+
+def test_gpu_readings_of_this_process_reach_the_spans_the_child_exports(tmp_path: Path) -> None:
+    from otel_train.gpu import GpuSample
+
+    run = start_test_run(tmp_path)
+    derived = run._telemetry.derived
+    assert derived.remote is not None
+    derived.gpu_steps.on_samples([GpuSample(0, 0.75, 3 << 30, 8 << 30, time.time_ns())])
+    _train(run, 3)
+    run.shutdown(timeout=10)
+    roots = [s for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"]
+    assert len(roots) == 3
+    assert all(r.attributes["train.gpu.utilization_ratio"] == 0.75 for r in roots)
+    assert all(r.attributes["train.gpu.memory_used_bytes"] == 3 << 30 for r in roots)
+
+
+def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    assert run.flush(timeout_seconds=10)  # exported and its state here
+    assert run.costs()["steps"] == 10
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.02)
+    _train(run, 15, start=10)
+    costs = run.costs()
+    assert costs["steps"] == 25  # the state at 10, then 15 steps fed here
+    assert costs["operations"]["val_loss"]["calls"] == 5
+    assert _scrape(run.prometheus_url)['otel_train_steps_total{rank="0"}'] == 25
+    run.shutdown(timeout=10)
+    steps = sorted(s.attributes["train.step"]
+                   for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step")
+    assert steps == list(range(25))
+
+
+@pytest.mark.parametrize("options", [{"metrics_in_export_process": False},
+                                     {"sample_ratio": 0.5}, {"export_process": False}])
+def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
+        tmp_path: Path, options: dict) -> None:
+    run = start_test_run(tmp_path, **options)
+    derived = run._telemetry.derived
+    assert derived.remote is None
+    _train(run, 10)
+    assert run.costs()["steps"] == 10
+    assert derived.shared.assembler.views == 10  # every step fed here
+    run.shutdown(timeout=10)
+
+
+def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from otel_train.derived_metrics import DerivedMetricsStage
+
+    handed_over = DerivedMetricsStage.run_in_exporter_process
+
+    def broken(self: DerivedMetricsStage, client: ExportProcessClient) -> None:
+        self.settings = {k: v for k, v in self.settings.items() if k != "window"}
+        handed_over(self, client)
+
+    monkeypatch.setattr(DerivedMetricsStage, "run_in_exporter_process", broken)
+    with caplog.at_level("WARNING", logger="otel_train"):
+        run = start_test_run(tmp_path)
+        client = run._telemetry.export
+        end = time.monotonic() + 10
+        while not client._feed_here and time.monotonic() < end:
+            time.sleep(0.05)
+        assert client._feed_here and not client.derives_metrics
+        _train(run, 20)
+        assert run.costs()["steps"] == 20
+        run.shutdown(timeout=10)
+    assert any("could not run the derived metrics" in r.getMessage() for r in caplog.records)
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 20 * 4 + 4  # export unharmed
