@@ -22,6 +22,8 @@ Usage::
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 from otel_train.budget import BudgetSpanProcessor
@@ -31,8 +33,25 @@ from otel_train.identity import RunIdentity
 from otel_train.options import RunOptions
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
+from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.slow_steps import SlowStepSpanProcessor
-from otel_train.steps_view import StepViewProcessor
+from otel_train.span_rows import view_from_record
+from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
+
+_warn = RateLimitedLogger(logging.getLogger("otel_train"))
+
+
+def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]],
+                 rank: Any) -> None:
+    """Each span record's view through the chain, in order (a bad record is skipped)."""
+    for rec in recs:
+        try:
+            view = view_from_record(rec, rank)
+        except Exception as exc:
+            _warn.warning("record", "otel-train: a step's metrics failed: %r", exc)
+            continue
+        if view is not None:
+            shared.on_view(view)  # never raises: it guards each processor
 
 
 def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]:

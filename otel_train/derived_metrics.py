@@ -37,7 +37,7 @@ from otel_train.costs import (
     build_costs,
     write_json_atomic,
 )
-from otel_train.derived_chain import StepChain, chain_settings
+from otel_train.derived_chain import StepChain, chain_settings, feed_records
 from otel_train.drop_counter import DropCounter
 from otel_train.gpu import NvmlGpuSampler
 from otel_train.identity import RunIdentity
@@ -45,7 +45,6 @@ from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.recorder import Recorder
 from otel_train.sampling import build_step_sampler
 from otel_train.self_cost import SelfCostMeter
-from otel_train.span_rows import view_from_record
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.watchdog import StallWatchdog
 
@@ -129,11 +128,7 @@ class DerivedMetricsStage:
 
     def feed_records(self, recs: Sequence[tuple[Any, ...]]) -> None:
         """Span records the exporter process will never see: through this chain."""
-        rank = self.identity.rank
-        for rec in recs:
-            view = view_from_record(rec, rank)
-            if view is not None:
-                self.shared.on_view(view)
+        feed_records(self.shared, recs, self.identity.rank)
 
     def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
         """The tail sampler (sampling.py; run.py puts it before export, after these

@@ -173,18 +173,12 @@ class _Child:
         """One frame: the steps' records through the chain (if here), then exported with
         the user spans' rows."""
         if self.shared is not None and recs:
-            from otel_train.span_rows import C_FLAGS, view_from_record
+            from otel_train.derived_chain import feed_records
+            from otel_train.span_rows import C_FLAGS
 
             self.parent_cost.total_ns = parent_cost_ns
             with self.shared.lock:
-                for rec in recs:
-                    try:
-                        view = view_from_record(rec, self.rank)
-                    except Exception as exc:
-                        _log.warning("otel-train: a step's metrics failed: %r", exc)
-                        continue
-                    if view is not None:
-                        self.shared.on_view(view)  # marks slow steps before export
+                feed_records(self.shared, recs, self.rank)  # marks slow steps before export
                 self._version += 1
             recs = [r for r in recs if r[C_FLAGS] & 1]  # unsampled: metrics only
         self.export.on_records(recs, rows)

@@ -112,7 +112,8 @@ class ExportProcessClient(SpanProcessor):
         self._self_cost: Any = None
         self._on_state: Any = None
         self._feed: Any = None
-        self._feed_here = False  # the child could not run them: this process feeds them
+        # This process feeds them: the child could not run them, or export was taken over.
+        self._feed_here = False
         self.pid: int | None = None
         config = {
             "plan": plan,
@@ -170,8 +171,7 @@ class ExportProcessClient(SpanProcessor):
     @property
     def derives_metrics(self) -> bool:
         """The child runs the derived metrics now (it was asked to and is alive)."""
-        return (self._feed is not None and not self._feed_here and not self._took_over
-                and not self._forked)
+        return self._feed is not None and not self._feed_here and not self._forked
 
     def send_gpu_round(self, row: tuple[Any, ...]) -> None:
         """One GPU sampling round for the child's GPU step attributes (sampler thread)."""
@@ -239,7 +239,7 @@ class ExportProcessClient(SpanProcessor):
                 self._drops.add("build_error")
                 self._warn.warning("row", "otel-train: could not export a span: %r", exc)
         rows = [r for r in rows if r is not None]
-        if self._feed_here and recs and not self._took_over:
+        if self._feed_here and recs:
             self._feed_locally(recs)
         with self._io_lock:
             if self._took_over:
@@ -379,7 +379,9 @@ class ExportProcessClient(SpanProcessor):
 
     def _take_over(self) -> None:
         """Export from this process from now on, starting with what the child never got."""
+        fed = self._feed_here  # the frames still here were fed when they were queued
         self._took_over = True
+        self._feed_here = self._feed is not None
         self._close_fds()
         self._fallback = self._make_fallback() if self._make_fallback is not None else None
         if self._fallback is not None:
@@ -390,8 +392,10 @@ class ExportProcessClient(SpanProcessor):
         self._outbox.clear()
         self._outbox_spans = 0
         for recs, rows in left:
+            if self._feed_here and not fed and recs:
+                self._feed_locally(recs)  # the child never saw them
             self._to_fallback(recs, rows)
-        if self._feed is not None:
+        if self._feed_here and not fed:
             _log.warning("otel-train: the derived metrics go on in the training process from "
                          "the exporter process's last state (steps it took since are not "
                          "in them)")
@@ -403,9 +407,7 @@ class ExportProcessClient(SpanProcessor):
             self._warn.warning("feed", "otel-train: derived metrics failed: %r", exc)
 
     def _to_fallback(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        """What the child would have done with a frame, in this process."""
-        if self._feed is not None and recs and not self._feed_here:
-            self._feed_locally(recs)
+        """Export a frame from this process (its metrics are fed by the caller)."""
         if self._fallback is None:
             self._drops.add("export_failed",
                             sum(record_span_count(r) for r in recs) + len(rows))
