@@ -243,9 +243,11 @@ class DerivedMetricsStage:
             if seconds is not None:
                 # Another process, on another core: not in this process's time, but
                 # otel-train's cost all the same.
-                startup = min(seconds, source.startup_cpu_seconds() or 0.0)
-                data["exporter_process_cpu_seconds"] = round(seconds, 6)
-                data["exporter_process_startup_cpu_seconds"] = round(startup, 6)
+                # Rounded first, so the per-step figure is exactly what the two fields give.
+                seconds = round(seconds, 6)
+                startup = round(min(seconds, source.startup_cpu_seconds() or 0.0), 6)
+                data["exporter_process_cpu_seconds"] = seconds
+                data["exporter_process_startup_cpu_seconds"] = startup
                 data["exporter_process_cpu_seconds_per_step"] = (
                     (seconds - startup) / snapshot.steps if snapshot.steps else None)
         return data

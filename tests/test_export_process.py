@@ -427,17 +427,19 @@ def test_a_slow_step_is_judged_in_the_child_and_marked_in_the_exported_span(
     with caplog.at_level("WARNING", logger="otel_train"):
         for step in run.steps(range(30), loader="train"):
             with step.phase("forward"):
-                time.sleep(0.002 if step.index != 20 else 0.2)
+                time.sleep(0.01 if step.index != 20 else 0.5)
         run.shutdown(timeout=10)
     roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
              if s.name == "train.step"}
     assert roots[20].attributes["train.slow"] is True
-    assert sum(r.attributes["train.slow"] for r in roots.values()) == 1
+    # The copy here counts exactly the steps the child marked (a loaded machine may make
+    # another 10 ms step slow too).
+    marked = sum(r.attributes["train.slow"] for r in roots.values())
+    assert marked == run._telemetry.derived.slow.slow_steps >= 1
     # The child's warning reaches this process's logger; its console lines this stderr.
     assert any("slow step 20" in r.getMessage() for r in caplog.records)
     err = capsys.readouterr().err
     assert "step 0 [warm-up]:" in err and "step 20:" in err and "slow step" in err
-    assert run._telemetry.derived.slow.slow_steps == 1  # the copy here, from the final state
 
 
 def test_gpu_readings_of_this_process_reach_the_spans_the_child_exports(tmp_path: Path) -> None:
