@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_train.http_sender import ReusedSenderThreads, use_lean_http_transport
 from otel_train.otlp_encoding import _Encoder, make_grpc_exporter, make_http_exporter
 
 _log = logging.getLogger("otel_train")
@@ -307,7 +308,9 @@ def _grpc_outcome(code: Any, details: str) -> ExportOutcome:
 
 
 class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
-    """OTLP/HTTP: one POST per send, on a daemon thread, with the SDK client's settings."""
+    """OTLP/HTTP: one POST per send, on a (reused) daemon thread, with the SDK client's
+    settings; through the SDK's urllib3 transport where it stands in exactly for requests
+    (http_sender.py)."""
 
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
@@ -325,6 +328,8 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         self._client = client
         # The SDK client's private single-request path (1.40+); otherwise its retrying export.
         self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
+        self._senders = ReusedSenderThreads("otel-train-otlp-http")
 
     def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
                    timeout_seconds: float) -> PendingSend:
@@ -333,10 +338,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         if self._closed:
             pending.finish(ExportOutcome.REJECTED, "exporter closed")
             return pending
-        thread = threading.Thread(target=self._post, args=(pending, spans, body,
-                                                            timeout_seconds),
-                                  name="otel-train-otlp-http", daemon=True)
-        thread.start()
+        self._senders.submit(self._post, (pending, spans, body, timeout_seconds))
         return pending
 
     def _post(self, pending: PendingSend, spans: Sequence[ReadableSpan], body: bytes,
@@ -360,6 +362,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         if self._closed:
             return
         self._closed = True
+        self._senders.close()
         try:
             if self._client is not None and hasattr(self._client, "_transport"):
                 self._client._transport.close()
@@ -379,8 +382,9 @@ def _http_outcome(result: Any) -> tuple[ExportOutcome, str]:
             return ExportOutcome.RETRY, detail
         return ExportOutcome.REJECTED, detail
     error = getattr(result, "error", None)
+    error = getattr(error, "reason", None) or error  # urllib3 wraps the cause in MaxRetryError
     name = type(error).__name__
-    if name == "ReadTimeout":
+    if name in ("ReadTimeout", "ReadTimeoutError"):  # requests / urllib3
         return ExportOutcome.UNKNOWN, name  # sent, no answer in time: may have arrived
     # Refused, reset, DNS or TLS failure: nothing was accepted (the SDK retries these too).
     return ExportOutcome.RETRY, name

@@ -170,9 +170,16 @@ class _ReceiverBase:
     """Storage, waiting and sick-mode logic shared by both transports."""
 
     def __init__(self, mode: str = "ok", hang_seconds: float = 5.0,
-                 reject_code: int | str | None = None) -> None:
-        """Validate options and set up thread-safe storage."""
+                 reject_code: int | str | None = None, keep_spans: bool = True) -> None:
+        """Validate options and set up thread-safe storage.
+
+        ``keep_spans=False`` parses each request in full (protobuf's C parser, as a
+        collector validates what it receives) but only counts its spans: no Python object
+        per span, so a benchmark's receiver costs its machine about what a collector would.
+        """
         self._check_mode(mode)
+        self.keep_spans = keep_spans
+        self._span_count = 0
         self.reject_code = reject_code
         if not 0 <= hang_seconds <= _MAX_HANG_SECONDS:
             raise ValueError(f"hang_seconds must be within [0, {_MAX_HANG_SECONDS}]")
@@ -238,6 +245,11 @@ class _ReceiverBase:
         with self._cond:
             spans = list(self._spans)
         return spans if name is None else [s for s in spans if s.name == name]
+
+    def span_count(self) -> int:
+        """Spans accepted so far (counted with ``keep_spans`` either way)."""
+        with self._cond:
+            return self._span_count
 
     def wait_for_spans(
         self,
@@ -342,11 +354,19 @@ class _ReceiverBase:
         self, request: trace_service_pb2.ExportTraceServiceRequest, headers: dict[str, str]
     ) -> None:
         """Store an accepted request and wake waiters."""
+        if not self.keep_spans:
+            count = sum(len(scope.spans) for resource in request.resource_spans
+                        for scope in resource.scope_spans)
+            with self._cond:
+                self._span_count += count
+                self._cond.notify_all()
+            return
         spans = decode_request(request)
         with self._cond:
             self._requests.append(request)
             self._headers.append(headers)
             self._spans.extend(spans)
+            self._span_count += len(spans)
             self._cond.notify_all()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -397,9 +417,10 @@ class GrpcOtlpReceiver(_ReceiverBase):
     """A real OTLP/gRPC trace receiver on 127.0.0.1 (free port); use as a context manager."""
 
     def __init__(self, mode: str = "ok", hang_seconds: float = 5.0, max_workers: int = 4,
-                 reject_code: int | str | None = None) -> None:
+                 reject_code: int | str | None = None, keep_spans: bool = True) -> None:
         """Configure; the server starts in start()/__enter__."""
-        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code)
+        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code,
+                         keep_spans=keep_spans)
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
 
@@ -587,9 +608,10 @@ class HttpOtlpReceiver(_ReceiverBase):
     """A real OTLP/HTTP (protobuf) trace receiver on 127.0.0.1 (free port); a context manager."""
 
     def __init__(self, mode: str = "ok", hang_seconds: float = 5.0,
-                 reject_code: int | str | None = None) -> None:
+                 reject_code: int | str | None = None, keep_spans: bool = True) -> None:
         """Configure; the server starts in start()/__enter__."""
-        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code)
+        super().__init__(mode=mode, hang_seconds=hang_seconds, reject_code=reject_code,
+                         keep_spans=keep_spans)
         self._server: _OtlpHttpServer | None = None
         self._thread: threading.Thread | None = None
 
