@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import ReceiverProcess  # noqa: E402
 
-from otel_train.http_sender import LEAN_TRANSPORT_ENV  # noqa: E402
+from otel_train.http_sender import LEAN_TRANSPORT_ENV, lean_transport_reason  # noqa: E402
 from otel_train.otlp_transport import ExportOutcome, SingleAttemptHttpSpanExporter  # noqa: E402
 
 
@@ -56,6 +56,10 @@ def _exporter(endpoint: str, lean: bool, reuse: bool) -> SingleAttemptHttpSpanEx
         os.environ[LEAN_TRANSPORT_ENV] = "0"
     exporter = SingleAttemptHttpSpanExporter(endpoint=endpoint + "/v1/traces", timeout=10)
     os.environ.pop(LEAN_TRANSPORT_ENV, None)
+    if lean and not exporter.lean_transport:
+        reason = lean_transport_reason(endpoint + "/v1/traces", {})
+        print(f"note: the urllib3 transport is not taken here ({reason}): the urllib3 "
+              f"rows measure requests")
     if not reuse:
         exporter._senders.idle_seconds = 0.0  # each request on a thread of its own
     return exporter

@@ -207,7 +207,10 @@ def test_an_unavailable_collector_never_stops_training_and_drops_are_counted(
     assert receiver.requests_count >= 2
     assert drops == {"shutdown_timeout": done * 3}  # every span of every step accounted
     assert shutdown_seconds < 2.0 + 0.5
-    ours = [r for r in caplog.records if r.name == "otel_train" and r.levelno >= logging.WARNING]
+    # The export warnings do not flood (a 2 ms step that a loaded machine makes 5 ms is
+    # rightly called slow: that warning is another behaviour's, not counted here).
+    ours = [r for r in caplog.records if r.name == "otel_train" and r.levelno >= logging.WARNING
+            and not r.getMessage().startswith("otel-train: slow step")]
     assert 1 <= len(ours) <= 3, [r.getMessage() for r in ours]
 
 
