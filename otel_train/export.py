@@ -46,6 +46,7 @@ from otel_train.otlp_transport import (
 )
 from otel_train.rate_limited_log import RateLimitedLogger
 from otel_train.span_rows import (
+    C_FLAGS,
     R_FLAGS,
     RowSpanFactory,
     check_row,
@@ -128,6 +129,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._abandoned = False  # set when shutdown gave up on a stuck (plain) exporter
         self._factory: RowSpanFactory | None = None  # use_rows: records and rows taken too
         self._takes_rows = False  # ... and queued as rows, the exporter encoding them
+        # ... or a record straight to its Span messages (the exporter's encode_record): the
+        # queue then holds encoded spans, no row made (the exporter process's OTLP path).
+        self._encode_record: Any = None
         self._thread = threading.Thread(target=self._run, name="otel-train-export", daemon=True)
         self._thread.start()
 
@@ -142,17 +146,32 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def use_rows(self, factory: RowSpanFactory) -> None:
         """Take span records and rows (span_rows.py) through :meth:`on_records`: queued as
         rows when the exporter encodes rows itself (its ``use_rows``: no ``ReadableSpan`` is
-        made), else as the spans ``factory`` makes of them."""
+        made; a record is encoded straight to its spans' bytes where the exporter can send
+        them, ``takes_records``), else as the spans ``factory`` makes of them."""
         self._factory = factory
         if hasattr(self._exporter, "use_rows"):
             self._exporter.use_rows(factory.resource, factory.scope, factory.run_constants)
             self._takes_rows = True
+            if getattr(self._exporter, "takes_records", False):
+                self._encode_record = self._exporter.encode_record
 
     def on_records(self, records: Sequence[tuple[Any, ...]],
                    rows: Sequence[tuple[Any, ...]] = ()) -> None:
         """Queue the spans of span records (steps) and of span rows (user spans), in order;
         one that cannot be made or encoded is counted (``build_error``), never the batch."""
+        encode = self._encode_record
         for rec in records:
+            if encode is not None:
+                if not rec[C_FLAGS] & 1:
+                    continue  # unsampled: never exported
+                try:
+                    spans = encode(rec)
+                except Exception as exc:
+                    self._bad(exc, record_span_count(rec))
+                    continue
+                for span in spans:
+                    self._enqueue(span)
+                continue
             try:
                 made = rows_from_record(rec)
             except Exception as exc:

@@ -3,10 +3,12 @@
 Started by ``export_process.ExportProcessClient`` as ``python -I -c`` with two pipe ends.
 The first frame is its configuration (the export plan, resource, scope, run constants and
 bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It feeds
-the records to ``BoundedBatchSpanProcessor`` with the planned exporter, which encodes their
-rows (span_rows.py) straight to OTLP or the span file, exactly as the training process would; it reports its export and drop counts every
-0.25 s and its log records as they come, and leaves when told to stop, when the pipe closes,
-or when the training process is gone.
+the records to ``BoundedBatchSpanProcessor`` with the planned exporter: for OTLP each record
+is encoded straight to its Span messages as it arrives (``_Encoder.record``, the bytes its
+rows would give), for the span file its rows (span_rows.py) are, exactly as the training
+process would. It reports its export and drop counts every 0.25 s and its log records as
+they come, and leaves when told to stop, when the pipe closes, or when the training process
+is gone.
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ class _Child:
         self.export = BoundedBatchSpanProcessor(
             create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
             config["interval"])
-        # The OTLP exporters and the span file encode rows straight to their bytes: no
-        # ReadableSpan is made here (~20 µs per 7-span step).
+        # The OTLP exporters encode each record straight to its spans' bytes, the span file
+        # its rows: no ReadableSpan is made here (~20 µs per 7-span step).
         self.export.use_rows(self.factory)
         self.parent_pid = config["parent_pid"]
         self._last: Any = None

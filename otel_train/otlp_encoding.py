@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import struct
 from collections.abc import Mapping, Sequence
 from itertools import islice
@@ -44,6 +45,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
+from otel_train import attributes as A
+
 _log = logging.getLogger("otel_train")
 _pack_q = struct.Struct("<Q").pack
 _pack_d = struct.Struct("<d").pack
@@ -57,6 +60,12 @@ _MAX_CACHED = 8192
 # would share an entry while their bytes differ.
 _SCALARS = frozenset((str, bool, int, bytes))
 _INTERNAL = SpanKind.INTERNAL
+_INTERNAL_VALUE = _INTERNAL.value  # a row's kind (span_rows.INTERNAL_KIND)
+_getrandbits = random.getrandbits  # span ids of phases, drawn as span_rows.rows_from_record
+# otel-train's phase attributes, in the order rows_from_record sets them.
+_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND = A.STEP, A.PHASE, A.PHASE_KIND
+_ATTR_LOADER, _ATTR_DEVICE = A.DATALOADER, A.DEVICE_DURATION
+_PHASE_KEYS = frozenset((_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND, _ATTR_LOADER, _ATTR_DEVICE))
 # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid);
 # the fast path unpacks it directly, and only if this SDK still lays it out so.
 _CTX_LAYOUT_OK = tuple(SpanContext(7, 9, True, trace_state=TraceState([("k", "v")])))[:3] == (
@@ -140,6 +149,8 @@ class _Encoder:
         self._scopes: dict[int, tuple[Any, bytes]] = {}
         self._trace: tuple[int, bytes] = (-1, b"")
         self._status: tuple[Any, bytes] = (None, b"")
+        self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._record_constants: tuple[Any, ...] | None = None  # (mapping, items, keys, block)
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
         if not attrs:
@@ -380,11 +391,9 @@ class _Encoder:
         parts.append(_FLAGS_REMOTE if parent_id and remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
-    def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,
-                     constants: Mapping[str, Any]) -> bytes:
-        """ExportTraceServiceRequest bytes for span rows: the same bytes as
-        ``request(RowSpanFactory(resource, scope, constants).spans(rows))``, with no
-        ``ReadableSpan`` made (the exporter process's path)."""
+    def _constants(self, constants: Mapping[str, Any]
+                   ) -> tuple[tuple[tuple[str, Any], ...], frozenset[str], bytes]:
+        """The run's constants as items, keys and their cached attribute block."""
         consts = tuple(constants.items())
         key = ("rows", consts)
         block = self._blocks.get(key)  # type: ignore[call-overload]
@@ -393,11 +402,128 @@ class _Encoder:
             if len(self._blocks) >= 64:
                 self._blocks.clear()
             self._blocks[key] = block  # type: ignore[index]
-        keys = frozenset(constants)
+        return consts, frozenset(constants), block
+
+    def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any]) -> list[bytes]:
+        """The Span messages of one span record (span_rows.py), in ``rows_from_record``'s
+        order and with its span ids: the same bytes as encoding its rows, no row made.
+
+        A step's phases share the trace id, the step attribute and, per (name, kind,
+        loader), their name, kind and attribute fields: those are encoded once and joined.
+        """
+        const = self._record_constants
+        if const is None or const[0] is not constants:
+            const = self._record_constants = (constants, *self._constants(constants))
+        _, consts, keys, block = const
+        (name, trace_id, root_id, flags, start, end, attrs, status, events, phases,
+         ids) = rec
+        root = (name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
+                _INTERNAL_VALUE, None, ())
+        if phases is None or not keys.isdisjoint(_PHASE_KEYS):
+            if phases is None:
+                return [self.row(root, consts, keys, block)]
+            from otel_train.span_rows import (
+                rows_from_record,  # a constant named like ours
+            )
+            return [self.row(r, consts, keys, block) for r in rows_from_record(rec)]
+        step = attrs[_ATTR_STEP]
+        rand = _getrandbits
+        span_ids = [(ids and ids.get(i)) or rand(64) or 1 for i in range(len(phases))]
+        tid = self._trace_id(trace_id)
+        # The run's constants then the step: the head of every phase's attributes.
+        attrs_head = block + b"".join(self._items(b"\x4a", ((_ATTR_STEP, step),)))
+        heads = self._phase_heads
+        out = []
+        n = len(phases)
+        order = range(n)
+        for i in range(1, n):  # already in end order, as a flat step's phases are
+            if phases[i][7] < phases[i - 1][7]:
+                # A nested phase ends before its parent; sorted() is stable for equal ends.
+                order = sorted(order, key=lambda i: phases[i][7])  # type: ignore[assignment]
+                break
+        for i in order:
+            (ph_name, kind, loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
+             ph_status, ph_events, extra, device) = phases[i]
+            parent = root_id if parent_ref == root_id else span_ids[parent_ref - 1]
+            head = heads.get((ph_name, kind, loader)) if not extra else None
+            if head is None:
+                if extra or not ph_name:  # the row's own dict order and rules: its row
+                    out.append(self._phase_row(rec, i, span_ids[i], parent, consts, keys,
+                                               block))
+                    continue
+                head = self._phase_head(ph_name, kind, loader)
+            if (ph_start and ph_end and parent and device is None and not ph_events
+                    and ph_status is None):  # the usual phase: one join
+                out.append(b"".join((tid, b"\x12\x08" + span_ids[i].to_bytes(8, "big"),
+                                     b"\x22\x08" + parent.to_bytes(8, "big"), head[0],
+                                     b"\x39" + _pack_q(ph_start), b"\x41" + _pack_q(ph_end),
+                                     attrs_head, head[1], _UNSET_LOCAL)))
+                continue
+            parts = [tid, b"\x12\x08" + span_ids[i].to_bytes(8, "big")]
+            if parent:
+                parts.append(b"\x22\x08" + parent.to_bytes(8, "big"))
+            parts.append(head[0])
+            if ph_start:
+                parts.append(b"\x39" + _pack_q(ph_start))
+            if ph_end:
+                parts.append(b"\x41" + _pack_q(ph_end))
+            parts.append(attrs_head)
+            parts.append(head[1])
+            if device is not None:
+                parts.extend(self._items(b"\x4a", ((_ATTR_DEVICE, device),)))
+            if ph_events:
+                for ev_name, ev_time, ev_attrs in ph_events:
+                    parts.append(self._event(Event(ev_name, ev_attrs, timestamp=ev_time)))
+            parts.append(_UNSET_STATUS if ph_status is None
+                         else self._status_bytes(row_status(ph_status)))
+            parts.append(_FLAGS_LOCAL)
+            out.append(b"".join(parts))
+        out.append(self.row(root, consts, keys, block))
+        return out
+
+    def _phase_head(self, name: str, kind: str, loader: str | None) -> tuple[bytes, bytes]:
+        """A phase's name and kind fields, and its phase, kind and loader attributes."""
+        items = [(_ATTR_PHASE, name), (_ATTR_KIND, kind)]
+        if loader is not None:
+            items.append((_ATTR_LOADER, loader))
+        head = (self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
+                b"".join(self._items(b"\x4a", items)))
+        if len(self._phase_heads) >= _MAX_CACHED:
+            self._phase_heads.clear()
+        self._phase_heads[(name, kind, loader)] = head
+        return head
+
+    def _phase_row(self, rec: tuple[Any, ...], i: int, span_id: int, parent: int,
+                   consts: Any, keys: frozenset[str], block: bytes) -> bytes:
+        """A phase with attributes of its own, through its row (rows_from_record's dict)."""
+        (ph_name, kind, loader, _duration, _ordinal, _parent_ref, ph_start, ph_end,
+         ph_status, ph_events, extra, device) = rec[9][i]
+        ph_attrs: dict[str, Any] = {_ATTR_STEP: rec[6][_ATTR_STEP], _ATTR_PHASE: ph_name,
+                                    _ATTR_KIND: kind}
+        if loader is not None:
+            ph_attrs[_ATTR_LOADER] = loader
+        if device is not None:
+            ph_attrs[_ATTR_DEVICE] = device
+        if extra:
+            ph_attrs.update(extra)
+        return self.row((ph_name, rec[1], span_id, rec[3], parent, False, ph_start, ph_end,
+                         ph_attrs, ph_status, ph_events, _INTERNAL_VALUE, None, ()),
+                        consts, keys, block)
+
+    def request_rows(self, rows: Sequence[Any], resource: Any, scope: Any,
+                     constants: Mapping[str, Any]) -> bytes:
+        """ExportTraceServiceRequest bytes for span rows: the same bytes as
+        ``request(RowSpanFactory(resource, scope, constants).spans(rows))``, with no
+        ``ReadableSpan`` made (the exporter process's path). An item that is ``bytes`` is a
+        Span message of otel-train's own scope already encoded (:meth:`record`)."""
+        consts, keys, block = self._constants(constants)
         by_scope: dict[Any, list[bytes]] = {}
         encode = self.row
         for row in rows:
-            by_scope.setdefault(row[12], []).append(encode(row, consts, keys, block))
+            if type(row) is bytes:
+                by_scope.setdefault(None, []).append(row)
+            else:
+                by_scope.setdefault(row[12], []).append(encode(row, consts, keys, block))
         return self._resource_spans(resource, (
             (scope if key is None else row_scope(key), encoded)
             for key, encoded in by_scope.items()))
@@ -432,6 +558,7 @@ _FLAGS_REMOTE = b"\x85\x01" + _pack_i(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 # A row's SpanKind value -> the Span.kind field (an unknown kind is INTERNAL, as the factory).
 _KIND_BYTES = {k.value: b"\x30" + _SMALL[v] for k, v in _SPAN_KIND.items()}
 _UNSET_STATUS = _Encoder._status_bytes(Status(StatusCode.UNSET))
+_UNSET_LOCAL = _UNSET_STATUS + _FLAGS_LOCAL  # the usual end of a phase span
 _STATUS_CODES = {c.value: c for c in StatusCode}
 
 

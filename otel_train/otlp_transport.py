@@ -142,8 +142,10 @@ class _SingleAttemptBase(SpanExporter):
         self.max_request_bytes = int(max_request_bytes)
         self._host, self._port = host, port
         self._encoder = _Encoder()
+        self._record_encoder = _Encoder()  # records are encoded on another thread: own caches
         self._closed = False
         self._rows: tuple[Any, Any, dict[str, Any]] | None = None
+        self._sends_bytes = True  # every send carries the encoded body (not as_spans)
 
     def scrub(self, text: str) -> str:
         """``text`` with every known credential replaced by ``***``."""
@@ -157,9 +159,22 @@ class _SingleAttemptBase(SpanExporter):
         with no span made (the exporter process's path)."""
         self._rows = (resource, scope, dict(run_constants))
 
+    @property
+    def takes_records(self) -> bool:
+        """Can span records be encoded ahead (:meth:`encode_record`) and sent as bytes?"""
+        return self._rows is not None and self._sends_bytes
+
+    def encode_record(self, rec: tuple[Any, ...]) -> list[bytes]:
+        """One span record's Span messages (the same bytes its rows encode to), for
+        :meth:`encode` to join into a request; called where records arrive, not on the
+        export thread."""
+        assert self._rows is not None
+        return self._record_encoder.record(rec, self._rows[2])
+
     def encode(self, spans: Sequence[Any]) -> bytes:
-        """The request body (ExportTraceServiceRequest bytes) for ``spans`` (or rows)."""
-        if self._rows is not None and spans and type(spans[0]) is tuple:
+        """The request body (ExportTraceServiceRequest bytes) for ``spans`` (or rows and
+        spans encoded ahead by :meth:`encode_record`)."""
+        if self._rows is not None and spans and type(spans[0]) in (tuple, bytes):
             return self._encoder.request_rows(spans, *self._rows)
         return self._encoder.request(spans)
 
@@ -328,6 +343,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         self._client = client
         # The SDK client's private single-request path (1.40+); otherwise its retrying export.
         self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        self._sends_bytes = self._direct  # otherwise the SDK's export() re-encodes spans
         self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
         self._senders = ReusedSenderThreads("otel-train-otlp-http")
 

@@ -246,21 +246,82 @@ def test_the_exporters_send_our_encoding_not_the_sdks(protocol, monkeypatch, tmp
     assert sorted(s.name for s in got) == sorted(s.name for s in spans)
 
 
-def _records_and_rows(tmp_path):
-    """Span records of steps of every shape, their rows, and the run's factory."""
-    from otel_train.span_rows import row_from_span, rows_from_record
+def _records(tmp_path):
+    """Span records of steps of every shape, user span rows, and the run's factory."""
+    from otel_train.span_rows import row_from_span
 
     with start_test_run(tmp_path) as run:
         run._telemetry.worker.paused = True
         run_shaped_steps(run, 4, phase_attribute=True)
+        run_shaped_steps(run, 3)
         with run.monitor("checkpoint"):
             pass
         builder = run._telemetry.builder
         records = [builder.record(r) for r in list(run._recorder.queue)]
         run._telemetry.worker.paused = False
-    rows = [row for rec in records for row in rows_from_record(rec)]
     user_rows = [row_from_span(s) for s in _sdk_spans()]
-    return rows, user_rows, builder.factory
+    return records, user_rows, builder.factory
+
+
+def _records_and_rows(tmp_path):
+    """Span records of steps of every shape, their rows, and the run's factory."""
+    from otel_train.span_rows import rows_from_record
+
+    records, user_rows, factory = _records(tmp_path)
+    rows = [row for rec in records for row in rows_from_record(rec)]
+    return rows, user_rows, factory
+
+
+def _odd_records(records):
+    """The records' rarer shapes made by hand: device time on phases (events mode), a span
+    id a user span asked for, an event and a failed status on a phase without attributes."""
+    step = next(r for r in records if r[9] and not any(p[10] for p in r[9]))
+    phases = [p[:11] + (0.0125,) for p in step[9]]
+    timed = step[:9] + (phases, step[10])
+    asked = step[:10] + ({0: 0xABCDEF},)
+    p0 = step[9][0]
+    failing = step[:9] + ([p0[:8] + ((2, "boom"), (("exception", p0[7], {"k": 1}),))
+                           + p0[10:]] + list(step[9][1:]), step[10])
+    return [timed, asked, failing]
+
+
+def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path):
+    import random
+
+    from otel_train.span_rows import rows_from_record
+
+    records, user_rows, factory = _records(tmp_path)
+    records += _odd_records(records)
+    shapes = {"between steps": 0, "phase attribute": 0, "plain": 0}
+    enc, rec_enc = _Encoder(), _Encoder()
+    consts, keys, block = enc._constants(factory.run_constants)
+    for n, rec in enumerate(records):
+        shapes["between steps" if rec[9] is None else "phase attribute"
+               if any(p[10] for p in rec[9]) else "plain"] += 1
+        random.seed(n)
+        want = [enc.row(r, consts, keys, block) for r in rows_from_record(rec)]
+        random.seed(n)
+        assert rec_enc.record(rec, factory.run_constants) == want, n
+        random.seed(n)
+        assert _Encoder().record(rec, factory.run_constants) == want, n  # cold caches too
+    assert all(shapes.values()), shapes
+    # A run constant named like a phase attribute: its rows' rules (the constant's value).
+    named = dict(factory.run_constants, **{"train.phase": "constant"})
+    random.seed(1)
+    c2, k2, b2 = enc._constants(named)
+    want = [enc.row(r, c2, k2, b2) for r in rows_from_record(records[0])]
+    random.seed(1)
+    assert rec_enc.record(records[0], named) == want
+    # Encoded spans and user rows, mixed in one request: the rows' request, byte for byte.
+    random.seed(5)
+    rows = [row for rec in records for row in rows_from_record(rec)]
+    random.seed(5)
+    encoded = [span for rec in records for span in rec_enc.record(rec, factory.run_constants)]
+    args = (factory.resource, factory.scope, factory.run_constants)
+    assert (_Encoder().request_rows(encoded + user_rows, *args)
+            == _Encoder().request_rows(rows + user_rows, *args))
+    assert ExportTraceServiceRequest.FromString(
+        _Encoder().request_rows(encoded, *args)) == encode_spans(factory.spans(rows))
 
 
 def test_span_rows_encode_to_exactly_the_bytes_of_the_spans_made_from_them(tmp_path):
