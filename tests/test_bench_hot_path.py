@@ -31,6 +31,7 @@ def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_sp
     assert 0 < floor < ours  # more than six empty blocks, and a real timing
     assert re.search(r"= \d+\.\d\d x floor", out)
     rows = _figure(out, "  the same from span rows (the exporter process)")
+    assert _figure(out, "  the same from span records (the exporter process)") > 0
     spans = _figure(out, "background: OTLP protobuf encoding (otel-train)")
     assert rows > 0 and spans > 0
     for variant in ("floor: 6 empty timestamp context managers", "otel-train, worker paused",
