@@ -101,8 +101,14 @@ def test_random_forks_never_hang_nor_export_the_parents_spans_twice(tmp_path: Pa
 
 
 _TRAIN_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import faulthandler, signal, sys, time
     import otel_train
+
+    faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if stuck
+    # SIGINT raises KeyboardInterrupt, as in a terminal, even when the test runner was
+    # started with SIGINT ignored (a background job of a shell without job control):
+    # Python then installs no handler, and the process inherits the ignore.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     endpoint, status_dir, use_with = sys.argv[1], sys.argv[2], sys.argv[3] == "with"
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint, run_id="sig",
@@ -139,9 +145,31 @@ def _signal_training(tmp_path: Path, recv: HttpOtlpReceiver, sig: int, use_with:
     assert line.strip() == "READY", proc.stderr.read() if proc.stderr else ""
     sent = time.monotonic()
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(_stuck_report(proc), pytrace=False)
     took = time.monotonic() - sent
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
+
+
+def _stuck_report(proc: subprocess.Popen[str]) -> str:
+    """What kept a signalled training process (or what it started) from ending: every
+    thread's stack if it is still alive, the processes left, its stderr."""
+    alive = proc.poll() is None
+    if alive:
+        proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack to stderr
+        time.sleep(1.0)
+    left = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"], capture_output=True,
+                          text=True).stdout
+    left = "\n".join(ln for ln in left.splitlines() if "otel_train" in ln or "PID" in ln)
+    proc.kill()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        err = "(its pipes are still held open by a process it started)"
+    return (f"the training process did not end within 30 s of the signal (still alive: "
+            f"{alive})\nprocesses:\n{left}\nstderr (end):\n{(err or '')[-6000:]}")
 
 
 def test_sigterm_flushes_writes_costs_and_dies_of_sigterm(tmp_path: Path) -> None:
