@@ -161,24 +161,19 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         one that cannot be made or encoded is counted (``build_error``), never the batch."""
         encode = self._encode_record
         for rec in records:
-            if encode is not None:
-                if not rec[C_FLAGS] & 1:
-                    continue  # unsampled: never exported
-                try:
-                    spans = encode(rec)
-                except Exception as exc:
-                    self._bad(exc, record_span_count(rec))
-                    continue
-                for span in spans:
-                    self._enqueue(span)
-                continue
+            if encode is not None and not rec[C_FLAGS] & 1:
+                continue  # unsampled: never exported
             try:
-                made = rows_from_record(rec)
+                made = rows_from_record(rec) if encode is None else encode(rec)
             except Exception as exc:
                 self._bad(exc, record_span_count(rec))
                 continue
-            for row in made:
-                self._on_row(row)
+            if encode is None:
+                for row in made:
+                    self._on_row(row)
+            else:  # the spans' bytes, encoded already
+                for span in made:
+                    self._enqueue(span)
         for row in rows:
             self._on_row(row)
 

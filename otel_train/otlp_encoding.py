@@ -496,16 +496,13 @@ class _Encoder:
     def _phase_row(self, rec: tuple[Any, ...], i: int, span_id: int, parent: int,
                    consts: Any, keys: frozenset[str], block: bytes) -> bytes:
         """A phase with attributes of its own, through its row (rows_from_record's dict)."""
-        (ph_name, kind, loader, _duration, _ordinal, _parent_ref, ph_start, ph_end,
-         ph_status, ph_events, extra, device) = rec[9][i]
-        ph_attrs: dict[str, Any] = {_ATTR_STEP: rec[6][_ATTR_STEP], _ATTR_PHASE: ph_name,
-                                    _ATTR_KIND: kind}
-        if loader is not None:
-            ph_attrs[_ATTR_LOADER] = loader
-        if device is not None:
-            ph_attrs[_ATTR_DEVICE] = device
-        if extra:
-            ph_attrs.update(extra)
+        # Imported here: span_rows imports this module.
+        from otel_train.span_rows import phase_attributes
+
+        phase = rec[9][i]
+        (ph_name, _kind, _loader, _duration, _ordinal, _parent_ref, ph_start, ph_end,
+         ph_status, ph_events, _extra, _device) = phase
+        ph_attrs = phase_attributes(rec[6][_ATTR_STEP], phase)
         return self.row((ph_name, rec[1], span_id, rec[3], parent, False, ph_start, ph_end,
                          ph_attrs, ph_status, ph_events, _INTERNAL_VALUE, None, ()),
                         consts, keys, block)

@@ -113,6 +113,19 @@ def record_span_count(rec: tuple[Any, ...]) -> int:
     return 1 + len(rec[C_PHASES] or ())
 
 
+def phase_attributes(step: Any, phase: tuple[Any, ...]) -> dict[str, Any]:
+    """A record phase's span attributes, in their order (extra attributes last, winning)."""
+    ph_name, kind, loader, extra, device = phase[0], phase[1], phase[2], phase[10], phase[11]
+    attrs: dict[str, Any] = {_STEP: step, _PHASE: ph_name, _KIND_ATTR: kind}
+    if loader is not None:
+        attrs[_LOADER] = loader
+    if device is not None:
+        attrs[_DEVICE_DURATION] = device
+    if extra:
+        attrs.update(extra)
+    return attrs
+
+
 def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """A record's span rows, children in the order they ended, the root last.
 
@@ -129,15 +142,9 @@ def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     rows = []
     # A nested phase ends before its parent; sorted() is stable for equal ends.
     for i in sorted(range(len(phases)), key=lambda i: phases[i][7]):
-        (ph_name, kind, loader, _duration, _ordinal, parent_ref, ph_start, ph_end, ph_status,
-         ph_events, extra, device) = phases[i]
-        ph_attrs: dict[str, Any] = {_STEP: step, _PHASE: ph_name, _KIND_ATTR: kind}
-        if loader is not None:
-            ph_attrs[_LOADER] = loader
-        if device is not None:
-            ph_attrs[_DEVICE_DURATION] = device
-        if extra:
-            ph_attrs.update(extra)
+        (ph_name, _kind, _loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
+         ph_status, ph_events, _extra, _device) = phases[i]
+        ph_attrs = phase_attributes(step, phases[i])
         rows.append((ph_name, trace_id, span_ids[i], flags,
                      root_id if parent_ref == root_id else span_ids[parent_ref - 1], False,
                      ph_start, ph_end,
