@@ -158,11 +158,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def on_records(self, records: Sequence[tuple[Any, ...]],
                    rows: Sequence[tuple[Any, ...]] = ()) -> None:
         """Queue the spans of span records (steps) and of span rows (user spans), in order;
-        one that cannot be made or encoded is counted (``build_error``), never the batch."""
+        one that cannot be made or encoded is counted (``build_error``), never the batch.
+        An unsampled record (it fed the metrics only) is never exported."""
         encode = self._encode_record
         for rec in records:
-            if encode is not None and not rec[C_FLAGS] & 1:
-                continue  # unsampled: never exported
+            if not rec[C_FLAGS] & 1:
+                continue
             try:
                 made = rows_from_record(rec) if encode is None else encode(rec)
             except Exception as exc:

@@ -131,6 +131,7 @@ class _Child:
         # The derived metrics, when the training process hands them over ("derive").
         self.chain: Any = None
         self.shared: Any = None
+        self._feed_records: Any = None
         self.rank: Any = None
         self.parent_cost = _ParentSelfCost()
         self._version = 0  # frames fed to the chain
@@ -139,8 +140,10 @@ class _Child:
 
     def derive(self, settings: dict[str, Any]) -> None:
         """Build the run's derived-metrics chain here, as the training process would."""
-        from otel_train.derived_chain import StepChain
+        from otel_train.derived_chain import StepChain, feed_records
         from otel_train.steps_view import SharedStepSpanProcessor
+
+        self._feed_records = feed_records  # imported only when the chain runs here
 
         self.chain = StepChain(settings, self.parent_cost,
                                console_stream=_ConsoleStream(self._writer))  # type: ignore[arg-type]
@@ -173,16 +176,12 @@ class _Child:
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
               parent_cost_ns: int = 0) -> None:
         """One frame: the steps' records through the chain (if here), then exported with
-        the user spans' rows."""
+        the user spans' rows (unsampled records feed the metrics only)."""
         if self.shared is not None and recs:
-            from otel_train.derived_chain import feed_records
-            from otel_train.span_rows import C_FLAGS
-
             self.parent_cost.total_ns = parent_cost_ns
             with self.shared.lock:
-                feed_records(self.shared, recs, self.rank)  # marks slow steps before export
+                self._feed_records(self.shared, recs, self.rank)  # marks train.slow first
                 self._version += 1
-            recs = [r for r in recs if r[C_FLAGS] & 1]  # unsampled: metrics only
         self.export.on_records(recs, rows)
 
     def stop(self, timeout_seconds: float) -> None:

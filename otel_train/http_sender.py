@@ -13,7 +13,9 @@ provider handed to the exporter, and no proxy in the environment.
 
 A thread started per POST costs another ~0.25-0.4 ms. :class:`ReusedSenderThreads` keeps
 finished sender threads waiting for the next request a while; a request that hangs holds
-only its own thread, and the next one gets another, as a fresh thread would.
+only its own thread, and the next one gets another, as a fresh thread would. (Not a
+``ThreadPoolExecutor``: its workers are joined at interpreter exit, so one request hanging on
+a collector would hold the exit, and a bounded pool would queue requests behind it.)
 
 Usage::
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import struct
 from collections.abc import Mapping, Sequence
 from itertools import islice
@@ -61,7 +60,6 @@ _MAX_CACHED = 8192
 _SCALARS = frozenset((str, bool, int, bytes))
 _INTERNAL = SpanKind.INTERNAL
 _INTERNAL_VALUE = _INTERNAL.value  # a row's kind (span_rows.INTERNAL_KIND)
-_getrandbits = random.getrandbits  # span ids of phases, drawn as span_rows.rows_from_record
 # otel-train's phase attributes, in the order rows_from_record sets them.
 _ATTR_STEP, _ATTR_PHASE, _ATTR_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _ATTR_LOADER, _ATTR_DEVICE = A.DATALOADER, A.DEVICE_DURATION
@@ -422,26 +420,16 @@ class _Encoder:
         if phases is None or not keys.isdisjoint(_PHASE_KEYS):
             if phases is None:
                 return [self.row(root, consts, keys, block)]
-            from otel_train.span_rows import (
-                rows_from_record,  # a constant named like ours
-            )
-            return [self.row(r, consts, keys, block) for r in rows_from_record(rec)]
+            # A run constant named like a phase attribute: the rows' own rules.
+            return [self.row(r, consts, keys, block) for r in _rows.rows_from_record(rec)]
         step = attrs[_ATTR_STEP]
-        rand = _getrandbits
-        span_ids = [(ids and ids.get(i)) or rand(64) or 1 for i in range(len(phases))]
+        span_ids = _rows.phase_span_ids(phases, ids)
         tid = self._trace_id(trace_id)
         # The run's constants then the step: the head of every phase's attributes.
         attrs_head = block + b"".join(self._items(b"\x4a", ((_ATTR_STEP, step),)))
         heads = self._phase_heads
         out = []
-        n = len(phases)
-        order = range(n)
-        for i in range(1, n):  # already in end order, as a flat step's phases are
-            if phases[i][7] < phases[i - 1][7]:
-                # A nested phase ends before its parent; sorted() is stable for equal ends.
-                order = sorted(order, key=lambda i: phases[i][7])  # type: ignore[assignment]
-                break
-        for i in order:
+        for i in _rows.phase_end_order(phases):
             (ph_name, kind, loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
              ph_status, ph_events, extra, device) = phases[i]
             parent = root_id if parent_ref == root_id else span_ids[parent_ref - 1]
@@ -496,13 +484,10 @@ class _Encoder:
     def _phase_row(self, rec: tuple[Any, ...], i: int, span_id: int, parent: int,
                    consts: Any, keys: frozenset[str], block: bytes) -> bytes:
         """A phase with attributes of its own, through its row (rows_from_record's dict)."""
-        # Imported here: span_rows imports this module.
-        from otel_train.span_rows import phase_attributes
-
         phase = rec[9][i]
         (ph_name, _kind, _loader, _duration, _ordinal, _parent_ref, ph_start, ph_end,
          ph_status, ph_events, _extra, _device) = phase
-        ph_attrs = phase_attributes(rec[6][_ATTR_STEP], phase)
+        ph_attrs = _rows.phase_attributes(rec[6][_ATTR_STEP], phase)
         return self.row((ph_name, rec[1], span_id, rec[3], parent, False, ph_start, ph_end,
                          ph_attrs, ph_status, ph_events, _INTERNAL_VALUE, None, ()),
                         consts, keys, block)
@@ -642,3 +627,8 @@ def make_http_exporter(**kwargs: Any) -> Any:
             return SpanExportResult.SUCCESS
 
     return FastHttpSpanExporter(**kwargs)
+
+
+# span_rows imports this module (run_attributes_type); its record layout helpers are read
+# at call time, so the import goes last.
+from otel_train import span_rows as _rows  # noqa: E402

@@ -126,6 +126,22 @@ def phase_attributes(step: Any, phase: tuple[Any, ...]) -> dict[str, Any]:
     return attrs
 
 
+def phase_span_ids(phases: Sequence[tuple[Any, ...]], ids: dict[int, int] | None
+                   ) -> list[int]:
+    """The span ids of a record's phases: those user spans asked for, the rest drawn."""
+    rand = _getrandbits
+    return [(ids and ids.get(i)) or rand(64) or 1 for i in range(len(phases))]
+
+
+def phase_end_order(phases: Sequence[tuple[Any, ...]]) -> Sequence[int]:
+    """A record's phase indices in the order their spans ended (a nested phase ends
+    before its parent; ties keep their order). Flat steps are in that order already."""
+    for i in range(1, len(phases)):
+        if phases[i][7] < phases[i - 1][7]:
+            return sorted(range(len(phases)), key=lambda i: phases[i][7])
+    return range(len(phases))
+
+
 def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """A record's span rows, children in the order they ended, the root last.
 
@@ -137,11 +153,9 @@ def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return [(name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
                  INTERNAL_KIND, None, ())]
     step = attrs[_STEP]
-    rand = _getrandbits
-    span_ids = [(ids and ids.get(i)) or rand(64) or 1 for i in range(len(phases))]
+    span_ids = phase_span_ids(phases, ids)
     rows = []
-    # A nested phase ends before its parent; sorted() is stable for equal ends.
-    for i in sorted(range(len(phases)), key=lambda i: phases[i][7]):
+    for i in phase_end_order(phases):
         (ph_name, _kind, _loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
          ph_status, ph_events, _extra, _device) = phases[i]
         ph_attrs = phase_attributes(step, phases[i])
