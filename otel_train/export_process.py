@@ -152,6 +152,8 @@ class ExportProcessClient(SpanProcessor):
         os.set_blocking(self._cmd_w, False)
         os.set_blocking(self._stat_r, False)
         self._reader = FrameReader(self._stat_r)
+        if fallback is not None and getattr(plan, "protocol", None) == "grpc":
+            _import_for_exit_fallback()
 
     # -- the derived metrics in the exporter process -------------------------------------
     def derive_metrics(self, settings: dict[str, Any], self_cost: Any, on_state: Any,
@@ -383,9 +385,15 @@ class ExportProcessClient(SpanProcessor):
         self._took_over = True
         self._feed_here = self._feed is not None
         self._close_fds()
-        self._fallback = self._make_fallback() if self._make_fallback is not None else None
-        if self._fallback is not None:
-            self._fallback.use_rows(self._factory)
+        try:
+            self._fallback = self._make_fallback() if self._make_fallback is not None else None
+            if self._fallback is not None:
+                self._fallback.use_rows(self._factory)
+        except Exception as exc:  # never into training, nor into its exit; counted below
+            self._fallback = None
+            _log.warning("otel-train: could not export from the training process either: "
+                         "%r; the spans the exporter process did not take are lost "
+                         "(counted)", exc)
         left = [_frame_spans(item[0]) for item in self._outbox if not item[2]]
         cut = sum(item[1] for item in self._outbox if item[2])  # half in the dead pipe
         self._drops.add("export_failed", cut)
@@ -475,9 +483,10 @@ class ExportProcessClient(SpanProcessor):
             self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
             return
         if not self._ready and self._make_fallback is not None:
-            # Still starting (a short run, a slow import): give it part of the time, then
-            # export what is left from this process rather than lose it.
-            self._wait(time.monotonic() + max(0.0, deadline - time.monotonic()) * 0.4,
+            # Still starting (a short run, a slow import): give it most of the time, since it
+            # has the exporter half made, then export what is left from this process (which
+            # must import and connect an exporter of its own) rather than lose it.
+            self._wait(time.monotonic() + max(0.0, deadline - time.monotonic()) * 0.6,
                        lambda empty: self._ready)
             if not self._ready:
                 with self._io_lock:
@@ -537,6 +546,19 @@ class ExportProcessClient(SpanProcessor):
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.
         self._close_fds()
+
+
+def _import_for_exit_fallback() -> None:
+    """Import now what making the gRPC exporter in this process would import at exit."""
+    # The gRPC exporter's module imports opentelemetry.sdk._logs, whose import makes a
+    # Resource through a thread pool, and Python refuses new pool work once interpreter
+    # exit has begun: a short run whose exporter process had not started yet takes over at
+    # exit (the atexit shutdown), and making its exporter there raised and lost every span.
+    # This import costs ~8 ms; grpc itself stays unimported here.
+    try:
+        import opentelemetry.sdk._logs  # noqa: F401
+    except Exception as exc:  # an SDK without it: nothing to prepare
+        _log.debug("otel-train: opentelemetry.sdk._logs: %r", exc)
 
 
 METRIC_EXPORTER_CPU = "otel_train_exporter_process_cpu_seconds_total"

@@ -259,6 +259,41 @@ def test_a_killed_child_is_counted_and_export_falls_back_to_the_training_process
     assert run.drops.counts().get("export_failed", 0) == 0  # nothing was held at the kill
 
 
+_NEVER_READY_AT_EXIT = textwrap.dedent("""
+    import sys
+    from otel_train import export_process
+    # A machine too slow to start the exporter process before this short run ends: the
+    # child never reports ready, so the shutdown at interpreter exit takes over.
+    export_process.ExportProcessClient._ready = property(lambda self: False,
+                                                         lambda self, value: None)
+    import otel_train
+    run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
+                               otlp_protocol=sys.argv[2], prometheus_port=None, console=False,
+                               status_dir=sys.argv[3])
+    for step in run.steps(range(4)):
+        with step.phase("forward"):
+            pass
+    assert "opentelemetry.exporter.otlp.proto.grpc.trace_exporter" not in sys.modules
+    # no shutdown: the run ends with the interpreter (atexit)
+""")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_short_run_whose_child_never_started_exports_from_here_at_interpreter_exit(
+        tmp_path: Path, protocol: str) -> None:
+    from otlp_receivers import HttpOtlpReceiver
+    receiver = GrpcOtlpReceiver() if protocol == "grpc" else HttpOtlpReceiver()
+    with receiver as recv:
+        proc = subprocess.run(
+            [sys.executable, "-c", _NEVER_READY_AT_EXIT, recv.endpoint, protocol,
+             str(tmp_path)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        spans = recv.wait_for_spans(8, 10)
+    assert sorted(s.attributes["train.step"] for s in spans if s.name == "train.step") == [
+        0, 1, 2, 3]
+
+
 def test_shutdown_keeps_its_bound_when_the_child_is_stuck_and_counts_every_span(
         tmp_path: Path) -> None:
     run = start_test_run(tmp_path)

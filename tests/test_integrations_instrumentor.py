@@ -59,7 +59,11 @@ def test_opentelemetry_instrument_traces_an_unmodified_script(tmp_path) -> None:
              "--steps", "4", "--eval-every", "2"],
             env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        spans = recv.wait_for_spans(lambda s: sum(x.name == "train.step" for x in s) >= 4, 10)
+        try:
+            spans = recv.wait_for_spans(lambda s: sum(x.name == "train.step" for x in s) >= 4,
+                                        10)
+        except TimeoutError as exc:  # with what the training process said about it
+            raise AssertionError(f"{exc}\n{proc.stderr[-3000:]}") from exc
     _check_zero_code_spans(spans)
 
 
@@ -78,7 +82,11 @@ def test_under_an_application_tracer_provider_spans_go_through_its_pipeline(tmp_
             [PYTHON, str(script), str(EXAMPLES / "zero_code.py"), "--steps", "4",
              "--eval-every", "2"], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        spans = recv.wait_for_spans(lambda s: sum(x.name == "train.step" for x in s) >= 4, 10)
+        try:
+            spans = recv.wait_for_spans(lambda s: sum(x.name == "train.step" for x in s) >= 4,
+                                        10)
+        except TimeoutError as exc:  # with what the training process said about it
+            raise AssertionError(f"{exc}\n{proc.stderr[-3000:]}") from exc
     _check_zero_code_spans(spans)
     assert {s.resource_attributes["service.name"] for s in spans} == {"app-service"}
     assert collections.Counter(s.name for s in spans)["train.step"] == 4  # exported once
