@@ -403,7 +403,8 @@ class ExportProcessClient(SpanProcessor):
             if self._feed_here and not fed and recs:
                 self._feed_locally(recs)  # the child never saw them
             self._to_fallback(recs, rows)
-        if self._feed_here and not fed:
+        if self._feed_here and not fed and self._ready:
+            # (A child that never started took no step: every step was fed here, above.)
             _log.warning("otel-train: the derived metrics go on in the training process from "
                          "the exporter process's last state (steps it took since are not "
                          "in them)")
