@@ -66,6 +66,10 @@ def subprocess_env(recv: Any, tmp_path: Path, protocol: str = "grpc", **extra: s
         "OTEL_TRAIN_OTLP_PROTOCOL": protocol, "OTEL_TRAIN_PROMETHEUS_PORT": "none",
         "OTEL_TRAIN_CONSOLE": "false", "OTEL_TRAIN_STATUS_DIR": str(tmp_path / "status"),
         "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+        # A short run can end before its exporter process is up; the exit then waits for it
+        # or exports from the training process. 10 s, not 2, for a loaded CI box (the exit
+        # still ends as soon as everything is sent).
+        "OTEL_TRAIN_SHUTDOWN_TIMEOUT_SECONDS": "10",
     })
     env.update(extra)
     return env

@@ -269,12 +269,13 @@ _NEVER_READY_AT_EXIT = textwrap.dedent("""
     import otel_train
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
                                otlp_protocol=sys.argv[2], prometheus_port=None, console=False,
-                               status_dir=sys.argv[3])
+                               status_dir=sys.argv[3], shutdown_timeout_seconds=5.0)
     for step in run.steps(range(4)):
         with step.phase("forward"):
             pass
     assert "opentelemetry.exporter.otlp.proto.grpc.trace_exporter" not in sys.modules
-    # no shutdown: the run ends with the interpreter (atexit)
+    # No shutdown: the run ends with the interpreter (atexit). It waits 60% of its 5 s for
+    # the child, then has 2 s to import an exporter here and send (room for a slow CI box).
 """)
 
 

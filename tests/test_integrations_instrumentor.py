@@ -53,6 +53,8 @@ def test_the_instrumentor_is_registered_as_an_opentelemetry_instrumentor() -> No
 
 def test_opentelemetry_instrument_traces_an_unmodified_script(tmp_path) -> None:
     with GrpcOtlpReceiver() as recv:
+        # Four steps end before the exporter process is up: the exit waits for it, or
+        # exports from here (test_export_process.py), within subprocess_env's 10 s.
         env = subprocess_env(recv, tmp_path)
         proc = subprocess.run(
             [str(BIN / "opentelemetry-instrument"), PYTHON, str(EXAMPLES / "zero_code.py"),
