@@ -64,6 +64,9 @@ _INTERNAL_VALUE = _INTERNAL.value  # a row's kind (span_rows.INTERNAL_KIND)
 _ATTR_STEP, _ATTR_PHASE, _ATTR_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _ATTR_LOADER, _ATTR_DEVICE = A.DATALOADER, A.DEVICE_DURATION
 _PHASE_KEYS = frozenset((_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND, _ATTR_LOADER, _ATTR_DEVICE))
+_ATTR_SLOW = A.SLOW
+_ROOT_KEYS = (_ATTR_STEP, _ATTR_SLOW)  # a step root's attributes, without and with a loader
+_ROOT_KEYS_LOADER = (_ATTR_STEP, _ATTR_LOADER, _ATTR_SLOW)
 # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid);
 # the fast path unpacks it directly, and only if this SDK still lays it out so.
 _CTX_LAYOUT_OK = tuple(SpanContext(7, 9, True, trace_state=TraceState([("k", "v")])))[:3] == (
@@ -148,6 +151,7 @@ class _Encoder:
         self._trace: tuple[int, bytes] = (-1, b"")
         self._status: tuple[Any, bytes] = (None, b"")
         self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._root_heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
         self._record_constants: tuple[Any, ...] | None = None  # (mapping, items, keys, block)
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
@@ -466,8 +470,37 @@ class _Encoder:
                          else self._status_bytes(row_status(ph_status)))
             parts.append(_FLAGS_LOCAL)
             out.append(b"".join(parts))
-        out.append(self.row(root, consts, keys, block))
+        head = None
+        if status is None and not events and start and end and name and _ATTR_SLOW not in keys:
+            # The usual root: the step, the loader (if any) and the slow flag, in that order
+            # (a run constant named like one of them went through the rows above).
+            root_keys = tuple(attrs)
+            if root_keys == _ROOT_KEYS or root_keys == _ROOT_KEYS_LOADER:
+                head = self._root_head(name, attrs.get(_ATTR_LOADER), attrs[_ATTR_SLOW])
+        if head is None:
+            out.append(self.row(root, consts, keys, block))
+        else:
+            out.append(b"".join((tid, b"\x12\x08" + root_id.to_bytes(8, "big"), head[0],
+                                 b"\x39" + _pack_q(start), b"\x41" + _pack_q(end),
+                                 attrs_head, head[1], _UNSET_LOCAL)))
         return out
+
+    def _root_head(self, name: str, loader: Any, slow: Any) -> tuple[bytes, bytes] | None:
+        """A root's name and kind fields, and its loader and slow attributes (cached), or
+        None for values a cache key should not hold (the row encodes those)."""
+        if type(slow) is not bool or not (loader is None or type(loader) is str):
+            return None
+        key = (name, loader, slow)
+        head = self._root_heads.get(key)
+        if head is None:
+            items = [(_ATTR_SLOW, slow)] if loader is None else [(_ATTR_LOADER, loader),
+                                                                 (_ATTR_SLOW, slow)]
+            head = (self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
+                    b"".join(self._items(b"\x4a", items)))
+            if len(self._root_heads) >= _MAX_CACHED:
+                self._root_heads.clear()
+            self._root_heads[key] = head
+        return head
 
     def _phase_head(self, name: str, kind: str, loader: str | None) -> tuple[bytes, bytes]:
         """A phase's name and kind fields, and its phase, kind and loader attributes."""

@@ -282,7 +282,14 @@ def _odd_records(records):
     p0 = step[9][0]
     failing = step[:9] + ([p0[:8] + ((2, "boom"), (("exception", p0[7], {"k": 1}),))
                            + p0[10:]] + list(step[9][1:]), step[10])
-    return [timed, asked, failing]
+    # Roots with no attribute of the user's (the usual root, cached), and odd ones.
+    i = step[6]["train.step"]
+    roots = [{"train.step": i, "train.dataloader": "train", "train.slow": False},
+             {"train.step": i, "train.dataloader": "train", "train.slow": True},
+             {"train.step": i, "train.slow": False},
+             {"train.step": i, "train.slow": True, "train.dataloader": "train"},  # reordered
+             {"train.step": i, "train.dataloader": "train", "train.slow": 1}]  # not a bool
+    return [timed, asked, failing] + [step[:6] + (attrs,) + step[7:] for attrs in roots]
 
 
 def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path):
@@ -292,12 +299,14 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
 
     records, user_rows, factory = _records(tmp_path)
     records += _odd_records(records)
-    shapes = {"between steps": 0, "phase attribute": 0, "plain": 0}
+    shapes = {"between steps": 0, "phase attribute": 0, "plain": 0, "usual root": 0}
     enc, rec_enc = _Encoder(), _Encoder()
     consts, keys, block = enc._constants(factory.run_constants)
     for n, rec in enumerate(records):
         shapes["between steps" if rec[9] is None else "phase attribute"
                if any(p[10] for p in rec[9]) else "plain"] += 1
+        shapes["usual root"] += tuple(rec[6]) in (
+            ("train.step", "train.slow"), ("train.step", "train.dataloader", "train.slow"))
         random.seed(n)
         want = [enc.row(r, consts, keys, block) for r in rows_from_record(rec)]
         random.seed(n)
@@ -312,6 +321,15 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
     want = [enc.row(r, c2, k2, b2) for r in rows_from_record(records[0])]
     random.seed(1)
     assert rec_enc.record(records[0], named) == want
+    # And one named like a root attribute, on a usual root: the constant's value.
+    usual = records[-5]
+    for name in ("train.slow", "train.dataloader"):
+        named = dict(factory.run_constants, **{name: "constant"})
+        c2, k2, b2 = enc._constants(named)
+        random.seed(2)
+        want = [enc.row(r, c2, k2, b2) for r in rows_from_record(usual)]
+        random.seed(2)
+        assert rec_enc.record(usual, named) == want, name
     # Encoded spans and user rows, mixed in one request: the rows' request, byte for byte.
     random.seed(5)
     rows = [row for rec in records for row in rows_from_record(rec)]
