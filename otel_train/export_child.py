@@ -144,7 +144,6 @@ class _Child:
         from otel_train.steps_view import SharedStepSpanProcessor
 
         self._feed_records = feed_records  # imported only when the chain runs here
-
         self.chain = StepChain(settings, self.parent_cost,
                                console_stream=_ConsoleStream(self._writer))  # type: ignore[arg-type]
         self.shared = SharedStepSpanProcessor(self.chain.processors)
@@ -174,7 +173,7 @@ class _Child:
         self.send((kind, *now), block)
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
-              parent_cost_ns: int = 0) -> None:
+              parent_cost_ns: int) -> None:
         """One frame: the steps' records through the chain (if here), then exported with
         the user spans' rows (unsampled records feed the metrics only)."""
         if self.shared is not None and recs:
@@ -239,7 +238,7 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
         msg = marshal.loads(raw)
         kind = msg[0]
         if kind == "spans":
-            child.spans(msg[1], msg[2], msg[3] if len(msg) > 3 else 0)
+            child.spans(msg[1], msg[2], msg[3])
         elif kind == "flush":
             child.send_state()
             ok = child.export.force_flush(int(msg[2] * 1000))
