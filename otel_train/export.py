@@ -161,6 +161,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         one that cannot be made or encoded is counted (``build_error``), never the batch.
         An unsampled record (it fed the metrics only) is never exported."""
         encode = self._encode_record
+        encoded: list[bytes] = []  # the spans' bytes: queued at once, after the records
         for rec in records:
             if not rec[C_FLAGS] & 1:
                 continue
@@ -172,9 +173,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             if encode is None:
                 for row in made:
                     self._on_row(row)
-            else:  # the spans' bytes, encoded already
-                for span in made:
-                    self._enqueue(span)
+            else:
+                encoded += made
+        if encoded:
+            self._enqueue_all(encoded)
         for row in rows:
             self._on_row(row)
 
@@ -200,22 +202,44 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         q = self._queue
         q.append(span)
         if len(q) > self._max_queue:
-            try:
-                q.popleft()  # oldest first: the newest spans are the most useful
-            except IndexError:
-                pass
-            else:
-                self._drops.add("export_queue_full")
-                self._warn.warning(
-                    "queue", "otel-train: export queue full (%d spans): the exporter is "
-                    "slower than training or the collector is away; dropping the oldest "
-                    "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
-                )
+            self._drop_oldest(1)
         if len(q) == self._batch:
             # Once per batch, not per span: the exporter drains everything queued when it
             # wakes, and while it backs off from a failed collector a wake per span would
             # cut its waits short (one Event.set per span, each a lock and a notify).
             self._wake.set()
+
+    def _enqueue_all(self, spans: list[Any]) -> None:
+        """Queue a frame's spans at once (one extend, one bound check, one wake at most)."""
+        if self._stopping:
+            self._drops.add("shutdown_timeout", len(spans))
+            return
+        q = self._queue
+        before = len(q)
+        q.extend(spans)
+        after = len(q)
+        if after > self._max_queue:
+            self._drop_oldest(after - self._max_queue)
+        if before < self._batch <= after:  # as _enqueue: when a batch's worth is queued
+            self._wake.set()
+
+    def _drop_oldest(self, n: int) -> None:
+        """Drop the ``n`` oldest queued spans (the newest are the most useful), counted."""
+        q = self._queue
+        dropped = 0
+        for _ in range(n):
+            try:
+                q.popleft()
+            except IndexError:  # the export thread took them meanwhile
+                break
+            dropped += 1
+        if dropped:
+            self._drops.add("export_queue_full", dropped)
+            self._warn.warning(
+                "queue", "otel-train: export queue full (%d spans): the exporter is "
+                "slower than training or the collector is away; dropping the oldest "
+                "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
+            )
 
     # -- the worker -------------------------------------------------------------------------
     def _run(self) -> None:

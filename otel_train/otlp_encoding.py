@@ -113,6 +113,21 @@ def _ld(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
+# ScopeSpans.spans field heads (tag and length) for the usual span sizes, so a record's
+# spans are framed as they are joined (the export thread then joins a batch as it is).
+_SPAN_FIELD_HEADS = [b"\x12" + _varint(n) for n in range(4096)]
+
+
+def _span_field_head(n: int) -> bytes:
+    """The ScopeSpans.spans field's tag and length for an ``n``-byte Span message."""
+    return _SPAN_FIELD_HEADS[n] if n < 4096 else b"\x12" + _varint(n)
+
+
+def _span_field(span: bytes) -> bytes:
+    """A Span message as a ScopeSpans.spans field."""
+    return _span_field_head(len(span)) + span
+
+
 def _any_value(value: Any) -> bytes:
     """An AnyValue message's bytes (the SDK's ``_encode_value`` rules)."""
     if value is None:
@@ -150,8 +165,9 @@ class _Encoder:
         self._scopes: dict[int, tuple[Any, bytes]] = {}
         self._trace: tuple[int, bytes] = (-1, b"")
         self._status: tuple[Any, bytes] = (None, b"")
-        self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
-        self._root_heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        # (name and kind fields, attribute fields, their length in all)
+        self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
+        self._root_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
         self._record_constants: tuple[Any, ...] | None = None  # (mapping, items, keys, block)
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
@@ -407,11 +423,14 @@ class _Encoder:
         return consts, frozenset(constants), block
 
     def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any]) -> list[bytes]:
-        """The Span messages of one span record (span_rows.py), in ``rows_from_record``'s
-        order and with its span ids: the same bytes as encoding its rows, no row made.
+        """The Span messages of one span record (span_rows.py) as ScopeSpans.spans fields
+        (tag, length, message), in ``rows_from_record``'s order and with its span ids: the
+        same bytes as encoding its rows, no row made.
 
         A step's phases share the trace id, the step attribute and, per (name, kind,
-        loader), their name, kind and attribute fields: those are encoded once and joined.
+        loader), their name, kind and attribute fields: those are encoded once and joined,
+        and the usual span's length is known from their lengths, so it is framed in the
+        same join.
         """
         const = self._record_constants
         if const is None or const[0] is not constants:
@@ -423,14 +442,18 @@ class _Encoder:
                 _INTERNAL_VALUE, None, ())
         if phases is None or not keys.isdisjoint(_PHASE_KEYS):
             if phases is None:
-                return [self.row(root, consts, keys, block)]
+                return [_span_field(self.row(root, consts, keys, block))]
             # A run constant named like a phase attribute: the rows' own rules.
-            return [self.row(r, consts, keys, block) for r in _rows.rows_from_record(rec)]
+            return [_span_field(self.row(r, consts, keys, block))
+                    for r in _rows.rows_from_record(rec)]
         step = attrs[_ATTR_STEP]
         span_ids = _rows.phase_span_ids(phases, ids)
         tid = self._trace_id(trace_id)
         # The run's constants then the step: the head of every phase's attributes.
         attrs_head = block + b"".join(self._items(b"\x4a", ((_ATTR_STEP, step),)))
+        # A usual span's fields but its heads: trace id, span id (10), parent id (10),
+        # start (9), end (9), the attributes' head, UNSET status and flags.
+        fixed = len(tid) + 38 + len(attrs_head) + _UNSET_LOCAL_LEN
         heads = self._phase_heads
         out = []
         for i in _rows.phase_end_order(phases):
@@ -440,13 +463,14 @@ class _Encoder:
             head = heads.get((ph_name, kind, loader)) if not extra else None
             if head is None:
                 if extra or not ph_name:  # the row's own dict order and rules: its row
-                    out.append(self._phase_row(rec, i, span_ids[i], parent, consts, keys,
-                                               block))
+                    out.append(_span_field(self._phase_row(rec, i, span_ids[i], parent,
+                                                           consts, keys, block)))
                     continue
                 head = self._phase_head(ph_name, kind, loader)
             if (ph_start and ph_end and parent and device is None and not ph_events
                     and ph_status is None):  # the usual phase: one join
-                out.append(b"".join((tid, b"\x12\x08" + span_ids[i].to_bytes(8, "big"),
+                out.append(b"".join((_span_field_head(fixed + head[2]), tid,
+                                     b"\x12\x08" + span_ids[i].to_bytes(8, "big"),
                                      b"\x22\x08" + parent.to_bytes(8, "big"), head[0],
                                      b"\x39" + _pack_q(ph_start), b"\x41" + _pack_q(ph_end),
                                      attrs_head, head[1], _UNSET_LOCAL)))
@@ -469,7 +493,7 @@ class _Encoder:
             parts.append(_UNSET_STATUS if ph_status is None
                          else self._status_bytes(row_status(ph_status)))
             parts.append(_FLAGS_LOCAL)
-            out.append(b"".join(parts))
+            out.append(_span_field(b"".join(parts)))
         head = None
         if status is None and not events and start and end and name and _ATTR_SLOW not in keys:
             # The usual root: the step, the loader (if any) and the slow flag, in that order
@@ -478,16 +502,17 @@ class _Encoder:
             if root_keys == _ROOT_KEYS or root_keys == _ROOT_KEYS_LOADER:
                 head = self._root_head(name, attrs.get(_ATTR_LOADER), attrs[_ATTR_SLOW])
         if head is None:
-            out.append(self.row(root, consts, keys, block))
-        else:
-            out.append(b"".join((tid, b"\x12\x08" + root_id.to_bytes(8, "big"), head[0],
+            out.append(_span_field(self.row(root, consts, keys, block)))
+        else:  # a phase's fields less the parent id
+            out.append(b"".join((_span_field_head(fixed - 10 + head[2]), tid,
+                                 b"\x12\x08" + root_id.to_bytes(8, "big"), head[0],
                                  b"\x39" + _pack_q(start), b"\x41" + _pack_q(end),
                                  attrs_head, head[1], _UNSET_LOCAL)))
         return out
 
-    def _root_head(self, name: str, loader: Any, slow: Any) -> tuple[bytes, bytes] | None:
-        """A root's name and kind fields, and its loader and slow attributes (cached), or
-        None for values a cache key should not hold (the row encodes those)."""
+    def _root_head(self, name: str, loader: Any, slow: Any) -> tuple[bytes, bytes, int] | None:
+        """A root's name and kind fields, its loader and slow attributes and their length
+        (cached), or None for values a cache key should not hold (the row encodes those)."""
         if type(slow) is not bool or not (loader is None or type(loader) is str):
             return None
         key = (name, loader, slow)
@@ -495,20 +520,22 @@ class _Encoder:
         if head is None:
             items = [(_ATTR_SLOW, slow)] if loader is None else [(_ATTR_LOADER, loader),
                                                                  (_ATTR_SLOW, slow)]
-            head = (self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
-                    b"".join(self._items(b"\x4a", items)))
+            head = _head(self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
+                         b"".join(self._items(b"\x4a", items)))
             if len(self._root_heads) >= _MAX_CACHED:
                 self._root_heads.clear()
             self._root_heads[key] = head
         return head
 
-    def _phase_head(self, name: str, kind: str, loader: str | None) -> tuple[bytes, bytes]:
-        """A phase's name and kind fields, and its phase, kind and loader attributes."""
+    def _phase_head(self, name: str, kind: str, loader: str | None
+                    ) -> tuple[bytes, bytes, int]:
+        """A phase's name and kind fields, its phase, kind and loader attributes, and their
+        length."""
         items = [(_ATTR_PHASE, name), (_ATTR_KIND, kind)]
         if loader is not None:
             items.append((_ATTR_LOADER, loader))
-        head = (self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
-                b"".join(self._items(b"\x4a", items)))
+        head = _head(self._name(name) + _KIND_BYTES[_INTERNAL_VALUE],
+                     b"".join(self._items(b"\x4a", items)))
         if len(self._phase_heads) >= _MAX_CACHED:
             self._phase_heads.clear()
         self._phase_heads[(name, kind, loader)] = head
@@ -530,7 +557,10 @@ class _Encoder:
         """ExportTraceServiceRequest bytes for span rows: the same bytes as
         ``request(RowSpanFactory(resource, scope, constants).spans(rows))``, with no
         ``ReadableSpan`` made (the exporter process's path). An item that is ``bytes`` is a
-        Span message of otel-train's own scope already encoded (:meth:`record`)."""
+        span of otel-train's own scope encoded already, as a ScopeSpans.spans field
+        (:meth:`record`)."""
+        if all(type(row) is bytes for row in rows):  # the usual batch: joined as it is
+            return self._resource_spans(resource, ((scope, rows),))
         consts, keys, block = self._constants(constants)
         by_scope: dict[Any, list[bytes]] = {}
         encode = self.row
@@ -538,17 +568,18 @@ class _Encoder:
             if type(row) is bytes:
                 by_scope.setdefault(None, []).append(row)
             else:
-                by_scope.setdefault(row[12], []).append(encode(row, consts, keys, block))
+                by_scope.setdefault(row[12], []).append(
+                    _span_field(encode(row, consts, keys, block)))
         return self._resource_spans(resource, (
-            (scope if key is None else row_scope(key), encoded)
-            for key, encoded in by_scope.items()))
+            (scope if key is None else row_scope(key), fields)
+            for key, fields in by_scope.items()))
 
     def _resource_spans(self, resource: Any, scopes: Any) -> bytes:
-        """One ResourceSpans field: ``scopes`` is ``(scope, [encoded span, ...])`` pairs."""
+        """One ResourceSpans field: ``scopes`` is ``(scope, [ScopeSpans.spans field, ...])``
+        pairs."""
         rs = [_ld(b"\x0a", self.resource(resource))]
-        for scope, encoded in scopes:
-            ss = [_ld(b"\x0a", self.scope(scope))]
-            ss.extend(_ld(b"\x12", s) for s in encoded)
+        for scope, fields in scopes:
+            ss = [_ld(b"\x0a", self.scope(scope)), *fields]
             if scope is not None and scope.schema_url:
                 ss.append(_ld(b"\x1a", scope.schema_url.encode("utf-8")))
             rs.append(_ld(b"\x12", b"".join(ss)))
@@ -563,7 +594,8 @@ class _Encoder:
             resource = span._resource if type(span) is ReadableSpan else span.resource
             scope = span.instrumentation_scope or None
             by_scope = groups.setdefault(id(resource), (resource, {}))[1]
-            by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))
+            by_scope.setdefault(id(scope), (scope, []))[1].append(
+                _span_field(self.span(span)))
         return b"".join(self._resource_spans(resource, by_scope.values())
                         for resource, by_scope in groups.values())
 
@@ -574,6 +606,12 @@ _FLAGS_REMOTE = b"\x85\x01" + _pack_i(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 _KIND_BYTES = {k.value: b"\x30" + _SMALL[v] for k, v in _SPAN_KIND.items()}
 _UNSET_STATUS = _Encoder._status_bytes(Status(StatusCode.UNSET))
 _UNSET_LOCAL = _UNSET_STATUS + _FLAGS_LOCAL  # the usual end of a phase span
+_UNSET_LOCAL_LEN = len(_UNSET_LOCAL)
+
+
+def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:
+    """A cached span head: its name and kind fields, attribute fields, and their length."""
+    return fields, attributes, len(fields) + len(attributes)
 _STATUS_CODES = {c.value: c for c in StatusCode}
 
 

@@ -140,6 +140,57 @@ def test_a_full_queue_drops_and_counts_with_one_warning(caplog):
     assert proc.exported == 6
 
 
+class EncodingRecording(Recording):
+    """An exporter that encodes span records ahead, as the OTLP exporters in the exporter
+    process do: two 'spans' per record, named after its step."""
+
+    takes_records = True
+
+    def use_rows(self, resource, scope, run_constants) -> None:
+        pass
+
+    def encode_record(self, rec) -> list[bytes]:
+        return [f"{rec[0]}a".encode(), f"{rec[0]}b".encode()]
+
+    def export(self, spans) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        self.batches.append([s.decode() for s in spans])
+        return self.result
+
+
+def test_encoded_records_are_queued_a_frame_at_a_time_within_the_bound_oldest_dropped():
+    from otel_train.span_rows import RowSpanFactory
+
+    exporter = EncodingRecording()
+    exporter.release.clear()  # stuck: the queue fills behind the first batch
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=5, max_batch_size=4,
+                                     interval_seconds=30)
+    proc.use_rows(RowSpanFactory(None, None, {}))
+    wakes = []
+    real_set = proc._wake.set
+    proc._wake.set = lambda: (wakes.append(1), real_set())[1]
+
+    def records(*steps, sampled=True):
+        return [(f"s{i}", 1, 2, 1 if sampled else 0) for i in steps]
+
+    proc.on_records(records(0, 1))  # 4 spans: a batch's worth, one wake
+    assert exporter.entered.wait(5) and wakes == [1]
+    proc.on_records(records(2))
+    proc.on_records(records(3, 4, 5) + records(6, sampled=False))  # 6 more: 3 over the bound
+    assert wakes == [1, 1]  # the queue crossed a batch's worth once more
+    assert drops.counts() == {"export_queue_full": 3}  # s2a, s2b, s3a
+    assert len(proc._queue) == 5
+    exporter.release.set()
+    assert proc.force_flush(5000)
+    proc.shutdown(1.0)
+    assert exporter.batches == [["s0a", "s0b", "s1a", "s1b"], ["s3b", "s4a", "s4b", "s5a"],
+                                ["s5b"]]
+    proc.on_records(records(7))  # after shutdown: counted, not queued
+    assert drops.counts() == {"export_queue_full": 3, "shutdown_timeout": 2}
+
+
 def test_failed_and_raising_exports_are_counted_and_warned_once(caplog):
     drops = DropCounter()
     failing = BoundedBatchSpanProcessor(Recording(SpanExportResult.FAILURE), drops,

@@ -9,6 +9,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -289,7 +290,18 @@ def _odd_records(records):
              {"train.step": i, "train.slow": False},
              {"train.step": i, "train.slow": True, "train.dataloader": "train"},  # reordered
              {"train.step": i, "train.dataloader": "train", "train.slow": 1}]  # not a bool
-    return [timed, asked, failing] + [step[:6] + (attrs,) + step[7:] for attrs in roots]
+    # Spans over 4 KiB (a long phase name and loader): their length takes a longer varint.
+    long = step[:9] + ([("f" * 5000,) + p[1:2] + ("L" * 3000,) + p[3:] for p in step[9]],
+                       step[10])
+    long_root = step[:6] + ({"train.step": i, "train.dataloader": "L" * 5000,
+                             "train.slow": False},) + step[7:]
+    return [timed, asked, failing, long, long_root] + [step[:6] + (attrs,) + step[7:]
+                                                       for attrs in roots]
+
+
+def _fields(spans: list[bytes]) -> list[bytes]:
+    """Span messages as protobuf frames them in ScopeSpans.spans (tag, length, message)."""
+    return [ScopeSpans(spans=[Span.FromString(s)]).SerializeToString() for s in spans]
 
 
 def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path):
@@ -308,7 +320,7 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
         shapes["usual root"] += tuple(rec[6]) in (
             ("train.step", "train.slow"), ("train.step", "train.dataloader", "train.slow"))
         random.seed(n)
-        want = [enc.row(r, consts, keys, block) for r in rows_from_record(rec)]
+        want = _fields([enc.row(r, consts, keys, block) for r in rows_from_record(rec)])
         random.seed(n)
         assert rec_enc.record(rec, factory.run_constants) == want, n
         random.seed(n)
@@ -318,7 +330,7 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
     named = dict(factory.run_constants, **{"train.phase": "constant"})
     random.seed(1)
     c2, k2, b2 = enc._constants(named)
-    want = [enc.row(r, c2, k2, b2) for r in rows_from_record(records[0])]
+    want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(records[0])])
     random.seed(1)
     assert rec_enc.record(records[0], named) == want
     # And one named like a root attribute, on a usual root: the constant's value.
@@ -327,7 +339,7 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
         named = dict(factory.run_constants, **{name: "constant"})
         c2, k2, b2 = enc._constants(named)
         random.seed(2)
-        want = [enc.row(r, c2, k2, b2) for r in rows_from_record(usual)]
+        want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(usual)])
         random.seed(2)
         assert rec_enc.record(usual, named) == want, name
     # Encoded spans and user rows, mixed in one request: the rows' request, byte for byte.
