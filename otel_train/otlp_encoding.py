@@ -50,6 +50,11 @@ _log = logging.getLogger("otel_train")
 _pack_q = struct.Struct("<Q").pack
 _pack_d = struct.Struct("<d").pack
 _pack_i = struct.Struct("<I").pack
+# A usual span's fixed fields in one call each: the span and parent ids (tag, 8 bytes big
+# endian, as the SDK writes ids) and the start and end times (tag, fixed64 little endian).
+_pack_id = struct.Struct(">2sQ").pack
+_pack_ids = struct.Struct(">2sQ2sQ").pack
+_pack_times = struct.Struct("<cQcQ").pack
 _SPAN_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3,
               SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
 _FLAGS_HAS_IS_REMOTE = 0x100
@@ -470,9 +475,8 @@ class _Encoder:
             if (ph_start and ph_end and parent and device is None and not ph_events
                     and ph_status is None):  # the usual phase: one join
                 out.append(b"".join((_span_field_head(fixed + head[2]), tid,
-                                     b"\x12\x08" + span_ids[i].to_bytes(8, "big"),
-                                     b"\x22\x08" + parent.to_bytes(8, "big"), head[0],
-                                     b"\x39" + _pack_q(ph_start), b"\x41" + _pack_q(ph_end),
+                                     _pack_ids(b"\x12\x08", span_ids[i], b"\x22\x08", parent),
+                                     head[0], _pack_times(b"\x39", ph_start, b"\x41", ph_end),
                                      attrs_head, head[1], _UNSET_LOCAL)))
                 continue
             parts = [tid, b"\x12\x08" + span_ids[i].to_bytes(8, "big")]
@@ -505,8 +509,8 @@ class _Encoder:
             out.append(_span_field(self.row(root, consts, keys, block)))
         else:  # a phase's fields less the parent id
             out.append(b"".join((_span_field_head(fixed - 10 + head[2]), tid,
-                                 b"\x12\x08" + root_id.to_bytes(8, "big"), head[0],
-                                 b"\x39" + _pack_q(start), b"\x41" + _pack_q(end),
+                                 _pack_id(b"\x12\x08", root_id), head[0],
+                                 _pack_times(b"\x39", start, b"\x41", end),
                                  attrs_head, head[1], _UNSET_LOCAL)))
         return out
 
