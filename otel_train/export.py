@@ -132,8 +132,15 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         # ... or a record straight to its Span messages (the exporter's encode_record): the
         # queue then holds encoded spans, no row made (the exporter process's OTLP path).
         self._encode_record: Any = None
-        self._thread = threading.Thread(target=self._run, name="otel-train-export", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="otel-train-export", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:
+            # Python 3.12.0 and 3.12.1 start no thread in an atexit handler (a run whose
+            # exporter process never started takes over there): spans are queued, and
+            # shutdown exports them from its own thread, within its bound.
+            self._thread = None
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Nothing to do at start."""
@@ -365,7 +372,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                     self._fail(part, f"one span encodes to {len(body)} bytes, over the "
                                f"{self._max_request}-byte request limit")
                 continue
-            pending = exporter.start_send(part, body, self._timeout)
+            timeout = self._timeout
+            if self._deadline is not None:  # shutting down: no request outlives its bound
+                timeout = max(0.05, min(timeout, self._deadline - time.monotonic()))
+            pending = exporter.start_send(part, body, timeout)
             outcome = self._await(pending)
             if outcome is None:  # gave up on it: its timeout, or shutdown's deadline
                 stopping = self._stopping and self._past_deadline()
@@ -487,7 +497,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         with self._idle:
             while self._queue or self._in_flight:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
                 self._wake.set()
                 self._idle.wait(min(left, 0.05))
@@ -510,8 +520,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._stopping = True
         self._retry_at = 0.0  # one more attempt right away (it fails fast if still down)
         self._wake.set()
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        if self._thread is None:  # no export thread could start: the worker's loop, here
+            self._run()
+        else:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread is not None and self._thread.is_alive():
             # A plain exporter is stuck (collector hanging): give up on what is left.
             with self._lock:
                 self._abandoned = True
@@ -533,7 +546,13 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         # The exporter's own shutdown may block (gRPC channel close): bound it too.
         closer = threading.Thread(target=self._close_exporter, daemon=True,
                                   name="otel-train-export-close")
-        closer.start()
+        try:
+            closer.start()
+        except RuntimeError:
+            # No new thread at interpreter exit (Python 3.12.0, 3.12.1): left open, as
+            # closing here is unbounded (a gRPC channel's close waits for a thread that
+            # never started); the process is ending and its sockets close with it.
+            return
         closer.join(max(0.0, deadline - time.monotonic()))
 
     def _close_exporter(self) -> None:

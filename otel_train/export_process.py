@@ -496,7 +496,8 @@ class ExportProcessClient(SpanProcessor):
                     self._proc.kill()
                     self._take_over()
                 self._closed = True
-                self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
+                if self._fallback is not None:  # None: it could not be made (counted)
+                    self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
                 return
         with self._io_lock:
             # The child gets the time left minus a margin to report its final counts.

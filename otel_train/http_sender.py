@@ -97,6 +97,7 @@ class ReusedSenderThreads:
         self.name = name
         self.idle_seconds = idle_seconds
         self.started = 0  # threads started so far (reuse shows as few)
+        self.inline = 0  # jobs run on the caller's thread: no new thread could start
         self._reset()
 
     def _reset(self) -> None:
@@ -116,8 +117,17 @@ class ReusedSenderThreads:
                 self._cond.notify()
                 return
             self.started += 1
-        threading.Thread(target=self._work, args=((fn, args),), name=self.name,
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._work, args=((fn, args),), name=self.name,
+                             daemon=True).start()
+        except RuntimeError:
+            # No new thread now: Python 3.12.0 and 3.12.1 refuse one in an atexit handler
+            # (where the run's exit flush sends). The job runs here instead: the caller
+            # waits for its outcome within its own bound either way.
+            with self._cond:
+                self.started -= 1
+                self.inline += 1
+            self._run_job(fn, args)
 
     def close(self) -> None:
         """Let waiting threads leave now (jobs still queued run first)."""
@@ -125,13 +135,16 @@ class ReusedSenderThreads:
             self._closed = True
             self._cond.notify_all()
 
+    @staticmethod
+    def _run_job(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the job reports its own outcome; never kill the thread
+            _log.debug("otel-train: a sender job failed", exc_info=True)
+
     def _work(self, job: tuple[Callable[..., Any], tuple[Any, ...]] | None) -> None:
         while job is not None:
-            fn, args = job
-            try:
-                fn(*args)
-            except Exception:  # the job reports its own outcome; never kill the thread
-                _log.debug("otel-train: a sender job failed", exc_info=True)
+            self._run_job(*job)
             job = None
             with self._cond:
                 self._idle += 1

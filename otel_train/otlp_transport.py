@@ -263,8 +263,23 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             pending.finish(ExportOutcome.REJECTED, "exporter closed")
             return pending
         metadata = getattr(self.sdk_exporter, "_headers", None) or None
+        timeout = max(0.001, timeout_seconds)
+        if not threading.main_thread().is_alive():
+            # Interpreter exit (the run's exit flush): a future completes on a gRPC thread,
+            # which Python 3.12.0 and 3.12.1 refuse to start there (after the request went
+            # out, so its outcome would be lost); a blocking call needs none.
+            pending = PendingSend()
+            try:
+                call(body, timeout=timeout, metadata=metadata)
+            except grpc.RpcError as exc:
+                self._finish(pending, exc)
+            except Exception as exc:  # e.g. the channel was closed under us by shutdown
+                pending.finish(ExportOutcome.RETRY, repr(exc))
+            else:
+                pending.finish(ExportOutcome.SENT)
+            return pending
         try:
-            future = call.future(body, timeout=max(0.001, timeout_seconds), metadata=metadata)
+            future = call.future(body, timeout=timeout, metadata=metadata)
         except Exception as exc:  # e.g. the channel was closed under us by shutdown
             pending = PendingSend()
             pending.finish(ExportOutcome.RETRY, repr(exc))
@@ -279,19 +294,26 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             if exc is None:
                 pending.finish(ExportOutcome.SENT)
                 return
-            code = exc.code() if isinstance(exc, grpc.RpcError) else None
-            details = (exc.details() if isinstance(exc, grpc.RpcError) else repr(exc)) or ""
-            outcome = _grpc_outcome(code, details)
-            pending.unreachable = code is grpc.StatusCode.UNAVAILABLE and any(
-                text in details for text in _GRPC_CONNECT_FAILURES)
-            if outcome is ExportOutcome.TOO_LARGE:
-                match = _LIMIT_RE.search(details)
-                if match:
-                    pending.limit_bytes = int(match.group(1))
-            pending.finish(outcome, self.scrub(f"{getattr(code, 'name', code)}: {details}"))
+            self._finish(pending, exc)
 
         future.add_done_callback(done)
         return pending
+
+    def _finish(self, pending: PendingSend, exc: BaseException) -> None:
+        """A failed call's outcome, from its status code and details."""
+        import grpc
+
+        code = exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[attr-defined]
+        details = (exc.details() if isinstance(exc, grpc.RpcError)  # type: ignore[attr-defined]
+                   else repr(exc)) or ""
+        outcome = _grpc_outcome(code, details)
+        pending.unreachable = code is grpc.StatusCode.UNAVAILABLE and any(
+            text in details for text in _GRPC_CONNECT_FAILURES)
+        if outcome is ExportOutcome.TOO_LARGE:
+            match = _LIMIT_RE.search(details)
+            if match:
+                pending.limit_bytes = int(match.group(1))
+        pending.finish(outcome, self.scrub(f"{getattr(code, 'name', code)}: {details}"))
 
     def shutdown(self) -> None:
         """Close the channel (cancels what is still in flight on it)."""

@@ -209,3 +209,26 @@ def test_after_a_fork_jobs_start_their_own_threads():
     ran = threading.Event()
     senders.submit(ran.set, ())
     assert ran.wait(2.0) and senders.started == 2  # a new thread ran it
+
+
+def test_a_request_that_can_get_no_thread_is_sent_from_the_callers_thread(transport,
+                                                                          monkeypatch):
+    """Python 3.12.0 and 3.12.1 refuse new threads in atexit handlers, where the run's
+    exit flush sends: the request goes out from the caller's thread instead."""
+    real_start = threading.Thread.start
+
+    def refuse(self):
+        if self.name == "otel-train-otlp-http":
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        return real_start(self)
+
+    with HttpOtlpReceiver() as receiver:
+        exporter = _exporter(receiver, transport)
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "start", refuse)
+            assert _send(exporter, 3)[0] is ExportOutcome.SENT
+        assert exporter._senders.inline == 1 and exporter._senders.started == 0
+        assert _send(exporter, 2)[0] is ExportOutcome.SENT  # threads again once they start
+        assert exporter._senders.started == 1
+        assert len(receiver.spans()) == 5
+        exporter.shutdown()
