@@ -24,7 +24,10 @@ does the work, so background work is neither hidden in nor charged to the hot pa
   on-CPU - run-queue: on CPython mostly waiting for the GIL the background threads hold),
   the background CPU per exported step in this process (process CPU minus the training
   thread's, the pipeline flushed after each chunk, outside the hot-path timing), and the
-  exporter process's CPU (``/proc/<pid>/task/*/schedstat``).
+  exporter process's CPU (``/proc/<pid>/task/*/schedstat``). Beside the ratio of the medians,
+  each variant's chunk is divided by the floor's chunk of the same round (paired: the drift
+  between rounds cancels) and the median of those ratios printed with a bootstrap 95%
+  interval, so "within 1.5x the floor" can be told from noise.
 
 The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
@@ -34,7 +37,7 @@ drains in batches of 64 steps (or every 0.5 s) and a step takes milliseconds.
 
 Usage::
 
-    python benchmarks/bench_hot_path.py [--rounds 400] [--paced-rounds 12 --step-us 1000]
+    python benchmarks/bench_hot_path.py [--rounds 400] [--paced-rounds 20 --step-us 1000]
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def _sdk_chunk(tracer: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=400)
-    ap.add_argument("--paced-rounds", type=int, default=12,
+    ap.add_argument("--paced-rounds", type=int, default=20,
                     help="interleaved rounds of the paced, exporting comparison (0: skip)")
     ap.add_argument("--paced-steps", type=int, default=500, help="steps per paced chunk")
     ap.add_argument("--step-us", type=float, default=1000.0,
@@ -308,6 +311,8 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, Any]:
 def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
     if not paced:
         return
+    from bench_support import _fmt_ci  # on the path: _paced put it there
+
     n = args.paced_steps
 
     def med(kind: str, f: Any) -> float:
@@ -318,7 +323,7 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
           f"{n}-step chunks, steps paced by a {args.step_us:.0f} us GIL-holding spin; "
           "per step, medians")
     print(f"{'':<46}{'hot path':>10}{'x floor':>9}{'stall':>10}{'runq':>10}{'GIL':>10}"
-          f"{'bg CPU':>10}{'exp CPU':>10}")
+          f"{'bg CPU':>10}{'exp CPU':>10}   paired x floor [95% CI]")
     for kind, label in (("floor", "floor: 6 empty timestamp context managers"),
                         ("paused", "otel-train, worker paused"),
                         ("process", "otel-train, OTLP from the exporter process"),
@@ -328,8 +333,12 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
         gil = med(kind, lambda c: c["blocked"])
         bg = med(kind, lambda c: c["proc_cpu"] - c["thread_cpu"] + c.get("flush_bg", 0))
         child = med(kind, lambda c: c["child"]) if kind == "process" else 0.0
+        # Each round's chunk against the floor's chunk of the same round (they run side by
+        # side, so the machine's drift between rounds cancels), with a bootstrap interval.
+        paired = "" if kind == "floor" else "   " + _fmt_ci(
+            [c["hot"] / f["hot"] for c, f in zip(paced[kind], paced["floor"]) if f["hot"]])
         print(f"{label:<46}{hot:8.2f}us{hot / floor:8.2f}x{runq + gil:8.1f}us{runq:8.1f}us"
-              f"{gil:8.1f}us{bg:8.1f}us{child:8.1f}us")
+              f"{gil:8.1f}us{bg:8.1f}us{child:8.1f}us{paired}")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
           f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
           "process's threads but the training thread (the flush after each chunk included; "

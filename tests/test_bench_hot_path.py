@@ -38,6 +38,9 @@ def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_sp
                     "otel-train, OTLP from the exporter process",
                     "otel-train, OTLP from an in-process thread"):
         assert re.search(rf"^{re.escape(variant)}\s+\d+\.\d\dus\s+\d+\.\d\dx", out, re.M), out
+        if not variant.startswith("floor"):  # paired with the floor, round by round
+            assert re.search(rf"^{re.escape(variant)}.*us\s+\d+\.\d+ \[\d+\.\d+, \d+\.\d+\]$",
+                             out, re.M), out
     # Every span the paced runs recorded reached the real receiver.
     match = re.search(r"spans: (\d+) delivered to the OTLP receiver, (\d+) built, (\d+) "
                       r"recorded", out)
