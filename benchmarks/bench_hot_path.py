@@ -27,7 +27,9 @@ does the work, so background work is neither hidden in nor charged to the hot pa
   exporter process's CPU (``/proc/<pid>/task/*/schedstat``). Beside the ratio of the medians,
   each variant's chunk is divided by the floor's chunk of the same round (paired: the drift
   between rounds cancels) and the median of those ratios printed with a bootstrap 95%
-  interval, so "within 1.5x the floor" can be told from noise.
+  interval, so "within 1.5x the floor" can be told from noise. A last line sums the
+  background an exported step costs with the exporter process: this process's threads but
+  the training thread (less their cost in the floor's chunks) plus the exporter process.
 
 The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
@@ -339,6 +341,16 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
             [c["hot"] / f["hot"] for c, f in zip(paced[kind], paced["floor"]) if f["hot"]])
         print(f"{label:<46}{hot:8.2f}us{hot / floor:8.2f}x{runq + gil:8.1f}us{runq:8.1f}us"
               f"{gil:8.1f}us{bg:8.1f}us{child:8.1f}us{paired}")
+    # The background an exported step costs in all (issue target: <= 60 us per 7-span step):
+    # this process's threads but the training thread, less what they cost in the floor's
+    # chunks (the two open runs' idle threads), plus the exporter process.
+    def bg_of(kind: str) -> float:
+        return med(kind, lambda c: c["proc_cpu"] - c["thread_cpu"] + c.get("flush_bg", 0))
+    here = max(0.0, bg_of("process") - bg_of("floor"))
+    there = med("process", lambda c: c["child"])
+    print(f"background per exported 7-span step, OTLP from the exporter process: this process "
+          f"{here:.1f} us + the exporter process {there:.1f} us = {here + there:.1f} us "
+          "(each chunk's flush included)")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
           f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
           "process's threads but the training thread (the flush after each chunk included; "

@@ -41,6 +41,11 @@ def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_sp
         if not variant.startswith("floor"):  # paired with the floor, round by round
             assert re.search(rf"^{re.escape(variant)}.*us\s+\d+\.\d+ \[\d+\.\d+, \d+\.\d+\]$",
                              out, re.M), out
+    total = re.search(r"^background per exported 7-span step, .*: this process (\d+\.\d) us "
+                      r"\+ the exporter process (\d+\.\d) us = (\d+\.\d) us", out, re.M)
+    assert total, out
+    here, there, both = map(float, total.groups())
+    assert there > 0 and abs(here + there - both) < 0.2
     # Every span the paced runs recorded reached the real receiver.
     match = re.search(r"spans: (\d+) delivered to the OTLP receiver, (\d+) built, (\d+) "
                       r"recorded", out)
