@@ -284,10 +284,17 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     if export is None and exporter is not None:
         export = in_process_export(exporter)
 
+    # The derived metrics (and the tail sampler after them) run in the exporter process
+    # too, and this process keeps their state as a copy (derived_chain.py): the span worker
+    # then only builds records and hands them over. With metrics over OTLP or an SDK
+    # sampler that drops steps, they stay here (not moved yet).
+    derive_there = (not joins_app and isinstance(export, ExportProcessClient)
+                    and options.metrics_in_export_process and derived.otlp_metrics is None
+                    and is_sampled is _always_sampled)
     export_stage: SpanProcessor | None = export
-    if derived.sampler is not None and export is not None:
+    if derived.sampler is not None and export is not None and not derive_there:
         derived.sampler.downstream = export
-        export_stage = derived.sampler
+        export_stage = derived.sampler  # user spans wait here for their step's decision
     sdk_provider: TracerProvider | None = None
     if mode == MODE_OURS:
         # User spans opened with the OTel API go through this provider into our export.
@@ -301,15 +308,12 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     if not joins_app and (export is None or isinstance(export, ExportProcessClient)):
         route = RowRoute(derived.shared, derived.sampler if export is not None else None,
                          export, identity.rank)
-        if (isinstance(export, ExportProcessClient) and options.metrics_in_export_process
-                and derived.sampler is None and derived.otlp_metrics is None
-                and is_sampled is _always_sampled):
-            # The derived metrics run in the exporter process too, and this process keeps
-            # their state as a copy (derived_chain.py): the span worker then only builds
-            # records and hands them over. With tail sampling, metrics over OTLP or an SDK
-            # sampler that drops steps, they stay here (not moved yet).
+        if derive_there:
+            # There, user spans wait for their step's decision in the exporter process too
+            # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps
+            # the counts it sends back.
             derived.run_in_exporter_process(export)
-            route.metrics = None
+            route.metrics = route.sampler = None
     sinks: list[SpanProcessor] = list(derived.processors)
     if export_stage is not None:
         sinks.append(export_stage)

@@ -34,6 +34,7 @@ from otel_train.options import RunOptions
 from otel_train.overhead import OverheadSpanProcessor
 from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.rate_limited_log import RateLimitedLogger
+from otel_train.sampling import StepTailSampler, resolve_sample_ratio
 from otel_train.slow_steps import SlowStepSpanProcessor
 from otel_train.span_rows import view_from_record
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
@@ -67,6 +68,9 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         "console_breakdown_min_share": options.console_breakdown_min_share,
         "eval_operations": list(options.eval_operations),
         "console_min_interval_seconds": options.console_min_interval_seconds,
+        # Tail sampling (None: every step kept); decided after these processors.
+        "sample_ratio": resolve_sample_ratio(options),
+        "sample_keep_first_steps": options.sample_keep_first_steps,
     }
 
 
@@ -99,10 +103,17 @@ class StepChain:
                 eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
                 min_interval_seconds=s["console_min_interval_seconds"])
             self.processors.append(self.console)
-        self._stateful = {"slow": self.slow, "overhead": self.overhead,
-                          "budget": self.budget, "metrics": self.metrics}
+        # The tail sampler (sampling.py): not a view processor, it decides on each step's
+        # record after them (the worker here, or the exporter process, filter_frame).
+        self.sampler: StepTailSampler | None = None
+        if s.get("sample_ratio") is not None:
+            self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+        self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
+                                          "budget": self.budget, "metrics": self.metrics}
         if self.console is not None:
             self._stateful["console"] = self.console
+        if self.sampler is not None:
+            self._stateful["sampler"] = self.sampler
 
     def export_state(self) -> dict[str, Any]:
         """Every processor's running figures (take the chain's shared lock around it)."""

@@ -43,7 +43,7 @@ from otel_train.gpu import NvmlGpuSampler
 from otel_train.identity import RunIdentity
 from otel_train.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.recorder import Recorder
-from otel_train.sampling import build_step_sampler
+from otel_train.sampling import SampledOutCollector
 from otel_train.self_cost import SelfCostMeter
 from otel_train.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.watchdog import StallWatchdog
@@ -131,10 +131,13 @@ class DerivedMetricsStage:
         feed_records(self.shared, recs, self.identity.rank)
 
     def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
-        """The tail sampler (sampling.py; run.py puts it before export, after these
-        processors), and metrics over OTLP too (otlp_metrics.py), after the Prometheus one."""
-        self.sampler = build_step_sampler(self.options, self.identity.rank,
-                                          self.metrics.registry)
+        """The tail sampler (the chain's: assembly.py puts it before export, after these
+        processors, here or in the exporter process), and metrics over OTLP too
+        (otlp_metrics.py), after the Prometheus one."""
+        self.sampler = self.chain.sampler  # here or in the exporter process (assembly.py)
+        if self.sampler is not None:
+            self.metrics.registry.register(SampledOutCollector(self.sampler,
+                                                               self.identity.rank))
         self.metrics_plan = om.plan_metrics(self.options)
         if not self.metrics_plan.otlp:
             return None

@@ -131,6 +131,7 @@ class _Child:
         # The derived metrics, when the training process hands them over ("derive").
         self.chain: Any = None
         self.shared: Any = None
+        self.sampler: Any = None  # the chain's tail sampler, when the run samples
         self._feed_records: Any = None
         self.rank: Any = None
         self.parent_cost = _ParentSelfCost()
@@ -147,6 +148,7 @@ class _Child:
         self.chain = StepChain(settings, self.parent_cost,
                                console_stream=_ConsoleStream(self._writer))  # type: ignore[arg-type]
         self.shared = SharedStepSpanProcessor(self.chain.processors)
+        self.sampler = self.chain.sampler
         self.rank = settings["rank"]
 
     def send_state(self) -> None:
@@ -166,7 +168,11 @@ class _Child:
 
     def stats(self, kind: str = "stats", block: bool = False) -> None:
         """The cumulative counts (sent only when they changed, unless final)."""
-        now = (self.export.exported, self.export.export_failures, self.drops.counts())
+        # Spans the tail sampler left out were taken, not lost: the training process counts
+        # them as accounted for.
+        sampled_out = self.sampler.sampled_out_spans if self.sampler is not None else 0
+        now = (self.export.exported, self.export.export_failures, self.drops.counts(),
+               sampled_out)
         if kind == "stats" and now == self._last:
             return
         self._last = now
@@ -176,10 +182,12 @@ class _Child:
               parent_cost_ns: int) -> None:
         """One frame: the steps' records through the chain (if here), then exported with
         the user spans' rows (unsampled records feed the metrics only)."""
-        if self.shared is not None and recs:
+        if self.shared is not None and (recs or rows):
             self.parent_cost.total_ns = parent_cost_ns
             with self.shared.lock:
                 self._feed_records(self.shared, recs, self.rank)  # marks train.slow first
+                if self.sampler is not None:  # then the tail decision, on the marked steps
+                    recs, rows = self.sampler.filter_frame(recs, rows)
                 self._version += 1
         self.export.on_records(recs, rows)
 
@@ -188,6 +196,10 @@ class _Child:
         if self._done.is_set():
             return
         self._done.set()
+        if self.sampler is not None:  # spans still waiting for their step: exported
+            with self.shared.lock:
+                left = self.sampler.release_held()
+            self.export.on_records([], left)
         self.send_state()  # final: no step comes after a stop
         self.export.shutdown(timeout_seconds)
         self.stats("final", block=True)

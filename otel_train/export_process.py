@@ -96,6 +96,7 @@ class ExportProcessClient(SpanProcessor):
         self._outbox: deque[list[Any]] = deque()  # [frame view, span count]
         self._outbox_spans = 0
         self.sent_spans = 0  # spans whose frame went wholly into the pipe
+        self._child_sampled_out = 0  # of those, left out by the child's tail sampler
         self.exported = 0  # as the child last reported
         self.export_failures = 0
         self._child_drops: dict[str, int] = {}
@@ -319,7 +320,7 @@ class ExportProcessClient(SpanProcessor):
             kind = msg[0]
             if kind in ("stats", "final"):
                 self._ready = True
-                self._apply_stats(msg[1], msg[2], msg[3])
+                self._apply_stats(msg[1], msg[2], msg[3], msg[4])
                 if kind == "final":
                     self._final = True
             elif kind == "startup":
@@ -353,8 +354,10 @@ class ExportProcessClient(SpanProcessor):
             self._warn.warning("state", "otel-train: could not load the exporter process's "
                                "metrics state: %r", exc)
 
-    def _apply_stats(self, exported: int, failures: int, drops: dict[str, int]) -> None:
+    def _apply_stats(self, exported: int, failures: int, drops: dict[str, int],
+                     sampled_out: int) -> None:
         self.exported = exported
+        self._child_sampled_out = sampled_out  # taken by the child, never to be exported
         self.export_failures = failures
         for reason in set(drops) | set(self._child_drops):
             delta = drops.get(reason, 0) - self._child_drops.get(reason, 0)
@@ -365,7 +368,8 @@ class ExportProcessClient(SpanProcessor):
         self._child_drops = dict(drops)
 
     def _unaccounted(self) -> int:
-        return max(0, self.sent_spans - self.exported - sum(self._child_drops.values()))
+        return max(0, self.sent_spans - self.exported - sum(self._child_drops.values())
+                   - self._child_sampled_out)
 
     def _child_died(self) -> None:
         """The child exited unasked: count what it held, export in this process from now."""

@@ -19,12 +19,17 @@ The reason is written on the kept root as ``train.sample.reason``. Spans not exp
 of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
 drops: they don't alarm. A trace whose root never comes is exported when evicted (fail open).
 
+With the exporter process (export_process.py) the decision runs there, after the derived
+metrics (derived_chain.py builds the sampler with the chain): ``filter_frame`` takes each
+frame's span records and user span rows, and the counts come back with the chain's state.
+
 Usage::
 
     ratio = resolve_sample_ratio(options)              # option, else OTEL_TRACES_SAMPLER(_ARG)
     sampler = StepTailSampler(ratio, keep_first_steps=10)
     sampler.downstream = export_processor              # the bounded export stage
     worker sinks: [*derived_metrics_processors, sampler]
+    recs, rows = sampler.filter_frame(recs, rows)      # in the exporter process
 """
 
 from __future__ import annotations
@@ -44,7 +49,20 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from otel_train import attributes as A
 from otel_train.options import RunOptions
 from otel_train.rate_limited_log import warn_once
-from otel_train.span_rows import C_ATTRS, C_PHASES, C_STATUS, C_TRACE, record_span_count
+from otel_train.span_rows import (
+    C_ATTRS,
+    C_FLAGS,
+    C_PHASES,
+    C_STATUS,
+    C_TRACE,
+    R_ATTRS,
+    R_NAME,
+    R_PARENT,
+    R_REMOTE,
+    R_STATUS,
+    R_TRACE,
+    record_span_count,
+)
 from otel_train.steps_view import set_span_attribute
 
 _log = logging.getLogger("otel_train")
@@ -119,7 +137,8 @@ class StepTailSampler(SpanProcessor):
             trace_id = ctx.trace_id
             parent = span.parent
             if parent is not None and not parent.is_remote:
-                self._hold(trace_id, span)
+                # fail open: a trace evicted without its root is still exported
+                self._forward(self._hold(trace_id, span))
                 return
             with self._lock:
                 held = self._pending.pop(trace_id, None) or []
@@ -136,8 +155,9 @@ class StepTailSampler(SpanProcessor):
         except Exception as exc:  # the export stage must never break the build worker
             _log.debug("otel-train: tail sampler failed: %r", exc)
 
-    def _hold(self, trace_id: int, span: ReadableSpan) -> None:
-        evicted: list[ReadableSpan] | None = None
+    def _hold(self, trace_id: int, span: Any) -> list[Any]:
+        """Hold a span (or row) for its trace; returns the trace evicted to make room."""
+        evicted: list[Any] = []
         with self._lock:
             held = self._pending.get(trace_id)
             if held is None:
@@ -147,8 +167,7 @@ class StepTailSampler(SpanProcessor):
                     self.evicted_traces += 1
                 held = self._pending[trace_id] = []
             held.append(span)
-        if evicted:
-            self._forward(evicted)  # fail open: a trace without its root is still exported
+        return evicted
 
     def _reason(self, root: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
         """The decision on a root span and the spans of its trace (the span path)."""
@@ -186,33 +205,96 @@ class StepTailSampler(SpanProcessor):
         metrics; write the reason on the kept root, forward the user spans held for its
         trace; count what is left out. Never raises."""
         try:
-            attrs = rec[C_ATTRS]
-            trace_id = rec[C_TRACE]
-            phases = rec[C_PHASES]
             with self._lock:
-                held = self._pending.pop(trace_id, None) or []
-            reason = self._record_reason(rec, held)
-            if reason is None:
-                self.sampled_out_steps += 1
-                self.sampled_out_spans += record_span_count(rec) + len(held)
+                held = self._pending.pop(rec[C_TRACE], None) or []
+            if not self._keep(rec, held):
                 return False
-            self.kept_steps += 1
-            if phases is not None:
-                attrs[SAMPLE_REASON] = reason
             self._forward(held)
             return True
         except Exception as exc:  # the export stage must never break the build worker
             _log.debug("otel-train: tail sampler failed: %r", exc)
             return True
 
-    def _record_reason(self, rec: tuple[Any, ...], held: list[ReadableSpan]) -> str | None:
-        """The decision on a span record and the user spans held for its trace (row path)."""
+    def _keep(self, rec: tuple[Any, ...], held: list[Any]) -> bool:
+        """Decide on a span record and what was held for its trace (spans or rows); write
+        the reason on a kept step's root, count what is left out."""
         phases = rec[C_PHASES]
-        return self._decide(
+        failed_held = _row_failed if held and type(held[0]) is tuple else _span_failed
+        reason = self._decide(
             phases is not None, rec[C_ATTRS], rec[C_TRACE],
             failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
-                            or any(s.status.status_code is _ERROR for s in held)),
+                            or any(failed_held(s) for s in held)),
             monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases))
+        if reason is None:
+            self.sampled_out_steps += 1
+            self.sampled_out_spans += record_span_count(rec) + len(held)
+            return False
+        self.kept_steps += 1
+        if phases is not None:
+            rec[C_ATTRS][SAMPLE_REASON] = reason
+        return True
+
+    # -- the exporter process's path: span records and user span rows (derived_chain.py) --
+    def filter_frame(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """One frame's records (after the derived metrics marked them) and user span rows:
+        what to export. A user span inside a step waits for its step's record and goes
+        with it; a user root span is decided on its own. Rows come before the records of
+        their frame: a step's user spans end before the step does. Never raises."""
+        out_rows: list[tuple[Any, ...]] = []
+        try:
+            for row in rows:
+                if row[R_PARENT] and not row[R_REMOTE]:
+                    out_rows.extend(self._hold(row[R_TRACE], row))  # evicted: fail open
+                    continue
+                with self._lock:
+                    held = self._pending.pop(row[R_TRACE], None) or []
+                held.append(row)
+                attrs = row[R_ATTRS]
+                reason = self._decide(
+                    row[R_NAME] == A.STEP_SPAN_NAME, attrs, row[R_TRACE],
+                    failed=lambda: any(_row_failed(r) for r in held),
+                    monitored=lambda: any(r[R_ATTRS].get(A.PHASE_KIND) == A.KIND_MONITOR
+                                          for r in held))
+                if reason is None:
+                    self.sampled_out_steps += 1
+                    self.sampled_out_spans += len(held)
+                else:
+                    self.kept_steps += 1
+                    out_rows.extend(held)
+            kept = []
+            for rec in recs:
+                if not rec[C_FLAGS] & 1:
+                    continue
+                with self._lock:
+                    held = self._pending.pop(rec[C_TRACE], None) or []
+                if self._keep(rec, held):
+                    kept.append(rec)
+                    out_rows.extend(held)
+            return kept, out_rows
+        except Exception as exc:  # fail open: the frame as it came, and what was released
+            _log.debug("otel-train: tail sampler failed: %r", exc)
+            here = {id(row) for row in rows}
+            return recs, rows + [row for row in out_rows if id(row) not in here]
+
+    def release_held(self) -> list[Any]:
+        """What still waits for a root, to export at the end (fail open)."""
+        with self._lock:
+            left = [item for held in self._pending.values() for item in held]
+            self._pending.clear()
+        return left
+
+    def export_state(self) -> dict[str, Any]:
+        """The counts, as plain data (the training process's copy serves them)."""
+        return {"kept_steps": self.kept_steps, "sampled_out_steps": self.sampled_out_steps,
+                "sampled_out_spans": self.sampled_out_spans,
+                "evicted_traces": self.evicted_traces}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``export_state``'s counts."""
+        for name in ("kept_steps", "sampled_out_steps", "sampled_out_spans", "evicted_traces"):
+            if name in state:
+                setattr(self, name, state[name])
 
     def _by_ratio(self, trace_id: int) -> bool:
         return trace_id & _TRACE_ID_LOW_64 < self._bound
@@ -237,6 +319,15 @@ class StepTailSampler(SpanProcessor):
             self._forward(spans)
 
 
+def _span_failed(span: ReadableSpan) -> bool:
+    return span.status.status_code is _ERROR
+
+
+def _row_failed(row: tuple[Any, ...]) -> bool:
+    status = row[R_STATUS]
+    return status is not None and status[0] == _ERROR.value
+
+
 class SampledOutCollector:
     """Prometheus collector: ``otel_train_spans_sampled_out_total`` (not a drop)."""
 
@@ -251,15 +342,3 @@ class SampledOutCollector:
             "out (not dropped: every step still feeds the metrics).", labels=["rank"])
         fam.add_metric([self._rank], self._sampler.sampled_out_spans)
         yield fam
-
-
-def build_step_sampler(options: RunOptions, rank: Any, registry: Any = None,
-                       env: Mapping[str, str] | None = None) -> StepTailSampler | None:
-    """The run's tail sampler (None when every step is kept), counted on ``registry``."""
-    ratio = resolve_sample_ratio(options, env)
-    if ratio is None:
-        return None
-    sampler = StepTailSampler(ratio, options.sample_keep_first_steps)
-    if registry is not None:
-        registry.register(SampledOutCollector(sampler, rank))
-    return sampler

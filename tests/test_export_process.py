@@ -517,8 +517,42 @@ def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
     assert steps == list(range(25))
 
 
+def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=0.0,
+                         sample_keep_first_steps=2)
+    derived = run._telemetry.derived
+    assert derived.remote is run._telemetry.export  # the chain and the sampler: there
+    tracer = trace.get_tracer("user")
+    for step in run.steps(range(20)):
+        with step.phase("forward"), tracer.start_as_current_span("user-work") as span:
+            if step.index == 7:  # a user span that failed keeps its step
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "bad batch"))
+    with tracer.start_as_current_span("user-root"):  # a root of the user's: by the ratio
+        pass
+    assert run.flush(timeout_seconds=10)
+    metrics = _scrape(run.prometheus_url)
+    run.shutdown(timeout=10)
+    assert derived.shared.assembler.views == 0  # nothing fed here: the child did
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    roots = {s.attributes["train.step"]: s for s in spans if s.name == "train.step"}
+    reasons = {i: r.attributes["train.sample.reason"] for i, r in roots.items()}
+    assert {0: "first", 1: "first", 7: "error"}.items() <= reasons.items()
+    assert set(reasons.values()) <= {"first", "error", "slow"}  # a us step may look slow
+    users = [s for s in spans if s.name == "user-work"]
+    assert sorted(u.trace_id for u in users) == sorted(r.trace_id for r in roots.values())
+    assert not any(s.name == "user-root" for s in spans)
+    # Left out, counted as sampled out (not dropped): 4 spans a step (root, data, forward,
+    # user-work) and the user's root; the metrics saw all 20 steps.
+    out = 4 * (20 - len(roots)) + 1
+    assert metrics['otel_train_spans_sampled_out_total{rank="0"}'] == out
+    assert metrics['otel_train_steps_total{rank="0"}'] == 20
+    assert run.dropped_spans() == {}
+    assert derived.sampler.sampled_out_spans == out  # the copy here, from the child's state
+
+
 @pytest.mark.parametrize("options", [{"metrics_in_export_process": False},
-                                     {"sample_ratio": 0.5}, {"export_process": False}])
+                                     {"export_process": False}])
 def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
         tmp_path: Path, options: dict) -> None:
     run = start_test_run(tmp_path, **options)

@@ -249,3 +249,41 @@ def test_span_records_are_kept_for_the_same_reasons_as_spans_at_ratio_zero(tmp_p
                     ("checkpoint", 8): None}
     assert [s.name for s in out.spans] == ["user"]  # forwarded with its kept step
     assert sampler.sampled_out_steps == 5  # steps 1-4 and 8: ordinary
+
+
+def test_the_exporter_process_decides_on_records_and_user_span_rows_as_on_spans(
+        tmp_path: Path):
+    """filter_frame (the exporter process's path): the same decisions as keep_record, user
+    span rows going with their step, a user root decided on its own, and a row whose step
+    never comes exported at the end (fail open)."""
+    from otel_train.span_rows import record_span_count, row_from_span
+
+    run = start_test_run(tmp_path, exporter="none")
+    run._telemetry.worker.paused = True
+    for step in run.steps(range(9)):
+        with step.phase("forward"):
+            pass
+    builder = run._telemetry.builder
+    recs = [builder.record(r) for r in list(run._recorder.queue)]
+    run.shutdown(timeout=5)
+
+    def user_row(trace_id, parent, failed=False, name="user"):
+        return row_from_span(ReadableSpan(
+            name=name, context=SpanContext(trace_id, 99, False, SAMPLED),
+            parent=SpanContext(trace_id, 98, False, SAMPLED) if parent else None,
+            status=Status(StatusCode.ERROR if failed else StatusCode.UNSET)))
+
+    failed, plain = user_row(recs[5][1], True, failed=True), user_row(recs[2][1], True)
+    root, orphan = user_row(12345, False, name="user-root"), user_row(777, True)
+    sampler = StepTailSampler(0.0, keep_first_steps=1)
+    kept, rows = sampler.filter_frame(recs, [failed, plain, root, orphan])
+    assert {rec[6][A.STEP]: rec[6][SAMPLE_REASON] for rec in kept} == {0: "first", 5: "error"}
+    assert rows == [failed]  # with its kept step; the plain one left out with step 2
+    out_steps = [rec for rec in recs if rec not in kept]
+    assert sampler.sampled_out_steps == len(out_steps) + 1  # and the user's root
+    assert sampler.sampled_out_spans == sum(map(record_span_count, out_steps)) + 2
+    assert sampler.release_held() == [orphan] and sampler.release_held() == []
+    # The counts travel to the training process's copy with the chain's state.
+    copy = StepTailSampler(0.0)
+    copy.load_state(sampler.export_state())
+    assert copy.sampled_out_spans == sampler.sampled_out_spans
