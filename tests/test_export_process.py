@@ -551,6 +551,28 @@ def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
     assert derived.sampler.sampled_out_spans == out  # the copy here, from the child's state
 
 
+def test_a_sampled_run_whose_child_dies_exports_every_step_after_it(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2,
+                         export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    assert run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.02)
+    _train(run, 10, start=10)
+    run.shutdown(timeout=10)
+    steps = {s.attributes["train.step"]: s.attributes.get("train.sample.reason")
+             for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"}
+    # Before: the child's decisions (the first two, monitoring every 5th step; a us step may
+    # also look slow). After: fail open, every step, undecided.
+    assert {0, 1, 5} <= set(steps) and set(range(10, 20)) <= set(steps)
+    assert all(steps[i] is None for i in range(10, 20))
+    assert steps[1] == "first" and steps[0] == steps[5] == "monitor"
+    assert run._telemetry.derived.sampler.sampled_out_spans > 0  # the child's, until it died
+
+
 @pytest.mark.parametrize("options", [{"metrics_in_export_process": False},
                                      {"export_process": False}])
 def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
