@@ -15,6 +15,9 @@ Variants, each compared with the bare loop:
 - ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
   drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
   the floor that background work adds to (a diagnostic, not a way to run);
+- ``otel-sampled``: ``otel-otlp`` with ``sample_ratio=0.1``, the fleet setting: every step
+  still feeds the metrics, the tail decision (10% of ordinary steps, and every slow,
+  monitoring and first step) runs in the exporter process after them;
 - ``instrument``: ``otel_train.instrument(model, opt, dataloader)`` (zero-code hooks) on the
   same OTLP run;
 - ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
@@ -103,9 +106,11 @@ from bench_support import (  # noqa: E402
     timed_block,
 )
 
-IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-none", "instrument",
-              "otel-sdk", "record-function")
-EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "instrument")  # otel-train runs exporting OTLP
+IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
+              "instrument", "otel-sdk", "record-function")
+# otel-train runs exporting OTLP
+EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "instrument")
+SAMPLED_RATIO = 0.1  # otel-sampled
 PEERS = ("torchtel", "traceml")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 BLOCK_STEPS = {"gpt": 50, "mlp": 100}
@@ -283,7 +288,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         run = otel_train.start_run(
             exporter="otlp", otlp_endpoint=cfg["endpoint"], otlp_protocol="http/protobuf",
             prometheus_port=0, console=True, status_dir=tmp, service_name="bench",
-            export_process=variant != "otel-thread")
+            export_process=variant != "otel-thread",
+            sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None)
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
                                    status_dir=tmp, service_name="bench")
@@ -544,6 +550,8 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
         first_bare = False
     if got is None and variant in (*EXPORTING, "otel-sdk"):
         delivered = "(one process for all: total below)"
+    elif variant == "otel-sampled":
+        delivered = f"{got}/{res['spans_built']} built (the rest sampled out)"
     elif variant in EXPORTING:
         delivered = f"{got}/{res['spans_built']} built"
     elif variant == "otel-none":
