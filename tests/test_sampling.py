@@ -195,10 +195,16 @@ def test_a_run_without_sampling_exports_every_step(tmp_path: Path):
     assert all(SAMPLE_REASON not in s.attributes for s in roots)
 
 
+@pytest.mark.parametrize("where", [
+    {},  # decided in the exporter process, after the derived metrics there
+    {"metrics_in_export_process": False},  # decided here, exported from the exporter process
+    {"export_process": False},  # decided and exported here
+])
 def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_step(
-        tmp_path: Path):
+        tmp_path: Path, where: dict):
     from opentelemetry import trace
-    run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2)
+    run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2, **where)
+    assert (run._telemetry.derived.remote is not None) is (not where)
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
         with step.phase("forward"), tracer.start_as_current_span("user-work"):
