@@ -35,7 +35,7 @@ The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
 of them alike and the ratios stay true. Between chunks, outside the timing, the paused
 worker's queue is drained: at most CHUNK records wait, as in a real run where the worker
-drains in batches of 64 steps (or every 0.5 s) and a step takes milliseconds.
+drains in batches of 256 steps (or every 0.5 s) and a step takes milliseconds.
 
 Usage::
 

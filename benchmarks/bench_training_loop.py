@@ -39,7 +39,7 @@ of the paired ratios with a bootstrap 95% interval (2000 resamples of the pairs)
   loop while they idle, a variant block runs the instrumented loop. (``instrument`` hooks are
   installed before and removed after each of its blocks, outside the clock.)
 - Work a block caused but has not finished when its last step ends (steps still queued for
-  the span worker, which drains in batches of 64 steps or every 0.5 s; spans queued for
+  the span worker, which drains in batches of 256 steps or every 0.5 s; spans queued for
   export) would spill into the next, bare, block. So after each variant block the work this
   process still owes is done and timed as the block's ``drain``: ``ratio+drain`` charges it
   (conservative: the drain serializes work that would partly overlap training), ``ratio``
