@@ -140,15 +140,9 @@ class StepTailSampler(SpanProcessor):
                 # fail open: a trace evicted without its root is still exported
                 self._forward(self._hold(trace_id, span))
                 return
-            with self._lock:
-                held = self._pending.pop(trace_id, None) or []
-            held.append(span)
-            reason = self._reason(span, held)
+            held, reason = self._root(span.name, span.attributes or {}, trace_id, span)
             if reason is None:
-                self.sampled_out_steps += 1
-                self.sampled_out_spans += len(held)
                 return
-            self.kept_steps += 1
             if span.name == A.STEP_SPAN_NAME:
                 set_span_attribute(span, SAMPLE_REASON, reason)
             self._forward(held)
@@ -169,13 +163,28 @@ class StepTailSampler(SpanProcessor):
             held.append(span)
         return evicted
 
-    def _reason(self, root: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
-        """The decision on a root span and the spans of its trace (the span path)."""
-        return self._decide(
-            root.name == A.STEP_SPAN_NAME, root.attributes or {}, root.context.trace_id,
-            failed=lambda: any(s.status.status_code is _ERROR for s in spans),
-            monitored=lambda: any((s.attributes or {}).get(A.PHASE_KIND) == A.KIND_MONITOR
-                                  for s in spans))
+    def _root(self, name: str, attrs: Any, trace_id: int, root: Any
+              ) -> tuple[list[Any], str | None]:
+        """A root span (or row) of its own trace, with what was held for it: the trace's
+        spans and why they are kept (None: counted as sampled out)."""
+        with self._lock:
+            held = self._pending.pop(trace_id, None) or []
+        held.append(root)
+        reason = self._decide(
+            name == A.STEP_SPAN_NAME, attrs, trace_id,
+            failed=lambda: any(_failed(s) for s in held),
+            monitored=lambda: any(_kind(s) == A.KIND_MONITOR for s in held))
+        self._tally(reason, len(held))
+        return held, reason
+
+    def _tally(self, reason: str | None, spans: int) -> bool:
+        """Count a decision: kept, or sampled out with its ``spans``."""
+        if reason is None:
+            self.sampled_out_steps += 1
+            self.sampled_out_spans += spans
+            return False
+        self.kept_steps += 1
+        return True
 
     def _decide(self, is_step: bool, attrs: Any, trace_id: int, failed: Any,
                 monitored: Any) -> str | None:
@@ -219,17 +228,13 @@ class StepTailSampler(SpanProcessor):
         """Decide on a span record and what was held for its trace (spans or rows); write
         the reason on a kept step's root, count what is left out."""
         phases = rec[C_PHASES]
-        failed_held = _row_failed if held and type(held[0]) is tuple else _span_failed
         reason = self._decide(
             phases is not None, rec[C_ATTRS], rec[C_TRACE],
             failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
-                            or any(failed_held(s) for s in held)),
+                            or any(_failed(s) for s in held)),
             monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases))
-        if reason is None:
-            self.sampled_out_steps += 1
-            self.sampled_out_spans += record_span_count(rec) + len(held)
+        if not self._tally(reason, record_span_count(rec) + len(held)):
             return False
-        self.kept_steps += 1
         if phases is not None:
             rec[C_ATTRS][SAMPLE_REASON] = reason
         return True
@@ -247,20 +252,8 @@ class StepTailSampler(SpanProcessor):
                 if row[R_PARENT] and not row[R_REMOTE]:
                     out_rows.extend(self._hold(row[R_TRACE], row))  # evicted: fail open
                     continue
-                with self._lock:
-                    held = self._pending.pop(row[R_TRACE], None) or []
-                held.append(row)
-                attrs = row[R_ATTRS]
-                reason = self._decide(
-                    row[R_NAME] == A.STEP_SPAN_NAME, attrs, row[R_TRACE],
-                    failed=lambda: any(_row_failed(r) for r in held),
-                    monitored=lambda: any(r[R_ATTRS].get(A.PHASE_KIND) == A.KIND_MONITOR
-                                          for r in held))
-                if reason is None:
-                    self.sampled_out_steps += 1
-                    self.sampled_out_spans += len(held)
-                else:
-                    self.kept_steps += 1
+                held, reason = self._root(row[R_NAME], row[R_ATTRS], row[R_TRACE], row)
+                if reason is not None:
                     out_rows.extend(held)
             kept = []
             for rec in recs:
@@ -312,20 +305,21 @@ class StepTailSampler(SpanProcessor):
 
     def shutdown(self) -> None:
         """Export what still waits for a root (fail open)."""
-        with self._lock:
-            left = list(self._pending.values())
-            self._pending.clear()
-        for spans in left:
-            self._forward(spans)
+        self._forward(self.release_held())
 
 
-def _span_failed(span: ReadableSpan) -> bool:
+def _failed(span: Any) -> bool:
+    """A held span (or span row) that failed."""
+    if type(span) is tuple:
+        status = span[R_STATUS]
+        return status is not None and status[0] == _ERROR.value
     return span.status.status_code is _ERROR
 
 
-def _row_failed(row: tuple[Any, ...]) -> bool:
-    status = row[R_STATUS]
-    return status is not None and status[0] == _ERROR.value
+def _kind(span: Any) -> Any:
+    """A held span's (or span row's) phase kind, if it has one."""
+    attrs = span[R_ATTRS] if type(span) is tuple else span.attributes
+    return (attrs or {}).get(A.PHASE_KIND)
 
 
 class SampledOutCollector:
