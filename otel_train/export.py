@@ -304,11 +304,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             if self._stopping and self._past_deadline():
                 return
             batch: list[ReadableSpan] = []
-            while q and len(batch) < self._batch:
-                try:
-                    batch.append(q.popleft())
-                except IndexError:
-                    break
+            take, popleft = batch.append, q.popleft
+            try:  # a batch of thousands of spans: one pop per span, no test per span
+                for _ in range(min(len(q), self._batch)):
+                    take(popleft())
+            except IndexError:  # the producer dropped the oldest meanwhile
+                pass
             if not batch:
                 return
             with self._lock:

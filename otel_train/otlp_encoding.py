@@ -111,6 +111,7 @@ def _varint(n: int) -> bytes:
 
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
+_BYTES_ONLY = {bytes}
 
 
 def _ld(tag: bytes, payload: bytes) -> bytes:
@@ -563,7 +564,7 @@ class _Encoder:
         ``ReadableSpan`` made (the exporter process's path). An item that is ``bytes`` is a
         span of otel-train's own scope encoded already, as a ScopeSpans.spans field
         (:meth:`record`)."""
-        if all(type(row) is bytes for row in rows):  # the usual batch: joined as it is
+        if set(map(type, rows)) == _BYTES_ONLY:  # the usual batch: joined as it is
             return self._resource_spans(resource, ((scope, rows),))
         consts, keys, block = self._constants(constants)
         by_scope: dict[Any, list[bytes]] = {}
@@ -580,16 +581,27 @@ class _Encoder:
 
     def _resource_spans(self, resource: Any, scopes: Any) -> bytes:
         """One ResourceSpans field: ``scopes`` is ``(scope, [ScopeSpans.spans field, ...])``
-        pairs."""
-        rs = [_ld(b"\x0a", self.resource(resource))]
+        pairs. Each message's length is summed from its parts, so a batch's spans are copied
+        once, by the one join at the end (not once per nesting level)."""
+        res = _ld(b"\x0a", self.resource(resource))
+        parts = [b"", res]  # the ResourceSpans head goes first, when its length is known
+        size = len(res)
         for scope, fields in scopes:
-            ss = [_ld(b"\x0a", self.scope(scope)), *fields]
-            if scope is not None and scope.schema_url:
-                ss.append(_ld(b"\x1a", scope.schema_url.encode("utf-8")))
-            rs.append(_ld(b"\x12", b"".join(ss)))
+            sc = _ld(b"\x0a", self.scope(scope))
+            tail = (_ld(b"\x1a", scope.schema_url.encode("utf-8"))
+                    if scope is not None and scope.schema_url else b"")
+            n = len(sc) + sum(map(len, fields)) + len(tail)
+            head = b"\x12" + _varint(n)
+            parts += (head, sc)
+            parts += fields
+            parts.append(tail)
+            size += len(head) + n
         if resource.schema_url:
-            rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
-        return _ld(b"\x0a", b"".join(rs))
+            tail = _ld(b"\x1a", resource.schema_url.encode("utf-8"))
+            parts.append(tail)
+            size += len(tail)
+        parts[0] = b"\x0a" + _varint(size)
+        return b"".join(parts)
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """ExportTraceServiceRequest bytes: spans grouped by resource, then by scope."""

@@ -207,8 +207,13 @@ def count_monitoring(view: StepView) -> None:
     monitors = [p for p in phases if p[P_KIND] == A.KIND_MONITOR]
     if not monitors:
         return
-    parents = {p[P_SPAN_ID]: p for p in phases}
     ops = view.operations
+    root = view.root_span_id
+    if all(ph[P_PARENT_ID] == root for ph in monitors):  # the usual step: no walk, no dict
+        ops.extend([(ph[P_NAME], ph[P_DURATION]) for ph in monitors])
+        view.monitor_ns = sum([ph[P_DURATION] for ph in monitors])
+        return
+    parents = {p[P_SPAN_ID]: p for p in phases}
     total = 0
     for ph in monitors:
         parent = parents.get(ph[P_PARENT_ID])

@@ -159,3 +159,26 @@ def test_a_budget_crossed_by_faster_training_alone_warns_within_eight_steps(
     assert crossed is not None and warned is not None
     assert 50 < crossed < 90  # between two evals, well before the next
     assert crossed <= warned <= crossed + 8
+
+
+def test_light_monitoring_in_every_step_is_checked_every_few_steps_a_heavy_step_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 2 ms of val_loss in every 100 ms step (2%): each step moves the steady ratio a little,
+    # so the status is read every eight steps, not on each. A step whose monitoring is half
+    # the budget or more (here the seed's 20-minute eval freeze) is read at once.
+    shared, ov, budget = make(min_steps=1)
+    reads = []
+    real = ov.steady_ratio
+    ov.steady_ratio = lambda settled_only=False: reads.append(1) or real(settled_only)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(64):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=2, monitor="val_loss"))
+        assert len(reads) == 8  # every eighth step
+        assert budget.status() == "ok" and "monitoring" not in caplog.text
+        reads.clear()
+        for i in range(64, 66):  # the eval froze training: 20 minutes, twice
+            feed(shared, train_step(i, step_ms=1_200_100, monitor_ms=1_200_000,
+                                    monitor="val_loss"))
+        assert len(reads) == 2  # each read at once
+    msgs = [r.getMessage() for r in caplog.records if "monitoring CRITICAL" in r.getMessage()]
+    assert len(msgs) == 1

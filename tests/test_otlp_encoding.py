@@ -354,6 +354,33 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
         _Encoder().request_rows(encoded, *args)) == encode_spans(factory.spans(rows))
 
 
+def test_a_batch_of_encoded_spans_is_one_request_with_its_schema_urls_as_the_sdk_sends(
+        tmp_path):
+    import random
+
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_train.span_rows import RowSpanFactory, rows_from_record
+
+    records, _, factory = _records(tmp_path)
+    # The request's lengths are summed from its parts (one copy of the batch): the schema
+    # URLs of the resource and the scope are inside those lengths, a long one (two-byte
+    # lengths) too.
+    for r_schema, s_schema in (("", ""), ("https://r/1", "https://s/" + "x" * 300)):
+        schemed = RowSpanFactory(Resource(dict(factory.resource.attributes), r_schema),
+                                 InstrumentationScope("otel_train", "1.0", s_schema),
+                                 factory.run_constants)
+        random.seed(7)
+        rows = [row for rec in records * 40 for row in rows_from_record(rec)]
+        random.seed(7)
+        enc = _Encoder()
+        encoded = [s for rec in records * 40 for s in enc.record(rec, factory.run_constants)]
+        args = (schemed.resource, schemed.scope, schemed.run_constants)
+        body = _Encoder().request_rows(encoded, *args)
+        assert body == _Encoder().request(schemed.spans(rows))
+        assert ExportTraceServiceRequest.FromString(body) == encode_spans(schemed.spans(rows))
+
+
 def test_span_rows_encode_to_exactly_the_bytes_of_the_spans_made_from_them(tmp_path):
     from otel_train import attributes as A
 
