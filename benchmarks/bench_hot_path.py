@@ -30,6 +30,12 @@ does the work, so background work is neither hidden in nor charged to the hot pa
   interval, so "within 1.5x the floor" can be told from noise. A last line sums the
   background an exported step costs with the exporter process: this process's threads but
   the training thread (less their cost in the floor's chunks) plus the exporter process.
+- the steady state: after the rounds, the exporter-process run alone (the other run shut
+  down), ``--steady-blocks`` blocks of ``--steady-steps`` paced steps, flushed once per
+  block. Its background per exported step (this process's threads but the training thread,
+  the flush included, plus the exporter process) is what a long run pays per step, without
+  the other variants' export work (and the receiver's) competing on the same CPUs, and
+  without a flush every chunk.
 
 The variants are interleaved in small chunks (floor, otel-train, SDK, floor, ...), so a change
 in the machine's speed during the run (shared CPUs drift by tens of percent here) moves all
@@ -40,6 +46,7 @@ drains in batches of 256 steps (or every 0.5 s) and a step takes milliseconds.
 Usage::
 
     python benchmarks/bench_hot_path.py [--rounds 400] [--paced-rounds 20 --step-us 1000]
+        [--steady-blocks 3 --steady-steps 3000]
 """
 
 from __future__ import annotations
@@ -113,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paced-steps", type=int, default=500, help="steps per paced chunk")
     ap.add_argument("--step-us", type=float, default=1000.0,
                     help="CPU spin per paced step (the training step's own work)")
+    ap.add_argument("--steady-blocks", type=int, default=3,
+                    help="blocks of the steady-state background measurement (0: skip)")
+    ap.add_argument("--steady-steps", type=int, default=3000,
+                    help="paced steps per steady-state block (one flush each)")
     args = ap.parse_args(argv)
     # Empty steps look slow and monitoring looks costly to the run: keep its warnings quiet.
     logging.getLogger("otel_train").setLevel(logging.ERROR)
@@ -197,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         gen = run.steps(range(rounds * CHUNK))
         gc.collect()
         concurrent = sum(_ours_chunk(gen) for _ in range(rounds)) / (rounds * CHUNK)
-    paced = _paced(args.paced_rounds, args.paced_steps, args.step_us)
+    paced = _paced(args.paced_rounds, args.paced_steps, args.step_us, args.steady_blocks,
+                   args.steady_steps)
 
     us = 1000.0
     print(f"per step, 7 spans (root + data + 5 phases); {steps} steps, interleaved chunks")
@@ -251,7 +263,8 @@ def _paced_chunk(gen: Any, clock: Any, steps: int, step_ns: int, ours: bool) -> 
             "blocked": max(0, (b[0] - a[0]) - (b[3] - a[3]) - (b[4] - a[4]))}
 
 
-def _paced(rounds: int, steps: int, step_us: float) -> dict[str, Any]:
+def _paced(rounds: int, steps: int, step_us: float, steady_blocks: int = 0,
+           steady_steps: int = 0) -> dict[str, Any]:
     """Floor, hot path (worker paused), and the hot path with the worker running and export
     on: from the exporter process (the default) and from an export thread in this process
     (``export_process=False``), interleaved. Two runs are open side by side; the one not
@@ -277,7 +290,8 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, Any]:
             run_t = otel_train.start_run(status_dir=tmp_t, export_process=False, **common)
             child = ProcessCpu(exporter_pid(run_p))
             runs = {"paused": run_p, "process": run_p, "thread": run_t}
-            gens = {id(r): r.steps(range((rounds + 1) * 2 * steps + 1)) for r in (run_p, run_t)}
+            total = (rounds + 1) * 2 * steps + steady_blocks * steady_steps + 1
+            gens = {id(r): r.steps(range(total)) for r in (run_p, run_t)}
             for r in range(rounds + 1):  # round 0 warms up
                 for kind in kinds if r % 2 else kinds[::-1]:
                     run = runs.get(kind)
@@ -299,14 +313,33 @@ def _paced(rounds: int, steps: int, step_us: float) -> dict[str, Any]:
             for run in (run_p, run_t):
                 run._telemetry.worker.paused = False
                 run.flush()
-            out["spans_built"] = sum(r._telemetry.worker.spans_built for r in (run_p, run_t))
-            out["expected"] = 7 * steps * 3 * (rounds + 1)
-            run_p.shutdown()
+            out["spans_built"] = run_t._telemetry.worker.spans_built
             run_t.shutdown()
+            out["steady"] = _steady(run_p, gens[id(run_p)], clock, child, steady_blocks,
+                                    steady_steps, step_ns)
+            out["spans_built"] += run_p._telemetry.worker.spans_built
+            out["expected"] = 7 * (steps * 3 * (rounds + 1) + steady_blocks * steady_steps)
+            run_p.shutdown()
             time.sleep(0.2)
             out["delivered"] = receiver.count()
     finally:
         receiver.close()
+    return out
+
+
+def _steady(run: Any, gen: Any, clock: Any, child: Any, blocks: int, steps: int,
+            step_ns: int) -> list[dict[str, int]]:
+    """Background per block of ``steps`` paced steps, the run alone and its worker running:
+    this process's threads but this one during the block, this thread's flush after it
+    (the drain of what was left), and the exporter process."""
+    out = []
+    for _ in range(blocks):
+        c0, p0, t0 = child.read_ns(), process_time_ns(), thread_time_ns()
+        _paced_chunk(gen, clock, steps, step_ns, True)
+        p1, t1 = process_time_ns(), thread_time_ns()
+        run.flush()
+        out.append({"here": (p1 - p0) - (t1 - t0) + (process_time_ns() - p1),
+                    "child": child.read_ns() - c0, "steps": steps})
     return out
 
 
@@ -351,6 +384,17 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"background per exported 7-span step, OTLP from the exporter process: this process "
           f"{here:.1f} us + the exporter process {there:.1f} us = {here + there:.1f} us "
           "(each chunk's flush included)")
+    steady = paced.get("steady") or []
+    if steady:
+        per = sorted(steady, key=lambda b: (b["here"] + b["child"]) / b["steps"])
+        ends = [(b["here"] + b["child"]) / b["steps"] / 1000.0 for b in (per[0], per[-1])]
+        mid = per[len(per) // 2]
+        total = (mid["here"] + mid["child"]) / mid["steps"] / 1000.0
+        print(f"background per exported 7-span step in the steady state (the exporter-process "
+              f"run alone, {len(steady)} blocks of {mid['steps']} paced steps, one flush each; "
+              f"median block): this process {mid['here'] / mid['steps'] / 1000.0:.1f} us + the "
+              f"exporter process {mid['child'] / mid['steps'] / 1000.0:.1f} us = {total:.1f} us"
+              f" (blocks {ends[0]:.1f}-{ends[1]:.1f} us; target <= 60 us)")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
           f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
           "process's threads but the training thread (the flush after each chunk included; "

@@ -22,7 +22,8 @@ def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_sp
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--rounds", "14", "--paced-rounds", "1",
-         "--paced-steps", "40", "--step-us", "200"],
+         "--paced-steps", "40", "--step-us", "200", "--steady-blocks", "2",
+         "--steady-steps", "60"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -46,7 +47,14 @@ def test_a_short_run_prints_every_figure_and_the_paced_table_and_delivers_its_sp
     assert total, out
     here, there, both = map(float, total.groups())
     assert there > 0 and abs(here + there - both) < 0.2
-    # Every span the paced runs recorded reached the real receiver.
+    steady = re.search(r"^background per exported 7-span step in the steady state .*2 blocks "
+                       r"of 60 paced steps.*: this process (\d+\.\d) us \+ the exporter "
+                       r"process (\d+\.\d) us = (\d+\.\d) us \(blocks (\d+\.\d)-(\d+\.\d) us",
+                       out, re.M)
+    assert steady, out
+    here, there, both, low, high = map(float, steady.groups())
+    assert there > 0 and abs(here + there - both) < 0.2 and low <= both <= high
+    # Every span the paced runs recorded reached the real receiver (the steady blocks too).
     match = re.search(r"spans: (\d+) delivered to the OTLP receiver, (\d+) built, (\d+) "
                       r"recorded", out)
     assert match, out
