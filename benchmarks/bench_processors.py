@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_train.derived_chain import StepChain, chain_settings, feed_records
 from otel_train.derived_metrics import DerivedMetricsStage
 from otel_train.drop_counter import DropCounter
 from otel_train.identity import RunIdentity
@@ -33,6 +35,8 @@ from otel_train.options import RunOptions
 from otel_train.recorder import Recorder, Step
 from otel_train.self_cost import SelfCostMeter
 from otel_train.span_builder import StepSpanBuilder, epoch_offset_ns
+from otel_train.span_rows import view_from_record
+from otel_train.steps_view import SharedStepSpanProcessor
 
 
 def record_step(rec: Recorder, index: int, eval_step: bool) -> Step:
@@ -104,6 +108,19 @@ def main(argv: list[str] | None = None) -> int:
             assert body
             pipe.shutdown(0.5)
     rows.append(("span building (span_builder.py, for reference)", build_ns / n))
+    # The record path (the exporter process's): the views of a frame of span records, fed
+    # view by view to every processor, or a frame at a time (each processor takes the whole
+    # frame in turn: SharedStepSpanProcessor.on_views). Interleaved rounds, medians.
+    records = [builder.record(s) for s in steps]
+    settings = chain_settings(RunOptions.resolve(environ={}, console=False), ident)
+    by_view, by_frame = [], []
+    for _ in range(max(3, args.rounds * 3)):
+        by_view.append(_feed_frames(settings, records, frame_at_a_time=False))
+        by_frame.append(_feed_frames(settings, records, frame_at_a_time=True))
+    rows.append(("span records' views (console off), view by view [median]",
+                 statistics.median(by_view)))
+    rows.append(("span records' views (console off), a frame at a time [median]",
+                 statistics.median(by_frame)))
 
     print(f"{n} steps, {spans_per_step:.1f} spans/step on average "
           "(every 10th step: inference + val_loss with 4 val batches)")
@@ -128,6 +145,24 @@ def _feed_chunks(builder: StepSpanBuilder, steps: list[Step], procs: Any,
                     proc.on_end(span)
         out.append((thread_time_ns() - t0) / chunk)
     return out
+
+
+def _feed_frames(settings: dict[str, Any], records: list[Any], frame_at_a_time: bool,
+                 frame: int = 256) -> float:
+    """Thread CPU ns per step of feeding a fresh chain the records, 256 a frame (the span
+    worker's drain), their views built in the timing too."""
+    chain = StepChain(settings, SelfCostMeter(), console_stream=io.StringIO())
+    shared = SharedStepSpanProcessor(chain.processors)
+    t0 = thread_time_ns()
+    for i in range(0, len(records), frame):
+        if frame_at_a_time:
+            feed_records(shared, records[i:i + frame], 0)
+        else:
+            for rec in records[i:i + frame]:
+                view = view_from_record(rec, 0)
+                if view is not None:
+                    shared.on_view(view)
+    return (thread_time_ns() - t0) / len(records)
 
 
 def _loop(builder: StepSpanBuilder, steps: list[Step], procs: Any) -> int:

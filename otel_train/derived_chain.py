@@ -44,7 +44,9 @@ _warn = RateLimitedLogger(logging.getLogger("otel_train"))
 
 def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]],
                  rank: Any) -> None:
-    """Each span record's view through the chain, in order (a bad record is skipped)."""
+    """The span records' views through the chain, in order, a frame at a time
+    (``SharedStepSpanProcessor.on_views``); a bad record is skipped."""
+    views = []
     for rec in recs:
         try:
             view = view_from_record(rec, rank)
@@ -52,7 +54,9 @@ def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]
             _warn.warning("record", "otel-train: a step's metrics failed: %r", exc)
             continue
         if view is not None:
-            shared.on_view(view)  # never raises: it guards each processor
+            views.append(view)
+    if views:
+        shared.on_views(views)  # never raises: it guards each processor
 
 
 def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]:

@@ -324,15 +324,39 @@ class SharedStepSpanProcessor(SpanProcessor):
             self._assembler.views += 1
             self._dispatch(view)
 
+    def on_views(self, views: Sequence[StepView]) -> None:
+        """Views built elsewhere, a frame of them at once: each processor takes them all,
+        in order, before the next processor does. Each processor's state then stays in the
+        caches through the frame: ~25% less CPU than view by view (11.4 against 15.3 µs per
+        6-phase step offline; benchmarks/bench_processors.py prints both). A processor sees what the ones before
+        it made of the whole frame: ``train.slow`` is marked on every view first, and the
+        budget and the console read the overhead as of the frame's end (the frame's lines
+        and warnings come out together either way).
+        """
+        with self.lock:
+            self._assembler.views += len(views)
+            for proc in self.processors:
+                on_step, on_operation = proc.on_step, proc.on_operation
+                for view in views:
+                    try:
+                        if view.is_step:
+                            on_step(view)
+                        else:
+                            on_operation(view)
+                    except Exception as exc:  # one processor's bug must not starve the others
+                        self._failed(proc, view, exc)
+
+    def _failed(self, proc: StepViewProcessor, view: StepView, exc: Exception) -> None:
+        self.errors += 1
+        self._warn.warning(f"proc-{type(proc).__name__}", "otel-train: %s failed on step %s: %r",
+                           type(proc).__name__, view.step, exc)
+
     def _dispatch(self, view: StepView) -> None:
         for proc, handle in (self._on_step if view.is_step else self._on_operation):
             try:
                 handle(view)
             except Exception as exc:  # one processor's bug must not starve the others
-                self.errors += 1
-                self._warn.warning(f"proc-{type(proc).__name__}",
-                                   "otel-train: %s failed on step %s: %r",
-                                   type(proc).__name__, view.step, exc)
+                self._failed(proc, view, exc)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""

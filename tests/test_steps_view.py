@@ -135,3 +135,47 @@ def test_a_shared_processor_assembles_once_and_feeds_every_processor_in_order() 
     assert order == ["a", "b"]
     assert shared.errors == 1
     assert a._lock is shared.lock and b._lock is shared.lock
+
+
+def test_a_frame_of_views_goes_to_each_processor_in_turn_in_order_a_failure_counted() -> None:
+    from otel_train.span_rows import view_from_record
+
+    seen: list[tuple[str, str, int]] = []
+
+    class Marks(StepViewProcessor):  # like the slow-step processor: marks views first
+        def on_step(self, view: StepView) -> None:
+            view.slow = view.step % 2 == 1
+            seen.append(("marks", "step", view.step))
+
+        def on_operation(self, view: StepView) -> None:
+            seen.append(("marks", "op", view.step))
+
+    class Reads(StepViewProcessor):
+        def on_step(self, view: StepView) -> None:
+            seen.append(("reads", f"step slow={view.slow}", view.step))
+
+        def on_operation(self, view: StepView) -> None:
+            seen.append(("reads", "op", view.step))
+
+    class Broken(StepViewProcessor):
+        def on_step(self, view: StepView) -> None:
+            if view.step == 1:
+                raise RuntimeError("bug")
+
+    phase = ("forward", "train", None, 5, 1, 7, 100, 105, None, (), None, None)
+
+    def step(i: int) -> tuple:
+        return ("train.step", 1, 7, 1, 100, 110, {A.STEP: i}, None, (), [phase], None)
+
+    op = ("checkpoint", 2, 8, 1, 110, 120, {A.STEP: 1, A.PHASE: "checkpoint"}, None, (),
+          None, None)
+    views = [view_from_record(r, 0) for r in (step(0), step(1), op, step(2))]
+    shared = SharedStepSpanProcessor([Marks(), Broken(), Reads()])
+    shared.on_views(views)
+    # Each processor takes the whole frame, in order, before the next one does; what the
+    # first marked is there for the last; the broken one is counted and starves nobody.
+    assert seen == [("marks", "step", 0), ("marks", "step", 1), ("marks", "op", 1),
+                    ("marks", "step", 2), ("reads", "step slow=False", 0),
+                    ("reads", "step slow=True", 1), ("reads", "op", 1),
+                    ("reads", "step slow=False", 2)]
+    assert shared.errors == 1 and shared.assembler.views == 4
