@@ -413,11 +413,15 @@ class SpanBuildWorker:
         return done
 
     def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
-        """The row path: a span record per step, its view to the metrics, it to export."""
+        """The row path: a span record per step; the drain's views to the metrics at once
+        (each processor takes the whole drain in turn: ``on_views``), then the records to
+        export."""
         done = built = 0
         record_of, metrics, sampler, export = (self._builder.record, route.metrics,
                                                route.sampler, route.export)
         rank = route.rank
+        made: list[tuple[tuple[Any, ...], int]] = []
+        views = []
         for record in self._queued(deadline_ns):
             try:
                 rec = record_of(record)
@@ -429,17 +433,21 @@ class SpanBuildWorker:
             spans = record_span_count(rec)
             built += spans
             if view is not None:
-                metrics.on_view(view)  # never raises: it guards each processor
-            # Unsampled by the SDK sampler (e.g. always_off): never exported.
-            if export is not None and rec[C_FLAGS] & 1 and (
-                    sampler is None or sampler.keep_record(rec)):
-                try:
-                    export.send_record(rec, spans)
-                except Exception as exc:
-                    self._drops.add("export_failed", spans)
-                    self._warn.warning("send", "otel-train: could not queue spans for "
-                                       "export: %r", exc)
+                views.append(view)
+            made.append((rec, spans))
             done += 1
+        if views:
+            metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
+        if export is not None:
+            for rec, spans in made:
+                # Unsampled by the SDK sampler (e.g. always_off): never exported.
+                if rec[C_FLAGS] & 1 and (sampler is None or sampler.keep_record(rec)):
+                    try:
+                        export.send_record(rec, spans)
+                    except Exception as exc:
+                        self._drops.add("export_failed", spans)
+                        self._warn.warning("send", "otel-train: could not queue spans for "
+                                           "export: %r", exc)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built)  # once per drain: it takes a lock
         return done

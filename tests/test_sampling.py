@@ -36,12 +36,13 @@ CHILD = textwrap.dedent("""
     import json, sys, time, urllib.request
     import otel_train
     rank, endpoint, status = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    metrics_there = sys.argv[4] == "1"
     slow = {0: {40, 120}, 1: {70, 150}}[rank]
     run = otel_train.start_run(
         run_id="sampled-run", rank=rank, world_size=2, sample_ratio=0.1,
         sample_keep_first_steps=10, exporter="otlp", otlp_endpoint=endpoint,
         otlp_protocol="grpc", prometheus_port=0, console=False, status_dir=status,
-        export_interval_seconds=0.2)
+        export_interval_seconds=0.2, metrics_in_export_process=metrics_there)
     for step in run.steps(range(200)):
         with step.phase("forward"):
             time.sleep(0.08 if step.index in slow else 0.002)
@@ -67,14 +68,20 @@ def _metric(text: str, name: str, **labels: str) -> float:
     raise KeyError(name)
 
 
-def test_two_ranks_keep_the_same_ordinary_steps_and_every_step_that_matters(tmp_path: Path):
+# The metrics and the decision run in the exporter process, or here: the span worker sends
+# the records there after its drain's views went through the metrics (which mark the slow
+# steps the decision keeps).
+@pytest.mark.parametrize("metrics_there", [True, False], ids=["exporter-process", "here"])
+def test_two_ranks_keep_the_same_ordinary_steps_and_every_step_that_matters(
+        tmp_path: Path, metrics_there: bool):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     with GrpcOtlpReceiver() as rx:
         procs = [subprocess.Popen(
-            [sys.executable, str(script), str(rank), rx.endpoint, str(tmp_path / f"r{rank}")],
+            [sys.executable, str(script), str(rank), rx.endpoint, str(tmp_path / f"r{rank}"),
+             "1" if metrics_there else "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for rank in (0, 1)]
         outs = [p.communicate(timeout=90) for p in procs]
