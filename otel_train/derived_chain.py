@@ -2,11 +2,13 @@
 
 Each step's view goes, in order, to: slow steps (marks ``train.slow`` first, so everything
 after sees it), GPU step attributes, overhead, budget, Prometheus histograms and counters,
-and the console report. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain in
-the training process; with the exporter process (export_process.py) and
+and the console report. From span records (a frame in the exporter process, a drain in
+the training process: ``SharedStepSpanProcessor.on_views``), each processor takes the whole
+frame in turn, in that order. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain
+in the training process; with the exporter process (export_process.py) and
 ``metrics_in_export_process`` on, the exporter process builds it too from the same
 ``chain_settings`` and feeds it, and the training process's chain becomes a copy: it loads
-the state the exporter process sends a few times a second (``StepChain.load_state``) and
+the state the exporter process sends once a second (``StepChain.load_state``) and
 serves ``/metrics``, ``run.costs()`` and the watchdog's typical step from it. Nothing in the
 training process then spends its GIL on these processors; if the exporter process dies,
 the copy takes over from its last state.

@@ -112,7 +112,7 @@ class DerivedMetricsStage:
         """Let the exporter process feed the chain; this one becomes its copy.
 
         ``client`` (export_process.ExportProcessClient) builds the same chain there from
-        ``self.settings``, sends its state back a few times a second (``load_state``), and
+        ``self.settings``, sends its state back once a second (``load_state``), and
         if it dies, feeds this chain from where its last state left it (``feed_records``).
         """
         self.remote = client

@@ -162,7 +162,7 @@ class ExportProcessClient(SpanProcessor):
         """Run the derived-metrics chain (derived_chain.py) in the exporter process.
 
         From here on every span record sent also feeds the child's chain; its state comes
-        back to ``on_state`` a few times a second and before every flush, sync and stop.
+        back to ``on_state`` once a second and before every flush, sync and stop.
         Should the child die, ``feed`` takes the records it will never see, so the chain
         in this process goes on from the last state.
         """

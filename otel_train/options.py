@@ -131,7 +131,7 @@ class RunOptions:
     export_process: bool = True
     # With the exporter process: the derived metrics (slow steps, overhead, budget, the
     # Prometheus histograms, the console) run there too; this process serves a copy of their
-    # state, refreshed 4 times a second (derived_chain.py). False: they run here.
+    # state, refreshed once a second (derived_chain.py). False: they run here.
     metrics_in_export_process: bool = True
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
