@@ -18,7 +18,7 @@ Usage::
     settings = chain_settings(options, identity)          # plain data: it crosses the pipe
     chain = StepChain(settings, self_cost)
     shared = SharedStepSpanProcessor(chain.processors)
-    shared.on_view(view)
+    shared.on_views(views)                                # a frame of StepViews, in order
     other = StepChain(settings, self_cost); other.load_state(chain.export_state())
 """
 

@@ -628,6 +628,8 @@ _UNSET_LOCAL_LEN = len(_UNSET_LOCAL)
 def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:
     """A cached span head: its name and kind fields, attribute fields, and their length."""
     return fields, attributes, len(fields) + len(attributes)
+
+
 _STATUS_CODES = {c.value: c for c in StatusCode}
 
 

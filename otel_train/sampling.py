@@ -167,8 +167,7 @@ class StepTailSampler(SpanProcessor):
               ) -> tuple[list[Any], str | None]:
         """A root span (or row) of its own trace, with what was held for it: the trace's
         spans and why they are kept (None: counted as sampled out)."""
-        with self._lock:
-            held = self._pending.pop(trace_id, None) or []
+        held = self._take_held(trace_id)
         held.append(root)
         reason = self._decide(
             name == A.STEP_SPAN_NAME, attrs, trace_id,
@@ -214,15 +213,25 @@ class StepTailSampler(SpanProcessor):
         metrics; write the reason on the kept root, forward the user spans held for its
         trace; count what is left out. Never raises."""
         try:
-            with self._lock:
-                held = self._pending.pop(rec[C_TRACE], None) or []
-            if not self._keep(rec, held):
+            held = self._kept_with(rec)
+            if held is None:
                 return False
             self._forward(held)
             return True
         except Exception as exc:  # the export stage must never break the build worker
             _log.debug("otel-train: tail sampler failed: %r", exc)
             return True
+
+    def _take_held(self, trace_id: int) -> list[Any]:
+        """What was held for a trace (spans or rows), no longer held."""
+        with self._lock:
+            return self._pending.pop(trace_id, None) or []
+
+    def _kept_with(self, rec: tuple[Any, ...]) -> list[Any] | None:
+        """Decide on a span record: what was held for its trace when it is kept (None:
+        sampled out, counted)."""
+        held = self._take_held(rec[C_TRACE])
+        return held if self._keep(rec, held) else None
 
     def _keep(self, rec: tuple[Any, ...], held: list[Any]) -> bool:
         """Decide on a span record and what was held for its trace (spans or rows); write
@@ -259,9 +268,8 @@ class StepTailSampler(SpanProcessor):
             for rec in recs:
                 if not rec[C_FLAGS] & 1:
                     continue
-                with self._lock:
-                    held = self._pending.pop(rec[C_TRACE], None) or []
-                if self._keep(rec, held):
+                held = self._kept_with(rec)
+                if held is not None:
                     kept.append(rec)
                     out_rows.extend(held)
             return kept, out_rows

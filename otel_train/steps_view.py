@@ -319,10 +319,8 @@ class SharedStepSpanProcessor(SpanProcessor):
         return self._assembler
 
     def on_view(self, view: StepView) -> None:
-        """Take a view built elsewhere (the row path: span_rows.view_from_record)."""
-        with self.lock:
-            self._assembler.views += 1
-            self._dispatch(view)
+        """Take one view built elsewhere (the row path: span_rows.view_from_record)."""
+        self.on_views((view,))
 
     def on_views(self, views: Sequence[StepView]) -> None:
         """Views built elsewhere, a frame of them at once: each processor takes them all,
