@@ -15,6 +15,11 @@ Variants, each compared with the bare loop:
 - ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
   drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
   the floor that background work adds to (a diagnostic, not a way to run);
+- ``otel-recorder``: the hot path alone: the same loop over a bare ``Recorder`` (the step
+  and phase context managers with no run around them: no thread, no export, its queue
+  dropped after each block). Beside ``otel-paused`` it tells what the context managers
+  cost a real loop's training thread, where torch's work leaves the caches cold between
+  them, from what the run's idle threads and settings add (a diagnostic);
 - ``otel-sampled``: ``otel-otlp`` with ``sample_ratio=0.1``, the fleet setting: every step
   still feeds the metrics, the tail decision (10% of ordinary steps, and every slow,
   monitoring and first step) runs in the exporter process after them;
@@ -107,6 +112,7 @@ from bench_support import (  # noqa: E402
 )
 
 IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
+              "otel-recorder",
               "instrument", "otel-sdk", "record-function")
 # otel-train runs exporting OTLP
 EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "instrument")
@@ -319,6 +325,13 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         def drain() -> None:
             holder.pop().uninstrument()
             flush_in_process(run)
+    elif variant == "otel-recorder":
+        from otel_train.drop_counter import DropCounter
+        from otel_train.recorder import Recorder
+
+        recorder = Recorder(10 * n, DropCounter(), None)  # host clock, as the CPU runs
+        body = lambda: loop_otel(w, n, recorder)  # noqa: E731
+        drain = recorder.queue.clear
     elif variant == "otel-paused":
         worker = run._telemetry.worker
 
