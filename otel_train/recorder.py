@@ -259,8 +259,7 @@ class Recorder:
         """Start the next step (it becomes ``current``); steps never nest."""
         cur = self.current
         if cur is not None and not cur.end_ns:
-            raise RuntimeError(
-                f"step {cur.index} is still in progress: steps do not nest (end it first)")
+            raise _nested(cur)
         if index is None:
             index = self.next_index
         self.next_index = index + 1
@@ -275,10 +274,7 @@ class Recorder:
         if step.end_ns:
             return
         if not self.plain:
-            if self.synchronize is not None:
-                self.synchronize()  # explicit: the step ends when its device work has ended
-            elif step.dev is not None:
-                step.dev[-2] = self.make_event()
+            self.device_step_end(step)
         step.end_ns = end = _clock()
         del step.phase, step.monitor  # back to the methods that refuse an ended step
         if error is not None and step.error is None:
@@ -295,32 +291,73 @@ class Recorder:
         else:
             self.drops.add("record_queue_full", step.span_count())
 
+    def device_step_start(self, step: Step) -> None:
+        """The device side of a step's start (device_sync or events mode only)."""
+        if self.synchronize is not None:
+            self.synchronize()  # explicit: the step starts when the device is idle
+        elif self.make_event is not None:
+            step.dev = {-1: self.make_event()}
+
+    def device_step_end(self, step: Step) -> None:
+        """The device side of a step's end (device_sync or events mode only)."""
+        if self.synchronize is not None:
+            self.synchronize()  # explicit: the step ends when its device work has ended
+        elif step.dev is not None:
+            step.dev[-2] = self.make_event()
+
     def steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
-        """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
+        """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
+
+        A step starts and ends here inline, as ``Step.__init__`` and ``finish_step`` would
+        (which still end it on the exceptional paths): no Python call of their own per step.
+        With each step after 1 ms of other work (cold caches, as in a real loop) that takes
+        5-7% off a 7-span step's hot path: ~1.55 -> ~1.47x the floor of six empty ``with``
+        blocks (module copies A/B, paired rounds); 4% with warm caches.
+        """
+        plain = self.plain
         sync = self.synchronize  # the step's start already synchronized: data starts clean
-        begin = self.begin_step
         finish = self.finish_step
         data = self.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
+        new_step = Step.__new__
+        train_lookup, monitor_lookup = self.phase_lookup, self.monitor_lookup
+        queue = self.queue
         it = iter(iterable)
         while True:
             if self.held is not None:
                 self.release_held()
             if self.closed:
                 return
-            step = begin(loader, None, data)  # the data phase opens with the step
+            cur = self.current
+            if cur is not None and not cur.end_ns:
+                raise _nested(cur)
+            step = new_step(Step)  # the stores of Step.__init__, without its call
+            step.index = index = self.next_index
+            self.next_index = index + 1
+            step.loader = loader
+            step._recorder = self
+            step.phase = train_lookup
+            step.monitor = monitor_lookup
+            if not plain:
+                self.device_step_start(step)
+            step.start_ns = t = perf_counter_ns()
+            step.ev = ev = [data, t]  # the data phase opens with the step
+            self.current = step
+            self.ev = ev
             try:
                 batch = next(it)
             except StopIteration:
                 self.current = self.ev = None  # no batch, no step
-                self.next_index = step.index
+                self.next_index = index
                 return
             except BaseException as exc:
-                step.ev.extend((perf_counter_ns(), exc))
+                ev.append(perf_counter_ns())
+                ev.append(exc)
                 finish(step, exc)
                 raise
             if sync is not None:
                 sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
-            step.ev.extend((perf_counter_ns(), None))
+            ev.append(perf_counter_ns())
+            ev.append(None)
             step.batch = batch
             try:
                 yield step
@@ -332,7 +369,21 @@ class Recorder:
             except BaseException as exc:
                 finish(step, exc)
                 raise
-            finish(step, None)
+            if step.end_ns:
+                continue  # ended in the body (step.end(), or the run's shutdown)
+            # finish_step's usual path, inline.
+            if not plain:
+                self.device_step_end(step)
+            step.end_ns = end = perf_counter_ns()
+            del step.phase, step.monitor  # back to the methods that refuse an ended step
+            step.batch = None  # the background must never keep a batch (or its memory)
+            if self.current is step:
+                self.current = self.ev = None
+            self.last_step_end_ns = end
+            if len(queue) < self.max_queued:
+                queue.append(step)
+            else:
+                self.drops.add("record_queue_full", step.span_count())
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
@@ -418,10 +469,7 @@ class Step:
         self.phase = recorder.phase_lookup  # type: ignore[method-assign]
         self.monitor = recorder.monitor_lookup  # type: ignore[method-assign]
         if not recorder.plain:
-            if recorder.synchronize is not None:
-                recorder.synchronize()  # explicit: the step starts when the device is idle
-            elif recorder.make_event is not None:
-                self.dev = {-1: recorder.make_event()}
+            recorder.device_step_start(self)
         self.start_ns = t = perf_counter_ns()
         # ``first_phase`` opens with the step, at the same instant (run.steps' data fetch).
         self.ev: list[Any] = [first_phase, t] if first_phase is not None else []
@@ -642,6 +690,11 @@ def _outside(name: str) -> RuntimeError:
     return RuntimeError(
         f"phase {name!r} opened outside a step: open phases inside "
         "`for step in run.steps(...)` or `with run.step() as step:`")
+
+
+def _nested(step: Step) -> RuntimeError:
+    return RuntimeError(
+        f"step {step.index} is still in progress: steps do not nest (end it first)")
 
 
 def _ended(step: Step, name: str) -> RuntimeError:

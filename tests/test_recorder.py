@@ -102,6 +102,27 @@ def test_the_batch_is_released_when_the_step_ends(tmp_path):
     assert steps[0].batch is None
 
 
+def test_a_step_ended_in_the_loop_body_is_queued_once_and_the_loop_goes_on(tmp_path):
+    with start_test_run(tmp_path) as run:
+        ended_at = []
+        for step in run.steps(range(3)):
+            with step.phase("forward"):
+                pass
+            if step.index == 1:
+                step.end()  # the step ends here, not when the loop comes round
+                ended_at.append(time.perf_counter_ns())
+                time.sleep(0.05)  # work after the end is no part of the step
+                with pytest.raises(RuntimeError, match="step 1, which has already ended"):
+                    step.phase("backward")
+            assert run.current_step is (None if step.index == 1 else step)
+    roots = sorted((s for s in run_spans(run) if s.is_root),
+                   key=lambda s: s.attributes["train.step"])
+    assert [s.attributes["train.step"] for s in roots] == [0, 1, 2]
+    assert roots[1].duration_seconds < 0.05  # ended by step.end(), before the sleep
+    assert roots[2].start_ns - roots[1].end_ns >= 0.05e9
+    assert run._recorder.next_index == 3
+
+
 def test_data_phase_covers_the_fetch_and_names_the_loader(tmp_path):
     fetch = 0.05
     loader = SlowIterable([1, 2], fetch)
