@@ -27,6 +27,10 @@ Variants, each compared with the bare loop:
   same OTLP run;
 - ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
   ``BatchSpanProcessor``, the SDK's OTLP/HTTP exporter, same receiver;
+- ``timestamps``: the floor of this API shape in a real loop: an empty context manager that
+  takes two timestamps around the step and each phase (hand-made timers keeping nothing);
+  its ``+thrCPU`` beside ``otel-recorder``'s is the hot path's cost against its floor as a
+  real loop pays it (torch's work between them leaves the caches cold);
 - ``record-function``: ``torch.profiler.record_function`` per step and phase (no profiler
   active: the annotations a codebase leaves in);
 - peers (the ``bench`` extra): ``torchtel`` (its ``setup_opentelemetry`` + ``PyTorchInstrumentor``,
@@ -113,7 +117,7 @@ from bench_support import (  # noqa: E402
 
 IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
               "otel-recorder",
-              "instrument", "otel-sdk", "record-function")
+              "instrument", "otel-sdk", "record-function", "timestamps")
 # otel-train runs exporting OTLP
 EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "instrument")
 SAMPLED_RATIO = 0.1  # otel-sampled
@@ -244,6 +248,27 @@ def loop_spans(w: Workload, n: int, span: Any) -> None:
                     w.evaluate()
 
 
+class _TimestampTimer:
+    """The floor: an empty context manager that takes two timestamps (keeps nothing)."""
+
+    __slots__ = ("t",)
+
+    def __enter__(self, _clock: Any = time.perf_counter_ns) -> _TimestampTimer:
+        self.t = _clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.perf_counter_ns()
+
+
+class _Timers(dict):  # type: ignore[type-arg]
+    """name -> a reusable timer, found by a C-level lookup (as otel-train's phases are)."""
+
+    def __missing__(self, name: str) -> _TimestampTimer:
+        timer = self[name] = _TimestampTimer()
+        return timer
+
+
 def loop_traceml(w: Workload, n: int, traceml: Any) -> None:
     """traceml's documented plain-PyTorch loop: trace_step around each step."""
     forward, opt = w.forward, w.opt
@@ -313,6 +338,10 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         tracer = provider.get_tracer("bench")
         body = lambda: loop_spans(w, n, tracer.start_as_current_span)  # noqa: E731
         drain = lambda: provider.force_flush()  # noqa: E731
+    elif variant == "timestamps":
+        timers = _Timers().__getitem__
+        body = lambda: loop_spans(w, n, timers)  # noqa: E731
+        drain = None
     elif variant == "record-function":
         body = lambda: loop_spans(w, n, torch.profiler.record_function)  # noqa: E731
         drain = None
