@@ -335,8 +335,8 @@ class Recorder:
             self.next_index = index + 1
             step.loader = loader
             step._recorder = self
-            step.phase = train_lookup
-            step.monitor = monitor_lookup
+            step.phase = train_lookup  # type: ignore[method-assign]
+            step.monitor = monitor_lookup  # type: ignore[method-assign]
             if not plain:
                 self.device_step_start(step)
             step.start_ns = t = perf_counter_ns()
