@@ -104,13 +104,11 @@ def test_the_batch_is_released_when_the_step_ends(tmp_path):
 
 def test_a_step_ended_in_the_loop_body_is_queued_once_and_the_loop_goes_on(tmp_path):
     with start_test_run(tmp_path) as run:
-        ended_at = []
         for step in run.steps(range(3)):
             with step.phase("forward"):
                 pass
             if step.index == 1:
                 step.end()  # the step ends here, not when the loop comes round
-                ended_at.append(time.perf_counter_ns())
                 time.sleep(0.05)  # work after the end is no part of the step
                 with pytest.raises(RuntimeError, match="step 1, which has already ended"):
                     step.phase("backward")
