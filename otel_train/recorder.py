@@ -12,6 +12,7 @@ phase boundary (``SyncedPhase``): the one thing here that may wait on the device
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -26,12 +27,8 @@ if TYPE_CHECKING:
 _INT = {int}  # flat_events: the one type an end time has
 
 
-class Phase:
-    """A timed phase; a reusable context manager (one per name, kind and loader).
-
-    It carries no per-use state: entering appends ``(self, start_ns)`` to the current step's
-    event list, leaving appends ``(end_ns, exception)``. Phases nest by the order of events.
-    """
+class _PurePhaseCore:
+    """A phase's hot path in pure Python: the twin of ``_recorder_c.PhaseCore``."""
 
     __slots__ = ("_rec", "name", "kind", "loader")
 
@@ -51,7 +48,7 @@ class Phase:
             raise _outside(self.name)
         ev.append(self)
         ev.append(_clock())
-        return self
+        return self  # type: ignore[return-value]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any,
                  _clock: Callable[[], int] = perf_counter_ns) -> bool:
@@ -66,6 +63,43 @@ class Phase:
             if step is not None and step.error is None:
                 step.error = exc
         return False  # never swallow: the exception propagates unchanged
+
+
+# The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
+# phases' __enter__/__exit__ and run.steps' loop with no Python frame of their own: with steps
+# 1 ms apart (cold caches, as in a real loop) that is the larger part of what a 7-span step
+# costs beyond six empty ``with`` blocks. The pure-Python twins here are the reference, run
+# where it was not built or with OTEL_TRAIN_PURE_PYTHON=1, and the tests run against both.
+_recorder_c: Any
+if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
+    try:
+        from otel_train import _recorder_c  # type: ignore[attr-defined, no-redef]
+    except ImportError:
+        _recorder_c = None
+else:
+    _recorder_c = None
+
+#: True when the hot path runs in the C accelerator, False when in pure Python.
+ACCELERATED = _recorder_c is not None
+_PhaseCore: type = _recorder_c.PhaseCore if _recorder_c is not None else _PurePhaseCore
+
+
+class Phase(_PhaseCore):  # type: ignore[misc, valid-type]
+    """A timed phase; a reusable context manager (one per name, kind and loader).
+
+    It carries no per-use state: entering appends ``(self, start_ns)`` to the current step's
+    event list, leaving appends ``(end_ns, exception)``. Phases nest by the order of events.
+    """
+
+    __slots__ = ()
+    _rec: Recorder
+    name: str
+    kind: str
+    loader: str | None
+
+    def _outside_error(self) -> RuntimeError:
+        """The error of a phase opened outside a step (raised by the C twin too)."""
+        return _outside(self.name)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the innermost open phase of the current step."""
@@ -307,6 +341,18 @@ class Recorder:
 
     def steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
+
+        Leaving the loop (``break``, an exception in its body) ends the step in progress and
+        holds it (see ``held``). The C accelerator's ``StepLoop`` when built, else the
+        generator :meth:`_steps_python`; the two behave alike.
+        """
+        if _recorder_c is not None:
+            return _recorder_c.StepLoop(  # type: ignore[no-any-return]
+                self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, _nested)
+        return self._steps_python(iterable, loader)
+
+    def _steps_python(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+        """The pure-Python twin of ``_recorder_c.StepLoop``.
 
         A step starts and ends here inline, as ``Step.__init__`` and ``finish_step`` would
         (which still end it on the exceptional paths): no Python call of their own per step.

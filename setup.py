@@ -1,0 +1,11 @@
+"""Builds the optional C accelerator of the hot path (otel_train/_recorder_c.c).
+
+Everything else is in pyproject.toml. Where no C compiler (or no Python headers) is found,
+the build goes on without it and otel-train runs its pure-Python twin (recorder.py):
+``optional=True``.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("otel_train._recorder_c", ["otel_train/_recorder_c.c"],
+                             optional=True)])
