@@ -1,24 +1,29 @@
 /* otel_train._recorder_c: the recorder's hot path in C, an optional accelerator.
  *
- * Two types, each the twin of pure Python in recorder.py, which stays the reference and runs
- * wherever this module was not built (or OTEL_TRAIN_PURE_PYTHON=1 is set):
+ * Three types, each the twin of pure Python in recorder.py, which stays the reference and
+ * runs wherever this module was not built (or OTEL_TRAIN_PURE_PYTHON=1 is set):
  *
- * - PhaseCore: the base of recorder.Phase. __enter__ appends (phase, start_ns) to the current
- *   step's event list, __exit__ appends (end_ns, exception_or_None): the same stores as
- *   _PurePhaseCore, with no Python frame per phase boundary.
- * - StepLoop: what Recorder.steps returns, the twin of Recorder._steps_python (a generator).
- *   Each __next__ ends the previous step (unless the loop body ended it) and starts the next,
- *   with the data phase around the fetch. Leaving the loop (break, an exception in its body)
- *   closes it: the step in progress is ended and held, as GeneratorExit does to the generator.
+ * - PhaseCore, the base of recorder.Phase (twin: _PurePhaseCore). __enter__ appends
+ *   (phase, start_ns) to the current step's event list, __exit__ appends (end_ns, exception
+ *   or None), with no Python frame per phase boundary.
+ * - StepCore, the base of recorder.Step (twin: _PureStepCore). The fields every step has live
+ *   in C slots, and step.phase(name) / step.monitor(name) look the phase up in C, refusing
+ *   once the step has ended (the twin shadows them with the tables' lookups instead).
+ * - StepLoop, what Recorder.steps returns (twin: the generator Recorder._steps_python). Each
+ *   __next__ ends the previous step (unless the loop body ended it) and starts the next, the
+ *   fetch timed as the data phase. Leaving the loop (break, an exception in its body) closes
+ *   it: the step in progress ends and is held, as GeneratorExit does to the generator.
  *
- * Why C: with steps 1 ms apart (caches cold, as in a real loop) a 7-span step's context
- * managers cost ~1.8x six empty Python `with` blocks in pure Python, and the frames of
- * __enter__/__exit__ and of the generator are most of the difference (benchmarks/
- * bench_hot_path.py). Everything else (the device modes, rare paths, errors) calls back into
- * the Python objects, so both twins share one behaviour; tests run against both.
+ * Why C: with steps 1 ms apart (caches cold, as in a real loop), a 7-span step's context
+ * managers cost 1.5-1.8x six empty Python `with` blocks in pure Python, and the Python
+ * frames of __enter__/__exit__, the generator and the instance-dict stores of a new Step are
+ * most of the difference (benchmarks/bench_hot_path.py). Everything else (the device modes,
+ * the rare paths, the errors' messages) calls back into the Python objects, so both twins
+ * share one behaviour; tests/test_recorder_c.py runs the hot-path tests against both and
+ * compares their records.
  *
- * Timestamps equal time.perf_counter_ns(): on Linux both read CLOCK_MONOTONIC; elsewhere this
- * module calls time.perf_counter_ns itself.
+ * Timestamps equal time.perf_counter_ns(): on Linux both read CLOCK_MONOTONIC; elsewhere
+ * this module calls time.perf_counter_ns itself.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,13 +32,13 @@
 #include <time.h>
 #endif
 
-static PyObject *s_ev, *s_current, *s_error, *s_end_ns, *s_start_ns, *s_index, *s_next_index,
-    *s_loader, *s_recorder, *s_phase, *s_monitor, *s_batch, *s_last_step_end_ns,
-    *s_max_queued, *s_held, *s_closed, *s_release_held, *s_device_step_start,
+static PyObject *s_ev, *s_current, *s_error, *s_end_ns,
+    *s_release_held, *s_device_step_start,
     *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
-    *s_outside_error;
+    *s_outside_error, *s_ended_error, *s_append, *s_train_phases, *s_monitor_phases;
 static PyObject *perf_counter_ns; /* time.perf_counter_ns, where no direct clock is used */
 static PyObject *one;             /* 1, for next_index + 1 */
+static PyObject *zero;            /* 0: a step's end_ns until it ends */
 
 /* A new reference to perf_counter_ns() as an int, or NULL with an exception set. */
 static PyObject *
@@ -60,6 +65,123 @@ raise_from_factory(PyObject *factory, PyObject *arg)
     }
 }
 
+/* ---- RecorderCore --------------------------------------------------------------------- */
+
+/* The recorder's fields that every step and phase boundary reads or writes, in C slots (the
+ * base of recorder.Recorder; twin: _PureRecorderCore, plain attributes). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ev;               /* the current step's event list, None between steps */
+    PyObject *current;          /* the step in progress, or None */
+    PyObject *held;             /* a step closed by leaving the loop, until the next event */
+    PyObject *closed;
+    PyObject *next_index;
+    PyObject *last_step_end_ns;
+    PyObject *queue;            /* finished steps for the background */
+    PyObject *max_queued;
+} RecorderCore;
+
+static PyObject *
+RecorderCore_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
+{
+    RecorderCore *self = (RecorderCore *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    PyObject **none_slots[] = {&self->ev, &self->current, &self->held, &self->queue};
+    for (size_t i = 0; i < sizeof(none_slots) / sizeof(none_slots[0]); i++) {
+        Py_INCREF(Py_None);
+        *none_slots[i] = Py_None;
+    }
+    Py_INCREF(Py_False);
+    self->closed = Py_False;
+    PyObject **zero_slots[] = {&self->next_index, &self->last_step_end_ns, &self->max_queued};
+    for (size_t i = 0; i < sizeof(zero_slots) / sizeof(zero_slots[0]); i++) {
+        Py_INCREF(zero);
+        *zero_slots[i] = zero;
+    }
+    return (PyObject *)self;
+}
+
+static int
+RecorderCore_traverse(RecorderCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ev);
+    Py_VISIT(self->current);
+    Py_VISIT(self->held);
+    Py_VISIT(self->closed);
+    Py_VISIT(self->next_index);
+    Py_VISIT(self->last_step_end_ns);
+    Py_VISIT(self->queue);
+    Py_VISIT(self->max_queued);
+    return 0;
+}
+
+static int
+RecorderCore_clear(RecorderCore *self)
+{
+    Py_CLEAR(self->ev);
+    Py_CLEAR(self->current);
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->closed);
+    Py_CLEAR(self->next_index);
+    Py_CLEAR(self->last_step_end_ns);
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->max_queued);
+    return 0;
+}
+
+static void
+RecorderCore_dealloc(RecorderCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    RecorderCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef RecorderCore_members[] = {
+    {"ev", T_OBJECT_EX, offsetof(RecorderCore, ev), 0, "the current step's event list"},
+    {"current", T_OBJECT_EX, offsetof(RecorderCore, current), 0, "the step in progress"},
+    {"held", T_OBJECT_EX, offsetof(RecorderCore, held), 0, "the step held back, or None"},
+    {"closed", T_OBJECT_EX, offsetof(RecorderCore, closed), 0, "no step starts any more"},
+    {"next_index", T_OBJECT_EX, offsetof(RecorderCore, next_index), 0, "the next index"},
+    {"last_step_end_ns", T_OBJECT_EX, offsetof(RecorderCore, last_step_end_ns), 0,
+     "perf_counter_ns of the last step's end (0: none yet)"},
+    {"queue", T_OBJECT_EX, offsetof(RecorderCore, queue), 0, "finished steps"},
+    {"max_queued", T_OBJECT_EX, offsetof(RecorderCore, max_queued), 0, "the queue's bound"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RecorderCore_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._recorder_c.RecorderCore",
+    .tp_doc = "The recorder's hot fields (the base of recorder.Recorder).",
+    .tp_basicsize = sizeof(RecorderCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = RecorderCore_new,
+    .tp_dealloc = (destructor)RecorderCore_dealloc,
+    .tp_traverse = (traverseproc)RecorderCore_traverse,
+    .tp_clear = (inquiry)RecorderCore_clear,
+    .tp_members = RecorderCore_members,
+};
+
+/* A new reference to a slot's value; None where `del` emptied it. */
+static inline PyObject *
+slot_get(PyObject *value)
+{
+    value = value != NULL ? value : Py_None;
+    Py_INCREF(value);
+    return value;
+}
+
+/* Store a new reference to `value` in the slot `*slot`. */
+static inline void
+store(PyObject **slot, PyObject *value)
+{
+    Py_INCREF(value);
+    Py_XSETREF(*slot, value);
+}
+
 /* ---- PhaseCore ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -68,6 +190,7 @@ typedef struct {
     PyObject *name;
     PyObject *kind;
     PyObject *loader;
+    RecorderCore *core; /* rec, when it is a RecorderCore (a borrowed view of rec) */
 } PhaseCore;
 
 static int
@@ -81,6 +204,7 @@ PhaseCore_init(PhaseCore *self, PyObject *args, PyObject *kwds)
     }
     Py_INCREF(rec);
     Py_XSETREF(self->rec, rec);
+    self->core = PyObject_TypeCheck(rec, &RecorderCore_Type) ? (RecorderCore *)rec : NULL;
     Py_INCREF(name);
     Py_XSETREF(self->name, name);
     Py_INCREF(kind);
@@ -103,6 +227,7 @@ PhaseCore_traverse(PhaseCore *self, visitproc visit, void *arg)
 static int
 PhaseCore_clear(PhaseCore *self)
 {
+    self->core = NULL;
     Py_CLEAR(self->rec);
     Py_CLEAR(self->name);
     Py_CLEAR(self->kind);
@@ -125,6 +250,9 @@ current_events(PhaseCore *self)
     if (self->rec == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Phase used before Phase.__init__ ran");
         return NULL;
+    }
+    if (self->core != NULL) {
+        return slot_get(self->core->ev);
     }
     return PyObject_GetAttr(self->rec, s_ev);
 }
@@ -194,7 +322,8 @@ PhaseCore_exit(PhaseCore *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (exc != Py_None) {
         /* The step's first error: the root span of a failed phase's step fails too. */
-        PyObject *step = PyObject_GetAttr(self->rec, s_current);
+        PyObject *step = self->core != NULL ? slot_get(self->core->current)
+                                            : PyObject_GetAttr(self->rec, s_current);
         if (step == NULL) {
             return NULL;
         }
@@ -249,6 +378,161 @@ static PyTypeObject PhaseCore_Type = {
     .tp_members = PhaseCore_members,
 };
 
+/* ---- StepCore ------------------------------------------------------------------------ */
+
+/* The fields every step has, in C slots (no instance-dict stores on the hot path), and the
+ * phase lookups, which refuse once the step has ended. recorder.Step adds the rest. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *index;
+    PyObject *loader;
+    PyObject *recorder;
+    PyObject *start_ns;
+    PyObject *end_ns; /* 0 until the step ends */
+    PyObject *ev;
+    PyObject *batch;
+    PyObject *error;
+} StepCore;
+
+static PyObject *
+StepCore_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
+{
+    StepCore *self = (StepCore *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    /* The twin's class defaults: not ended, no batch, no error. */
+    Py_INCREF(zero);
+    self->end_ns = zero;
+    Py_INCREF(Py_None);
+    self->batch = Py_None;
+    Py_INCREF(Py_None);
+    self->error = Py_None;
+    return (PyObject *)self;
+}
+
+static int
+StepCore_traverse(StepCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->index);
+    Py_VISIT(self->loader);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->start_ns);
+    Py_VISIT(self->end_ns);
+    Py_VISIT(self->ev);
+    Py_VISIT(self->batch);
+    Py_VISIT(self->error);
+    return 0;
+}
+
+static int
+StepCore_clear(StepCore *self)
+{
+    Py_CLEAR(self->index);
+    Py_CLEAR(self->loader);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->start_ns);
+    Py_CLEAR(self->end_ns);
+    Py_CLEAR(self->ev);
+    Py_CLEAR(self->batch);
+    Py_CLEAR(self->error);
+    return 0;
+}
+
+static void
+StepCore_dealloc(StepCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    StepCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* 1 if the step has ended, 0 if not, -1 on error. */
+static int
+step_ended(StepCore *self)
+{
+    PyObject *end = self->end_ns;
+    if (end == zero || end == NULL) {
+        return 0;
+    }
+    return PyObject_IsTrue(end);
+}
+
+/* The Phase `name` of the recorder's table `table` (train or monitor), or the error of a
+ * phase opened on an ended step. */
+static PyObject *
+step_lookup(StepCore *self, PyObject *name, PyObject *table)
+{
+    int ended = step_ended(self);
+    if (ended != 0) {
+        if (ended > 0) {
+            PyObject *exc = PyObject_CallMethodOneArg((PyObject *)self, s_ended_error, name);
+            if (exc != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+                Py_DECREF(exc);
+            }
+        }
+        return NULL;
+    }
+    if (self->recorder == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Step used before Step.__init__ ran");
+        return NULL;
+    }
+    PyObject *phases = PyObject_GetAttr(self->recorder, table);
+    if (phases == NULL) {
+        return NULL;
+    }
+    PyObject *phase = PyObject_GetItem(phases, name); /* a missing name makes its Phase */
+    Py_DECREF(phases);
+    return phase;
+}
+
+static PyObject *
+StepCore_phase(StepCore *self, PyObject *name)
+{
+    return step_lookup(self, name, s_train_phases);
+}
+
+static PyObject *
+StepCore_monitor(StepCore *self, PyObject *name)
+{
+    return step_lookup(self, name, s_monitor_phases);
+}
+
+static PyMethodDef StepCore_methods[] = {
+    {"phase", (PyCFunction)StepCore_phase, METH_O,
+     "A training phase (forward, backward, optimizer, or your own name)."},
+    {"monitor", (PyCFunction)StepCore_monitor, METH_O,
+     "A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef StepCore_members[] = {
+    {"index", T_OBJECT_EX, offsetof(StepCore, index), 0, "the step's index"},
+    {"loader", T_OBJECT_EX, offsetof(StepCore, loader), 0, "the loader the batch came from"},
+    {"_recorder", T_OBJECT_EX, offsetof(StepCore, recorder), 0, "the Recorder"},
+    {"start_ns", T_OBJECT_EX, offsetof(StepCore, start_ns), 0, "perf_counter_ns at the start"},
+    {"end_ns", T_OBJECT_EX, offsetof(StepCore, end_ns), 0, "perf_counter_ns at the end, or 0"},
+    {"ev", T_OBJECT_EX, offsetof(StepCore, ev), 0, "the flat event list"},
+    {"batch", T_OBJECT_EX, offsetof(StepCore, batch), 0, "the batch, until the step ends"},
+    {"error", T_OBJECT_EX, offsetof(StepCore, error), 0, "the step's first error, or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StepCore_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._recorder_c.StepCore",
+    .tp_doc = "A step's fields and phase lookups (the base of recorder.Step).",
+    .tp_basicsize = sizeof(StepCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = StepCore_new,
+    .tp_dealloc = (destructor)StepCore_dealloc,
+    .tp_traverse = (traverseproc)StepCore_traverse,
+    .tp_clear = (inquiry)StepCore_clear,
+    .tp_methods = StepCore_methods,
+    .tp_members = StepCore_members,
+};
+
 /* ---- StepLoop ------------------------------------------------------------------------- */
 
 enum { LOOP_READY, LOOP_RUNNING, LOOP_DONE };
@@ -262,10 +546,6 @@ typedef struct {
     PyObject *step_type;      /* recorder.Step */
     PyObject *nested_error;   /* recorder._nested(step) -> RuntimeError */
     PyObject *sync;           /* recorder.synchronize (device_sync) or None */
-    PyObject *train_lookup;   /* step.phase while a step runs */
-    PyObject *monitor_lookup; /* step.monitor while a step runs */
-    PyObject *queue;
-    PyObject *queue_append;
     PyObject *pending;        /* the step last returned, until the next __next__ or close */
     PyObject *empty;          /* () for Step.__new__ */
     int plain;                /* host clock only: no device_step_start/_end calls */
@@ -282,10 +562,6 @@ StepLoop_traverse(StepLoop *self, visitproc visit, void *arg)
     Py_VISIT(self->step_type);
     Py_VISIT(self->nested_error);
     Py_VISIT(self->sync);
-    Py_VISIT(self->train_lookup);
-    Py_VISIT(self->monitor_lookup);
-    Py_VISIT(self->queue);
-    Py_VISIT(self->queue_append);
     Py_VISIT(self->pending);
     return 0;
 }
@@ -300,10 +576,6 @@ StepLoop_clear(StepLoop *self)
     Py_CLEAR(self->step_type);
     Py_CLEAR(self->nested_error);
     Py_CLEAR(self->sync);
-    Py_CLEAR(self->train_lookup);
-    Py_CLEAR(self->monitor_lookup);
-    Py_CLEAR(self->queue);
-    Py_CLEAR(self->queue_append);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->empty);
     return 0;
@@ -319,8 +591,13 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &loader, &data, &step_type, &nested_error)) {
         return NULL;
     }
-    if (!PyType_Check(step_type)) {
-        PyErr_SetString(PyExc_TypeError, "StepLoop: step_type must be a class");
+    if (!PyType_Check(step_type)
+        || !PyType_IsSubtype((PyTypeObject *)step_type, &StepCore_Type)) {
+        PyErr_SetString(PyExc_TypeError, "StepLoop: step_type must be a StepCore subclass");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(rec, &RecorderCore_Type)) {
+        PyErr_SetString(PyExc_TypeError, "StepLoop: recorder must be a RecorderCore");
         return NULL;
     }
     StepLoop *self = (StepLoop *)type->tp_alloc(type, 0);
@@ -354,15 +631,7 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     }
     self->sync = PyObject_GetAttrString(rec, "synchronize");
-    self->train_lookup = PyObject_GetAttrString(rec, "phase_lookup");
-    self->monitor_lookup = PyObject_GetAttrString(rec, "monitor_lookup");
-    self->queue = PyObject_GetAttrString(rec, "queue");
-    if (self->sync == NULL || self->train_lookup == NULL || self->monitor_lookup == NULL
-        || self->queue == NULL) {
-        goto fail;
-    }
-    self->queue_append = PyObject_GetAttrString(self->queue, "append");
-    if (self->queue_append == NULL) {
+    if (self->sync == NULL) {
         goto fail;
     }
     return (PyObject *)self;
@@ -371,29 +640,13 @@ fail:
     return NULL;
 }
 
-/* Set attribute `name` of `obj` to a new reference `value` (stolen); -1 on error. */
-static int
-set_steal(PyObject *obj, PyObject *name, PyObject *value)
-{
-    if (value == NULL) {
-        return -1;
-    }
-    int rc = PyObject_SetAttr(obj, name, value);
-    Py_DECREF(value);
-    return rc;
-}
-
 /* Ends `step` as Recorder.finish_step's usual path does, unless the loop body ended it. */
 static int
 end_step(StepLoop *self, PyObject *step)
 {
     PyObject *rec = self->rec;
-    PyObject *ended = PyObject_GetAttr(step, s_end_ns);
-    if (ended == NULL) {
-        return -1;
-    }
-    int was_ended = PyObject_IsTrue(ended);
-    Py_DECREF(ended);
+    StepCore *core = (StepCore *)step;
+    int was_ended = step_ended(core);
     if (was_ended != 0) {
         return was_ended < 0 ? -1 : 0; /* ended in the body (step.end(), the run's shutdown) */
     }
@@ -408,52 +661,25 @@ end_step(StepLoop *self, PyObject *step)
     if (end == NULL) {
         return -1;
     }
-    if (PyObject_SetAttr(step, s_end_ns, end) < 0
-        /* back to the methods that refuse an ended step */
-        || PyObject_DelAttr(step, s_phase) < 0 || PyObject_DelAttr(step, s_monitor) < 0
-        /* the background must never keep a batch (or its device memory) */
-        || PyObject_SetAttr(step, s_batch, Py_None) < 0) {
-        Py_DECREF(end);
-        return -1;
+    store(&core->end_ns, end); /* from now on step.phase / step.monitor refuse */
+    store(&core->batch, Py_None); /* the background must never keep a batch (or its memory) */
+    RecorderCore *rc = (RecorderCore *)rec;
+    if (rc->current == step) {
+        store(&rc->current, Py_None);
+        store(&rc->ev, Py_None);
     }
-    PyObject *cur = PyObject_GetAttr(rec, s_current);
-    if (cur == NULL) {
-        Py_DECREF(end);
-        return -1;
-    }
-    int rc = 0;
-    if (cur == step) {
-        rc = PyObject_SetAttr(rec, s_current, Py_None);
-        if (rc == 0) {
-            rc = PyObject_SetAttr(rec, s_ev, Py_None);
-        }
-    }
-    Py_DECREF(cur);
-    if (rc == 0) {
-        rc = PyObject_SetAttr(rec, s_last_step_end_ns, end);
-    }
-    Py_DECREF(end);
-    if (rc < 0) {
-        return -1;
-    }
-    PyObject *max_queued = PyObject_GetAttr(rec, s_max_queued);
-    if (max_queued == NULL) {
-        return -1;
-    }
-    Py_ssize_t limit = PyLong_AsSsize_t(max_queued);
-    Py_DECREF(max_queued);
+    Py_XSETREF(rc->last_step_end_ns, end); /* steals end */
+    Py_ssize_t limit = rc->max_queued != NULL ? PyLong_AsSsize_t(rc->max_queued) : 0;
     if (limit == -1 && PyErr_Occurred()) {
         return -1;
     }
-    Py_ssize_t queued = PyObject_Size(self->queue);
-    if (queued < 0) {
-        return -1;
+    PyObject *queue = slot_get(rc->queue);
+    Py_ssize_t queued = PyObject_Size(queue);
+    PyObject *r = NULL;
+    if (queued >= 0 && queued < limit) {
+        r = PyObject_CallMethodOneArg(queue, s_append, step);
     }
-    PyObject *r;
-    if (queued < limit) {
-        r = PyObject_CallOneArg(self->queue_append, step);
-    }
-    else {
+    else if (queued >= 0) {
         PyObject *drops = PyObject_GetAttr(rec, s_drops);
         PyObject *spans = drops == NULL ? NULL : PyObject_CallMethodNoArgs(step, s_span_count);
         r = spans == NULL ? NULL
@@ -461,6 +687,7 @@ end_step(StepLoop *self, PyObject *step)
         Py_XDECREF(spans);
         Py_XDECREF(drops);
     }
+    Py_DECREF(queue);
     if (r == NULL) {
         return -1;
     }
@@ -505,32 +732,21 @@ static PyObject *
 start_step(StepLoop *self)
 {
     PyObject *rec = self->rec;
-    PyObject *held = PyObject_GetAttr(rec, s_held);
-    if (held == NULL) {
-        return NULL;
-    }
-    int has_held = held != Py_None;
-    Py_DECREF(held);
-    if (has_held) {
+    RecorderCore *rc = (RecorderCore *)rec;
+    if (rc->held != NULL && rc->held != Py_None) {
         PyObject *r = PyObject_CallMethodNoArgs(rec, s_release_held);
         if (r == NULL) {
             return NULL;
         }
         Py_DECREF(r);
     }
-    PyObject *closed = PyObject_GetAttr(rec, s_closed);
-    if (closed == NULL) {
-        return NULL;
+    if (rc->closed != NULL && rc->closed != Py_False) {
+        int is_closed = PyObject_IsTrue(rc->closed);
+        if (is_closed != 0) {
+            return NULL; /* closed: the loop ends (or the truth test raised) */
+        }
     }
-    int is_closed = PyObject_IsTrue(closed);
-    Py_DECREF(closed);
-    if (is_closed != 0) {
-        return NULL;
-    }
-    PyObject *cur = PyObject_GetAttr(rec, s_current);
-    if (cur == NULL) {
-        return NULL;
-    }
+    PyObject *cur = slot_get(rc->current);
     if (cur != Py_None) {
         PyObject *ended = PyObject_GetAttr(cur, s_end_ns);
         int was_ended = ended == NULL ? -1 : PyObject_IsTrue(ended);
@@ -551,18 +767,18 @@ start_step(StepLoop *self)
     if (step == NULL) {
         return NULL;
     }
-    PyObject *index = PyObject_GetAttr(rec, s_next_index);
-    if (index == NULL) {
-        goto fail;
+    StepCore *core = (StepCore *)step;
+    PyObject *index = slot_get(rc->next_index);
+    PyObject *next = PyNumber_Add(index, one);
+    if (next == NULL) {
+        Py_DECREF(index);
+        Py_DECREF(step);
+        return NULL;
     }
-    if (PyObject_SetAttr(step, s_index, index) < 0
-        || set_steal(rec, s_next_index, PyNumber_Add(index, one)) < 0
-        || PyObject_SetAttr(step, s_loader, self->loader) < 0
-        || PyObject_SetAttr(step, s_recorder, rec) < 0
-        || PyObject_SetAttr(step, s_phase, self->train_lookup) < 0
-        || PyObject_SetAttr(step, s_monitor, self->monitor_lookup) < 0) {
-        goto fail_index;
-    }
+    Py_XSETREF(rc->next_index, next); /* steals next */
+    store(&core->index, index);
+    store(&core->loader, self->loader);
+    store(&core->recorder, rec);
     if (!self->plain) {
         PyObject *r = PyObject_CallMethodOneArg(rec, s_device_step_start, step);
         if (r == NULL) {
@@ -574,6 +790,7 @@ start_step(StepLoop *self)
     if (t == NULL) {
         goto fail_index;
     }
+    store(&core->start_ns, t);
     PyObject *ev = PyList_New(2); /* the data phase opens with the step */
     if (ev == NULL) {
         Py_DECREF(t);
@@ -582,19 +799,19 @@ start_step(StepLoop *self)
     Py_INCREF(self->data);
     PyList_SET_ITEM(ev, 0, self->data);
     PyList_SET_ITEM(ev, 1, t); /* steals t */
-    if (PyObject_SetAttr(step, s_start_ns, t) < 0 || PyObject_SetAttr(step, s_ev, ev) < 0
-        || PyObject_SetAttr(rec, s_current, step) < 0 || PyObject_SetAttr(rec, s_ev, ev) < 0) {
-        goto fail_ev;
-    }
+    store(&core->ev, ev);
+    store(&rc->current, step);
+    store(&rc->ev, ev);
 
     PyObject *batch = PyIter_Next(self->it);
     if (batch == NULL) {
         if (PyErr_Occurred()) {
             fetch_failed(self, step, ev);
         }
-        else if (PyObject_SetAttr(rec, s_current, Py_None) == 0  /* no batch, no step */
-                 && PyObject_SetAttr(rec, s_ev, Py_None) == 0) {
-            PyObject_SetAttr(rec, s_next_index, index);
+        else { /* no batch, no step */
+            store(&rc->current, Py_None);
+            store(&rc->ev, Py_None);
+            store(&rc->next_index, index);
         }
         goto fail_ev;
     }
@@ -608,14 +825,13 @@ start_step(StepLoop *self)
         Py_DECREF(r);
     }
     PyObject *now = clock_ns();
-    int rc = now == NULL ? -1 : PyList_Append(ev, now);
+    int appended = now == NULL ? -1 : PyList_Append(ev, now);
     Py_XDECREF(now);
-    if (rc < 0 || PyList_Append(ev, Py_None) < 0
-        || PyObject_SetAttr(step, s_batch, batch) < 0) {
+    if (appended < 0 || PyList_Append(ev, Py_None) < 0) {
         Py_DECREF(batch);
         goto fail_ev;
     }
-    Py_DECREF(batch);
+    Py_XSETREF(core->batch, batch); /* steals batch */
     Py_DECREF(ev);
     Py_DECREF(index);
     return step;
@@ -624,7 +840,6 @@ fail_ev:
     Py_DECREF(ev);
 fail_index:
     Py_DECREF(index);
-fail:
     Py_DECREF(step);
     return NULL;
 }
@@ -764,18 +979,6 @@ PyInit__recorder_c(void)
     INTERN(s_current, "current");
     INTERN(s_error, "error");
     INTERN(s_end_ns, "end_ns");
-    INTERN(s_start_ns, "start_ns");
-    INTERN(s_index, "index");
-    INTERN(s_next_index, "next_index");
-    INTERN(s_loader, "loader");
-    INTERN(s_recorder, "_recorder");
-    INTERN(s_phase, "phase");
-    INTERN(s_monitor, "monitor");
-    INTERN(s_batch, "batch");
-    INTERN(s_last_step_end_ns, "last_step_end_ns");
-    INTERN(s_max_queued, "max_queued");
-    INTERN(s_held, "held");
-    INTERN(s_closed, "closed");
     INTERN(s_release_held, "release_held");
     INTERN(s_device_step_start, "device_step_start");
     INTERN(s_device_step_end, "device_step_end");
@@ -785,7 +988,11 @@ PyInit__recorder_c(void)
     INTERN(s_finish_step, "finish_step");
     INTERN(s_queue_full, "record_queue_full");
     INTERN(s_outside_error, "_outside_error");
-    if ((one = PyLong_FromLong(1)) == NULL) {
+    INTERN(s_ended_error, "_ended_error");
+    INTERN(s_append, "append");
+    INTERN(s_train_phases, "train_phases");
+    INTERN(s_monitor_phases, "monitor_phases");
+    if ((one = PyLong_FromLong(1)) == NULL || (zero = PyLong_FromLong(0)) == NULL) {
         return NULL;
     }
     PyObject *time = PyImport_ImportModule("time");
@@ -797,7 +1004,9 @@ PyInit__recorder_c(void)
     if (perf_counter_ns == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&PhaseCore_Type) < 0 || PyType_Ready(&StepLoop_Type) < 0) {
+    if (PyType_Ready(&RecorderCore_Type) < 0 || PyType_Ready(&PhaseCore_Type) < 0
+        || PyType_Ready(&StepCore_Type) < 0
+        || PyType_Ready(&StepLoop_Type) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&recorder_c_module);
@@ -807,6 +1016,18 @@ PyInit__recorder_c(void)
     Py_INCREF(&PhaseCore_Type);
     if (PyModule_AddObject(m, "PhaseCore", (PyObject *)&PhaseCore_Type) < 0) {
         Py_DECREF(&PhaseCore_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&RecorderCore_Type);
+    if (PyModule_AddObject(m, "RecorderCore", (PyObject *)&RecorderCore_Type) < 0) {
+        Py_DECREF(&RecorderCore_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&StepCore_Type);
+    if (PyModule_AddObject(m, "StepCore", (PyObject *)&StepCore_Type) < 0) {
+        Py_DECREF(&StepCore_Type);
         Py_DECREF(m);
         return NULL;
     }

@@ -66,10 +66,11 @@ class _PurePhaseCore:
 
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
-# phases' __enter__/__exit__ and run.steps' loop with no Python frame of their own: with steps
-# 1 ms apart (cold caches, as in a real loop) that is the larger part of what a 7-span step
-# costs beyond six empty ``with`` blocks. The pure-Python twins here are the reference, run
-# where it was not built or with OTEL_TRAIN_PURE_PYTHON=1, and the tests run against both.
+# phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
+# frame or instance dict of their own: with steps 1 ms apart (cold caches, as in a real loop)
+# that is the larger part of what a 7-span step costs beyond six empty ``with`` blocks. The
+# pure-Python twins here (_PurePhaseCore, _PureStepCore, _steps_python) are the reference,
+# run where it was not built or with OTEL_TRAIN_PURE_PYTHON=1; the tests run against both.
 _recorder_c: Any
 if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
     try:
@@ -239,7 +240,16 @@ class _PhaseTable(dict):  # type: ignore[type-arg]
         return self._recorder.phase(name, self._kind)
 
 
-class Recorder:
+class _PureRecorderCore:
+    """The recorder's hot fields as plain attributes: the twin of ``_recorder_c.RecorderCore``
+    (which keeps them in C slots that the C phases and step loop read directly)."""
+
+
+_RecorderCore: type = (_recorder_c.RecorderCore if _recorder_c is not None
+                       else _PureRecorderCore)
+
+
+class Recorder(_RecorderCore):  # type: ignore[misc, valid-type]
     """Where finished steps go: a bounded queue, plus what the watchdog needs to see."""
 
     def __init__(
@@ -310,7 +320,8 @@ class Recorder:
         if not self.plain:
             self.device_step_end(step)
         step.end_ns = end = _clock()
-        del step.phase, step.monitor  # back to the methods that refuse an ended step
+        if _SHADOWED_LOOKUPS:
+            del step.phase, step.monitor  # back to the methods that refuse an ended step
         if error is not None and step.error is None:
             step.error = error
         if step.batch is not None:
@@ -366,7 +377,6 @@ class Recorder:
         data = self.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
         new_step = Step.__new__
         train_lookup, monitor_lookup = self.phase_lookup, self.monitor_lookup
-        queue = self.queue
         it = iter(iterable)
         while True:
             if self.held is not None:
@@ -426,6 +436,7 @@ class Recorder:
             if self.current is step:
                 self.current = self.ev = None
             self.last_step_end_ns = end
+            queue = self.queue  # read per step: a forked child's run swaps it out
             if len(queue) < self.max_queued:
                 queue.append(step)
             else:
@@ -486,55 +497,79 @@ class Recorder:
         return step.index, step.start_ns, None, step.start_ns
 
 
-class Step:
+class _PureStepCore:
+    """A step's fields and phase lookups in pure Python: the twin of ``_recorder_c.StepCore``.
+
+    While a step runs, its ``phase`` / ``monitor`` are shadowed by the bound ``__getitem__``
+    of the recorder's tables (a lookup done in C, no Python frame per phase); when it ends
+    they fall back to the methods here, which refuse. The C twin checks ``end_ns`` in C.
+    """
+
+    # Defaults live on the class: a step sets only what every step has.
+    batch: Any = None
+    error: BaseException | None = None
+    end_ns = 0
+
+    def phase(self, name: str) -> Phase:
+        """A training phase (forward, backward, optimizer, or your own name)."""
+        if self.end_ns:
+            raise _ended(self, name)  # type: ignore[arg-type]
+        return self._recorder.train_phases[name]  # type: ignore[attr-defined, no-any-return]
+
+    def monitor(self, name: str) -> Phase:
+        """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
+        if self.end_ns:
+            raise _ended(self, name)  # type: ignore[arg-type]
+        return self._recorder.monitor_phases[name]  # type: ignore[attr-defined, no-any-return]
+
+
+_StepCore: type = _recorder_c.StepCore if _recorder_c is not None else _PureStepCore
+# The pure twin's running steps shadow phase/monitor with the tables' lookups (see above).
+_SHADOWED_LOOKUPS = _recorder_c is None
+
+
+class Step(_StepCore):  # type: ignore[misc, valid-type]
     """One training step: the root span ``train.step`` and its phases.
 
     ``step.batch`` holds what the data phase fetched; it is released when the step ends so
     the background never keeps a batch (and its device memory) alive.
     """
 
-    # Defaults live on the class: a step sets only what every step has, and the rare
-    # fields (attributes, errors, span ids asked for by user spans, device events) are
-    # written when used. Half the stores of a slotted init, on the hot path.
-    batch: Any = None
-    error: BaseException | None = None
+    index: int
+    loader: str | None
+    _recorder: Recorder
+    start_ns: int
+    end_ns: int
+    ev: list[Any]
+    batch: Any
+    error: BaseException | None
+    # The rare fields (attributes, span ids asked for by user spans, device events) default
+    # on the class and are written when used.
     attrs: dict[str, Any] | None = None
     phase_attrs: dict[int, dict[str, Any]] | None = None
     span_ids: dict[int, int] | None = None  # ordinal (-1: root) -> id, drawn lazily
     trace_id = 0
     dev: dict[int, Any] | None = None  # events mode: boundary position -> event; -1/-2 step
-    end_ns = 0
 
     def __init__(self, recorder: Recorder, index: int, loader: str | None,
                  first_phase: Phase | None = None) -> None:
         self.index = index
         self.loader = loader
         self._recorder = recorder
-        # While the step runs, step.phase(name) / step.monitor(name) are table lookups done in
-        # C; when it ends they fall back to the methods below, which refuse (_finish).
-        self.phase = recorder.phase_lookup  # type: ignore[method-assign]
-        self.monitor = recorder.monitor_lookup  # type: ignore[method-assign]
+        if _SHADOWED_LOOKUPS:
+            self.phase = recorder.phase_lookup  # type: ignore[method-assign]
+            self.monitor = recorder.monitor_lookup  # type: ignore[method-assign]
         if not recorder.plain:
             recorder.device_step_start(self)
         self.start_ns = t = perf_counter_ns()
         # ``first_phase`` opens with the step, at the same instant (run.steps' data fetch).
-        self.ev: list[Any] = [first_phase, t] if first_phase is not None else []
+        self.ev = [first_phase, t] if first_phase is not None else []
         recorder.current = self
         recorder.ev = self.ev
 
-    # -- the public API ------------------------------------------------------------------
-    def phase(self, name: str) -> Phase:
-        """A training phase (forward, backward, optimizer, or your own name)."""
-        if self.end_ns:
-            raise _ended(self, name)
-        return self._recorder.train_phases[name]
-
-    def monitor(self, name: str) -> Phase:
-        """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
-        if self.end_ns:
-            raise _ended(self, name)
-        return self._recorder.monitor_phases[name]
-
+    def _ended_error(self, name: str) -> RuntimeError:
+        """The error of a phase opened on this ended step (raised by the C twin too)."""
+        return _ended(self, name)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.

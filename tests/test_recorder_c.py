@@ -41,6 +41,7 @@ def test_ci_builds_and_uses_the_c_accelerator():
         pytest.skip("only CI must have built it; elsewhere the pure-Python twin is allowed")
     assert recorder.ACCELERATED, "pip install -e . did not build otel_train/_recorder_c.c"
     assert type(recorder.Phase.__enter__).__name__ == "method_descriptor"
+    assert type(recorder.Step.phase).__name__ == "method_descriptor"
 
 
 def test_otel_train_pure_python_selects_the_pure_twin():
@@ -248,7 +249,13 @@ def test_a_c_step_loop_in_a_reference_cycle_is_collected_and_holds_its_step():
 
 
 @needs_c
-def test_a_c_phase_without_init_raises_instead_of_crashing():
+def test_a_c_phase_or_step_without_init_raises_instead_of_crashing():
     bare = recorder.Phase.__new__(recorder.Phase)
     with pytest.raises(RuntimeError, match="before Phase.__init__"):
         bare.__enter__()
+    step = recorder.Step.__new__(recorder.Step)
+    assert (step.end_ns, step.batch, step.error) == (0, None, None)  # the twin's defaults
+    with pytest.raises(RuntimeError, match="before Step.__init__"):
+        step.phase("forward")
+    with pytest.raises(AttributeError):
+        step.index  # noqa: B018  (unset, as a pure-Python attribute would be)
