@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                    args.steady_steps)
 
     us = 1000.0
+    from otel_train.recorder import HOT_PATH
+
+    print(f"hot path: {HOT_PATH}")
     print(f"per step, 7 spans (root + data + 5 phases); {steps} steps, interleaved chunks")
     print(f"{'floor: 6 empty timestamp context managers':<54}{floor / us:8.2f} us")
     print(f"{'otel-train hot path (training thread CPU)':<54}{ours / us:8.2f} us   "

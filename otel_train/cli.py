@@ -7,7 +7,7 @@ Usage::
     otel-train costs                              # the latest run under otel-train-runs/
     otel-train report otel-train-runs/<run>/      # one self-contained HTML page, opens offline
     otel-train export otel-train-runs/<run>/ --format chrome-trace   # for Perfetto
-    otel-train version
+    otel-train version                            # and whether the hot path runs in C
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version(args: argparse.Namespace) -> int:
+    from otel_train.recorder import HOT_PATH
+
+    print(__version__)
+    print(f"hot path: {HOT_PATH}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``otel-train`` console script."""
     from otel_train.demo import add_arguments
@@ -128,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write it (default RUN_DIR/trace.json)")
     export.set_defaults(func=_export)
     version = sub.add_parser("version", help="print the version")
-    version.set_defaults(func=lambda a: print(__version__) or 0)
+    version.set_defaults(func=_version)
     args = ap.parse_args(argv)
     return int(args.func(args))
 

@@ -75,10 +75,14 @@ _recorder_c: Any
 if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
     try:
         from otel_train import _recorder_c  # type: ignore[attr-defined, no-redef]
+        HOT_PATH = "C accelerator (otel_train._recorder_c)"
     except ImportError:
         _recorder_c = None
+        HOT_PATH = ("pure Python: the C accelerator was not built at install (it needs a C "
+                    "compiler and Python's headers); reinstall with them to build it")
 else:
     _recorder_c = None
+    HOT_PATH = "pure Python (OTEL_TRAIN_PURE_PYTHON is set)"
 
 #: True when the hot path runs in the C accelerator, False when in pure Python.
 ACCELERATED = _recorder_c is not None

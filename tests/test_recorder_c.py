@@ -53,6 +53,16 @@ def test_otel_train_pure_python_selects_the_pure_twin():
     assert out == ["False", "function", "generator"]
 
 
+def test_otel_train_version_says_which_hot_path_runs():
+    from otel_train import __version__
+
+    for pure, expected in ((True, "hot path: pure Python (OTEL_TRAIN_PURE_PYTHON is set)"),
+                           (False, f"hot path: {recorder.HOT_PATH}")):
+        out = subprocess.run([sys.executable, "-m", "otel_train.cli", "version"],
+                             env=_env(pure), capture_output=True, text=True, check=True)
+        assert out.stdout.splitlines() == [__version__, expected]
+
+
 def test_the_pure_python_twin_passes_the_hot_path_tests():
     files = ["test_recorder.py", "test_device.py", "test_device_events.py", "test_context.py"]
     proc = subprocess.run(
