@@ -1,0 +1,179 @@
+"""The hot path's C accelerator against its pure-Python twin, paired in one process.
+
+``otel_train/recorder.py`` is loaded twice more under other names: once on the pure-Python
+twin (``OTEL_TRAIN_PURE_PYTHON=1`` while it loads) and once more on C, beside the package's
+own module. Each round times a chunk of 7-span steps (``run.steps`` + 5 phases, a bare
+Recorder, no run) on each of the four (the floor of six empty timestamp context managers,
+C, C again, pure Python) in a shuffled order, with ``time.thread_time_ns`` around each step.
+Paced rounds put a ~1 ms GIL-holding spin before each step (caches cold, as in a real loop);
+warm rounds do not. Printed: the medians per step, each against the floor, and the paired
+ratios (a chunk against the other chunks of its round, so the machine's drift cancels) with
+a bootstrap 95% interval. "C again / C" shows the noise of the method (and of where in memory
+a copy of the same code lands): read C / pure against it.
+
+Usage::
+
+    python benchmarks/bench_accelerator.py [--rounds 16] [--steps 300] [--step-us 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+from time import perf_counter_ns, thread_time_ns
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from otel_train import recorder  # noqa: E402
+from otel_train.drop_counter import DropCounter  # noqa: E402
+
+
+def _load(name: str, pure: bool) -> ModuleType:
+    """Another copy of recorder.py, on the pure-Python twin if ``pure``."""
+    spec = importlib.util.spec_from_file_location(name, recorder.__file__)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.get("OTEL_TRAIN_PURE_PYTHON")
+    os.environ["OTEL_TRAIN_PURE_PYTHON"] = "1" if pure else "0"
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del os.environ["OTEL_TRAIN_PURE_PYTHON"]
+        else:
+            os.environ["OTEL_TRAIN_PURE_PYTHON"] = saved
+    return module
+
+
+class _EmptyTimer:
+    __slots__ = ("t",)
+
+    def __enter__(self) -> _EmptyTimer:
+        self.t = perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        perf_counter_ns()
+
+
+def _spin(ns: int) -> None:
+    end = perf_counter_ns() + ns
+    while perf_counter_ns() < end:
+        pass
+
+
+def _chunk(what: Any, steps: int, spin_ns: int) -> float:
+    """Mean training-thread CPU per step (ns) of one chunk; ``what`` is None for the floor."""
+    total = 0
+    if what is None:
+        for _ in range(steps):
+            if spin_ns:
+                _spin(spin_ns)
+            t0 = thread_time_ns()
+            for _ in range(6):
+                with _EmptyTimer():
+                    pass
+            total += thread_time_ns() - t0
+        return total / steps
+    rec, loop = what
+    for _ in range(steps):
+        if spin_ns:
+            _spin(spin_ns)
+        t0 = thread_time_ns()
+        step = next(loop)
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+        with step.phase("optimizer"):
+            pass
+        with step.monitor("inference"):
+            pass
+        with step.monitor("val_loss"):
+            pass
+        total += thread_time_ns() - t0
+    rec.queue.clear()  # the background's drain, outside the timing
+    return total / steps
+
+
+def _ci(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    rng = random.Random(1)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+def _measure(modules: dict[str, ModuleType | None], rounds: int, steps: int, step_us: float
+             ) -> dict[str, list[float]]:
+    targets: dict[str, Any] = {}
+    for key, module in modules.items():
+        if module is None:
+            targets[key] = None
+            continue
+        rec = module.Recorder(10**9, DropCounter(), None)
+        targets[key] = (rec, iter(rec.steps(range(10**12), "train")))
+    spin_ns = int(step_us * 1000)
+    res: dict[str, list[float]] = {key: [] for key in modules}
+    order = list(modules)
+    for r in range(rounds + 1):
+        random.shuffle(order)
+        for key in order:
+            value = _chunk(targets[key], steps, spin_ns)
+            if r:  # round 0 warms every path up
+                res[key].append(value)
+    return res
+
+
+def _print(title: str, res: dict[str, list[float]]) -> None:
+    print(title)
+    floor = res["floor"]
+    for key, values in res.items():
+        paired = [v / f for v, f in zip(values, floor)]
+        lo, hi = _ci(paired)
+        print(f"  {key:<28}{statistics.median(values):8.0f} ns   "
+              f"x floor {statistics.median(paired):.3f} [{lo:.3f}, {hi:.3f}]")
+    for a, b in (("C again", "C"), ("C", "pure Python")):
+        paired = [x / y for x, y in zip(res[a], res[b])]
+        lo, hi = _ci(paired)
+        print(f"  paired {a} / {b}:{'':<{14 - len(a) - len(b)}}"
+              f"{statistics.median(paired):.3f} [{lo:.3f}, {hi:.3f}]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=16, help="paced rounds (warm: 2.5x as many)")
+    ap.add_argument("--steps", type=int, default=300, help="steps per chunk")
+    ap.add_argument("--step-us", type=float, default=1000.0,
+                    help="the GIL-holding spin before each paced step")
+    args = ap.parse_args(argv)
+    if not recorder.ACCELERATED:
+        print(f"hot path: {recorder.HOT_PATH}")
+        print("nothing to compare: this install has no C accelerator")
+        return 1
+    modules: dict[str, ModuleType | None] = {
+        "floor": None,
+        "C": recorder,
+        "C again": _load("_recorder_c_again", pure=False),
+        "pure Python": _load("_recorder_pure", pure=True),
+    }
+    assert modules["pure Python"].ACCELERATED is False  # type: ignore[union-attr]
+    print(f"hot path: {recorder.HOT_PATH}; 7-span steps (run.steps + 5 phases), bare Recorder")
+    print("floor: six empty timestamp context managers; training-thread CPU per step, "
+          "medians; paired ratios [bootstrap 95% CI]")
+    _print(f"paced ({args.step_us:.0f} us spin before each step), {args.rounds} rounds of "
+           f"{args.steps} steps:", _measure(modules, args.rounds, args.steps, args.step_us))
+    warm = max(2, int(args.rounds * 2.5))
+    _print(f"warm (no spin), {warm} rounds of {args.steps} steps:",
+           _measure(modules, warm, args.steps, 0.0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
