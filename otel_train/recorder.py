@@ -86,10 +86,13 @@ else:
 
 #: True when the hot path runs in the C accelerator, False when in pure Python.
 ACCELERATED = _recorder_c is not None
-_PhaseCore: type = _recorder_c.PhaseCore if _recorder_c is not None else _PurePhaseCore
+if TYPE_CHECKING:  # type checkers read the pure-Python twins: they define the same API
+    _PhaseCore = _PurePhaseCore
+else:
+    _PhaseCore = _recorder_c.PhaseCore if _recorder_c is not None else _PurePhaseCore
 
 
-class Phase(_PhaseCore):  # type: ignore[misc, valid-type]
+class Phase(_PhaseCore):
     """A timed phase; a reusable context manager (one per name, kind and loader).
 
     It carries no per-use state: entering appends ``(self, start_ns)`` to the current step's
@@ -119,7 +122,7 @@ class SyncedPhase(Phase):
 
     __slots__ = ()
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Phase:  # type: ignore[override]
         rec = self._rec
         ev = rec.ev
         if ev is None:
@@ -128,7 +131,8 @@ class SyncedPhase(Phase):
         ev.extend((self, perf_counter_ns()))
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(  # type: ignore[override]
+            self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self._rec.synchronize()  # explicit: this phase's device work counts in this phase
         return Phase.__exit__(self, exc_type, exc, tb)
 
@@ -142,7 +146,7 @@ class DeviceEventPhase(Phase):
 
     __slots__ = ()
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Phase:  # type: ignore[override]
         rec = self._rec
         step = rec.current
         if step is None:
@@ -152,7 +156,8 @@ class DeviceEventPhase(Phase):
         ev.extend((self, perf_counter_ns()))
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(  # type: ignore[override]
+            self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         step = self._rec.current
         if step is not None and step.dev is not None:
             step.dev[len(step.ev)] = self._rec.make_event()  # type: ignore[misc]
@@ -249,11 +254,14 @@ class _PureRecorderCore:
     (which keeps them in C slots that the C phases and step loop read directly)."""
 
 
-_RecorderCore: type = (_recorder_c.RecorderCore if _recorder_c is not None
-                       else _PureRecorderCore)
+if TYPE_CHECKING:
+    _RecorderCore = _PureRecorderCore
+else:
+    _RecorderCore = (_recorder_c.RecorderCore if _recorder_c is not None
+                     else _PureRecorderCore)
 
 
-class Recorder(_RecorderCore):  # type: ignore[misc, valid-type]
+class Recorder(_RecorderCore):
     """Where finished steps go: a bounded queue, plus what the watchdog needs to see."""
 
     def __init__(
@@ -395,8 +403,8 @@ class Recorder(_RecorderCore):  # type: ignore[misc, valid-type]
             self.next_index = index + 1
             step.loader = loader
             step._recorder = self
-            step.phase = train_lookup  # type: ignore[method-assign]
-            step.monitor = monitor_lookup  # type: ignore[method-assign]
+            step.phase = train_lookup  # type: ignore[method-assign, assignment]
+            step.monitor = monitor_lookup  # type: ignore[method-assign, assignment]
             if not plain:
                 self.device_step_start(step)
             step.start_ns = t = perf_counter_ns()
@@ -509,30 +517,34 @@ class _PureStepCore:
     they fall back to the methods here, which refuse. The C twin checks ``end_ns`` in C.
     """
 
+    _recorder: Recorder
     # Defaults live on the class: a step sets only what every step has.
     batch: Any = None
     error: BaseException | None = None
-    end_ns = 0
+    end_ns: int = 0
 
     def phase(self, name: str) -> Phase:
         """A training phase (forward, backward, optimizer, or your own name)."""
         if self.end_ns:
             raise _ended(self, name)  # type: ignore[arg-type]
-        return self._recorder.train_phases[name]  # type: ignore[attr-defined, no-any-return]
+        return self._recorder.train_phases[name]  # type: ignore[no-any-return]
 
     def monitor(self, name: str) -> Phase:
         """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
         if self.end_ns:
             raise _ended(self, name)  # type: ignore[arg-type]
-        return self._recorder.monitor_phases[name]  # type: ignore[attr-defined, no-any-return]
+        return self._recorder.monitor_phases[name]  # type: ignore[no-any-return]
 
 
-_StepCore: type = _recorder_c.StepCore if _recorder_c is not None else _PureStepCore
+if TYPE_CHECKING:
+    _StepCore = _PureStepCore
+else:
+    _StepCore = _recorder_c.StepCore if _recorder_c is not None else _PureStepCore
 # The pure twin's running steps shadow phase/monitor with the tables' lookups (see above).
 _SHADOWED_LOOKUPS = _recorder_c is None
 
 
-class Step(_StepCore):  # type: ignore[misc, valid-type]
+class Step(_StepCore):
     """One training step: the root span ``train.step`` and its phases.
 
     ``step.batch`` holds what the data phase fetched; it is released when the step ends so
@@ -561,8 +573,8 @@ class Step(_StepCore):  # type: ignore[misc, valid-type]
         self.loader = loader
         self._recorder = recorder
         if _SHADOWED_LOOKUPS:
-            self.phase = recorder.phase_lookup  # type: ignore[method-assign]
-            self.monitor = recorder.monitor_lookup  # type: ignore[method-assign]
+            self.phase = recorder.phase_lookup  # type: ignore[method-assign, assignment]
+            self.monitor = recorder.monitor_lookup  # type: ignore[method-assign, assignment]
         if not recorder.plain:
             recorder.device_step_start(self)
         self.start_ns = t = perf_counter_ns()
