@@ -25,12 +25,15 @@ import random
 import statistics
 import sys
 from pathlib import Path
-from time import perf_counter_ns, thread_time_ns
 from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The same floor, the same 7-span step and the same paced timing as bench_hot_path.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hot_path import _paced_chunk  # noqa: E402
+from bench_support import ThreadClock, _median_ci  # noqa: E402
 
 from otel_train import recorder  # noqa: E402
 from otel_train.drop_counter import DropCounter  # noqa: E402
@@ -53,81 +56,27 @@ def _load(name: str, pure: bool) -> ModuleType:
     return module
 
 
-class _EmptyTimer:
-    __slots__ = ("t",)
-
-    def __enter__(self) -> _EmptyTimer:
-        self.t = perf_counter_ns()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        perf_counter_ns()
-
-
-def _spin(ns: int) -> None:
-    end = perf_counter_ns() + ns
-    while perf_counter_ns() < end:
-        pass
-
-
-def _chunk(what: Any, steps: int, spin_ns: int) -> float:
-    """Mean training-thread CPU per step (ns) of one chunk; ``what`` is None for the floor."""
-    total = 0
-    if what is None:
-        for _ in range(steps):
-            if spin_ns:
-                _spin(spin_ns)
-            t0 = thread_time_ns()
-            for _ in range(6):
-                with _EmptyTimer():
-                    pass
-            total += thread_time_ns() - t0
-        return total / steps
-    rec, loop = what
-    for _ in range(steps):
-        if spin_ns:
-            _spin(spin_ns)
-        t0 = thread_time_ns()
-        step = next(loop)
-        with step.phase("forward"):
-            pass
-        with step.phase("backward"):
-            pass
-        with step.phase("optimizer"):
-            pass
-        with step.monitor("inference"):
-            pass
-        with step.monitor("val_loss"):
-            pass
-        total += thread_time_ns() - t0
-    rec.queue.clear()  # the background's drain, outside the timing
-    return total / steps
-
-
-def _ci(values: list[float], draws: int = 2000) -> tuple[float, float]:
-    rng = random.Random(1)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
 def _measure(modules: dict[str, ModuleType | None], rounds: int, steps: int, step_us: float
              ) -> dict[str, list[float]]:
-    targets: dict[str, Any] = {}
+    """Per-step training-thread CPU (ns) of each chunk, by key; round 0 only warms up."""
+    loops: dict[str, Any] = {}
     for key, module in modules.items():
-        if module is None:
-            targets[key] = None
-            continue
-        rec = module.Recorder(10**9, DropCounter(), None)
-        targets[key] = (rec, iter(rec.steps(range(10**12), "train")))
-    spin_ns = int(step_us * 1000)
+        if module is not None:
+            rec = module.Recorder(10**9, DropCounter(), None)
+            loops[key] = (rec, iter(rec.steps(range(10**12), "train")))
+    clock = ThreadClock()
+    step_ns = int(step_us * 1000)
     res: dict[str, list[float]] = {key: [] for key in modules}
     order = list(modules)
     for r in range(rounds + 1):
         random.shuffle(order)
         for key in order:
-            value = _chunk(targets[key], steps, spin_ns)
-            if r:  # round 0 warms every path up
-                res[key].append(value)
+            rec, loop = loops.get(key, (None, None))
+            hot = _paced_chunk(loop, clock, steps, step_ns, ours=rec is not None)["hot"]
+            if rec is not None:
+                rec.queue.clear()  # the background's drain, outside the timing
+            if r:
+                res[key].append(hot / steps)
     return res
 
 
@@ -135,15 +84,12 @@ def _print(title: str, res: dict[str, list[float]]) -> None:
     print(title)
     floor = res["floor"]
     for key, values in res.items():
-        paired = [v / f for v, f in zip(values, floor)]
-        lo, hi = _ci(paired)
+        med, lo, hi = _median_ci([v / f for v, f in zip(values, floor)])
         print(f"  {key:<28}{statistics.median(values):8.0f} ns   "
-              f"x floor {statistics.median(paired):.3f} [{lo:.3f}, {hi:.3f}]")
+              f"x floor {med:.3f} [{lo:.3f}, {hi:.3f}]")
     for a, b in (("C again", "C"), ("C", "pure Python")):
-        paired = [x / y for x, y in zip(res[a], res[b])]
-        lo, hi = _ci(paired)
-        print(f"  paired {a} / {b}:{'':<{14 - len(a) - len(b)}}"
-              f"{statistics.median(paired):.3f} [{lo:.3f}, {hi:.3f}]")
+        med, lo, hi = _median_ci([x / y for x, y in zip(res[a], res[b])])
+        print(f"  paired {a} / {b}:{'':<{14 - len(a) - len(b)}}{med:.3f} [{lo:.3f}, {hi:.3f}]")
 
 
 def main(argv: list[str] | None = None) -> int:
