@@ -1,0 +1,94 @@
+/* Shared by the C accelerator's sources (see _recorder_c.c for what it is and why). */
+#ifndef OTEL_TRAIN_RECORDER_C_H
+#define OTEL_TRAIN_RECORDER_C_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#if defined(__linux__)
+#include <time.h>
+#endif
+
+/* Interned attribute and method names, and constants (defined in _recorder_c.c). */
+extern PyObject *s_ev, *s_current, *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
+    *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
+    *s_outside_error, *s_ended_error, *s_append, *s_train_phases,
+    *s_monitor_phases;
+extern PyObject *otr_perf_counter_ns; /* time.perf_counter_ns, where no direct clock is used */
+extern PyObject *otr_one;             /* 1, for next_index + 1 */
+extern PyObject *otr_zero;            /* 0: a step's end_ns until it ends */
+
+extern PyTypeObject otr_RecorderCore_Type, otr_PhaseCore_Type, otr_StepCore_Type,
+    otr_StepLoop_Type;
+
+/* The recorder's hot fields (see _recorder_c.c). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ev;               /* the current step's event list, None between steps */
+    PyObject *current;          /* the step in progress, or None */
+    PyObject *held;             /* a step closed by leaving the loop, until the next event */
+    PyObject *closed;
+    PyObject *next_index;
+    PyObject *last_step_end_ns;
+    PyObject *queue;            /* finished steps for the background */
+    PyObject *max_queued;
+} RecorderCore;
+
+/* A step's fields (see _recorder_c_step.c). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *index;
+    PyObject *loader;
+    PyObject *recorder;
+    PyObject *start_ns;
+    PyObject *end_ns; /* 0 until the step ends */
+    PyObject *ev;
+    PyObject *batch;
+    PyObject *error;
+} StepCore;
+
+
+/* A new reference to perf_counter_ns() as an int, or NULL with an exception set. */
+static inline PyObject *
+clock_ns(void)
+{
+#if defined(__linux__)
+    /* CPython's perf_counter_ns on Linux: clock_gettime(CLOCK_MONOTONIC), in ns. */
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) {
+        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    }
+#endif
+    return PyObject_CallNoArgs(otr_perf_counter_ns);
+}
+
+/* Sets the exception that `factory(arg)` returns (a Python helper builds the message). */
+static inline void
+raise_from_factory(PyObject *factory, PyObject *arg)
+{
+    PyObject *exc = PyObject_CallOneArg(factory, arg);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+}
+
+static inline PyObject *
+slot_get(PyObject *value)
+{
+    value = value != NULL ? value : Py_None;
+    Py_INCREF(value);
+    return value;
+}
+
+/* Store a new reference to `value` in the slot `*slot`. */
+static inline void
+store(PyObject **slot, PyObject *value)
+{
+    Py_INCREF(value);
+    Py_XSETREF(*slot, value);
+}
+
+int otr_step_ended(StepCore *self);
+
+#endif
