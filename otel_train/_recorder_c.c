@@ -126,7 +126,6 @@ PyTypeObject otr_RecorderCore_Type = {
     .tp_members = RecorderCore_members,
 };
 
-/* A new reference to a slot's value; None where `del` emptied it. */
 /* ---- the module ----------------------------------------------------------------------- */
 
 static struct PyModuleDef recorder_c_module = {

@@ -47,7 +47,6 @@ typedef struct {
     PyObject *error;
 } StepCore;
 
-
 /* A new reference to perf_counter_ns() as an int, or NULL with an exception set. */
 static inline PyObject *
 clock_ns(void)
@@ -73,6 +72,7 @@ raise_from_factory(PyObject *factory, PyObject *arg)
     }
 }
 
+/* A new reference to a slot's value; None where `del` emptied it. */
 static inline PyObject *
 slot_get(PyObject *value)
 {
@@ -89,6 +89,7 @@ store(PyObject **slot, PyObject *value)
     Py_XSETREF(*slot, value);
 }
 
+/* 1 if the step has ended, 0 if not, -1 on error (_recorder_c_step.c). */
 int otr_step_ended(StepCore *self);
 
 #endif

@@ -4,8 +4,8 @@
 /* ---- StepCore ------------------------------------------------------------------------ */
 
 /* The fields every step has, in C slots (no instance-dict stores on the hot path), and the
- * phase lookups, which refuse once the step has ended. recorder.Step adds the rest. */
-
+ * phase lookups, which refuse once the step has ended. recorder.Step adds the rest. The
+ * struct is in _recorder_c.h: the step loop writes its slots directly. */
 
 static PyObject *
 StepCore_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
