@@ -30,7 +30,7 @@
  */
 #include "_recorder_c.h"
 
-PyObject *s_ev, *s_current, *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
+PyObject *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
     *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
     *s_outside_error, *s_ended_error, *s_append, *s_train_phases,
     *s_monitor_phases;
@@ -144,8 +144,6 @@ static struct PyModuleDef recorder_c_module = {
 PyMODINIT_FUNC
 PyInit__recorder_c(void)
 {
-    INTERN(s_ev, "ev");
-    INTERN(s_current, "current");
     INTERN(s_error, "error");
     INTERN(s_end_ns, "end_ns");
     INTERN(s_release_held, "release_held");
@@ -173,38 +171,25 @@ PyInit__recorder_c(void)
     if (otr_perf_counter_ns == NULL) {
         return NULL;
     }
-    if (PyType_Ready(&otr_RecorderCore_Type) < 0 || PyType_Ready(&otr_PhaseCore_Type) < 0
-        || PyType_Ready(&otr_StepCore_Type) < 0
-        || PyType_Ready(&otr_StepLoop_Type) < 0) {
-        return NULL;
-    }
     PyObject *m = PyModule_Create(&recorder_c_module);
     if (m == NULL) {
         return NULL;
     }
-    Py_INCREF(&otr_PhaseCore_Type);
-    if (PyModule_AddObject(m, "PhaseCore", (PyObject *)&otr_PhaseCore_Type) < 0) {
-        Py_DECREF(&otr_PhaseCore_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&otr_RecorderCore_Type);
-    if (PyModule_AddObject(m, "RecorderCore", (PyObject *)&otr_RecorderCore_Type) < 0) {
-        Py_DECREF(&otr_RecorderCore_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&otr_StepCore_Type);
-    if (PyModule_AddObject(m, "StepCore", (PyObject *)&otr_StepCore_Type) < 0) {
-        Py_DECREF(&otr_StepCore_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&otr_StepLoop_Type);
-    if (PyModule_AddObject(m, "StepLoop", (PyObject *)&otr_StepLoop_Type) < 0) {
-        Py_DECREF(&otr_StepLoop_Type);
-        Py_DECREF(m);
-        return NULL;
+    struct { const char *name; PyTypeObject *type; } types[] = {
+        {"RecorderCore", &otr_RecorderCore_Type}, {"PhaseCore", &otr_PhaseCore_Type},
+        {"StepCore", &otr_StepCore_Type}, {"StepLoop", &otr_StepLoop_Type},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyType_Ready(types[i].type) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+        Py_INCREF(types[i].type);
+        if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(types[i].type);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -10,7 +10,7 @@
 #endif
 
 /* Interned attribute and method names, and constants (defined in _recorder_c.c). */
-extern PyObject *s_ev, *s_current, *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
+extern PyObject *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
     *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
     *s_outside_error, *s_ended_error, *s_append, *s_train_phases,
     *s_monitor_phases;

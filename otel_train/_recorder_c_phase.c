@@ -5,11 +5,10 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *rec;
+    RecorderCore *rec; /* its slots read directly at every boundary */
     PyObject *name;
     PyObject *kind;
     PyObject *loader;
-    RecorderCore *core; /* rec, when it is a RecorderCore (a borrowed view of rec) */
 } PhaseCore;
 
 static int
@@ -21,9 +20,12 @@ PhaseCore_init(PhaseCore *self, PyObject *args, PyObject *kwds)
                                      &loader)) {
         return -1;
     }
+    if (!PyObject_TypeCheck(rec, &otr_RecorderCore_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Phase: recorder must be a recorder.Recorder");
+        return -1;
+    }
     Py_INCREF(rec);
-    Py_XSETREF(self->rec, rec);
-    self->core = PyObject_TypeCheck(rec, &otr_RecorderCore_Type) ? (RecorderCore *)rec : NULL;
+    Py_XSETREF(self->rec, (RecorderCore *)rec);
     Py_INCREF(name);
     Py_XSETREF(self->name, name);
     Py_INCREF(kind);
@@ -46,7 +48,6 @@ PhaseCore_traverse(PhaseCore *self, visitproc visit, void *arg)
 static int
 PhaseCore_clear(PhaseCore *self)
 {
-    self->core = NULL;
     Py_CLEAR(self->rec);
     Py_CLEAR(self->name);
     Py_CLEAR(self->kind);
@@ -70,10 +71,7 @@ current_events(PhaseCore *self)
         PyErr_SetString(PyExc_RuntimeError, "Phase used before Phase.__init__ ran");
         return NULL;
     }
-    if (self->core != NULL) {
-        return slot_get(self->core->ev);
-    }
-    return PyObject_GetAttr(self->rec, s_ev);
+    return slot_get(self->rec->ev);
 }
 
 static PyObject *
@@ -141,8 +139,7 @@ PhaseCore_exit(PhaseCore *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (exc != Py_None) {
         /* The step's first error: the root span of a failed phase's step fails too. */
-        PyObject *step = self->core != NULL ? slot_get(self->core->current)
-                                            : PyObject_GetAttr(self->rec, s_current);
+        PyObject *step = slot_get(self->rec->current);
         if (step == NULL) {
             return NULL;
         }

@@ -263,6 +263,8 @@ def test_a_c_phase_or_step_without_init_raises_instead_of_crashing():
     bare = recorder.Phase.__new__(recorder.Phase)
     with pytest.raises(RuntimeError, match="before Phase.__init__"):
         bare.__enter__()
+    with pytest.raises(TypeError, match="must be a recorder.Recorder"):
+        recorder.Phase(object(), "forward", "train")
     step = recorder.Step.__new__(recorder.Step)
     assert (step.end_ns, step.batch, step.error) == (0, None, None)  # the twin's defaults
     with pytest.raises(RuntimeError, match="before Step.__init__"):
