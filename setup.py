@@ -1,4 +1,4 @@
-"""Builds the optional C accelerator of the hot path (otel_train/_recorder_c*.c).
+"""Builds the optional C accelerator of the hot path (otel_train/recording/_recorder_c*.c).
 
 Everything else is in pyproject.toml. Where no C compiler (or no Python headers) is found,
 the build goes on without it and otel-train runs its pure-Python twin (recorder.py):
@@ -7,8 +7,8 @@ the build goes on without it and otel-train runs its pure-Python twin (recorder.
 
 from setuptools import Extension, setup
 
-_SOURCES = ["otel_train/_recorder_c.c", "otel_train/_recorder_c_phase.c",
-            "otel_train/_recorder_c_step.c", "otel_train/_recorder_c_loop.c"]
+_SOURCES = ["otel_train/recording/_recorder_c.c", "otel_train/recording/_recorder_c_phase.c",
+            "otel_train/recording/_recorder_c_step.c", "otel_train/recording/_recorder_c_loop.c"]
 
-setup(ext_modules=[Extension("otel_train._recorder_c", _SOURCES,
-                             depends=["otel_train/_recorder_c.h"], optional=True)])
+setup(ext_modules=[Extension("otel_train.recording._recorder_c", _SOURCES,
+                             depends=["otel_train/recording/_recorder_c.h"], optional=True)])

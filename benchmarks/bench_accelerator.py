@@ -1,6 +1,6 @@
 """The hot path's C accelerator against its pure-Python twin, paired in one process.
 
-``otel_train/recorder.py`` is loaded twice more under other names: once on the pure-Python
+``otel_train/recording/recorder.py`` is loaded twice more under other names: once on the pure-Python
 twin (``OTEL_TRAIN_PURE_PYTHON=1`` while it loads) and once more on C, beside the package's
 own module. Each round times a chunk of 7-span steps (``run.steps`` + 5 phases, a bare
 Recorder, no run) on each of the four (the floor of six empty timestamp context managers,
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_hot_path import _paced_chunk  # noqa: E402
 from bench_support import ThreadClock, _median_ci  # noqa: E402
 
-from otel_train import recorder  # noqa: E402
-from otel_train.drop_counter import DropCounter  # noqa: E402
+from otel_train.recording import recorder  # noqa: E402
+from otel_train.common.drop_counter import DropCounter  # noqa: E402
 
 
 def _load(name: str, pure: bool) -> ModuleType:

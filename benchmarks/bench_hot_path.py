@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_train
-    from otel_train.otlp_encoding import _Encoder
-    from otel_train.span_rows import rows_from_record
+    from otel_train.export.otlp.encoding import _Encoder
+    from otel_train.records.span_rows import rows_from_record
 
     tracer = TracerProvider().get_tracer("bench")
     floor = ours = sdk = build = encode = sdk_encode = row_encode = make_spans = 0
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                    args.steady_steps)
 
     us = 1000.0
-    from otel_train.recorder import HOT_PATH
+    from otel_train.recording.recorder import HOT_PATH
 
     print(f"hot path: {HOT_PATH}")
     print(f"per step, 7 spans (root + data + 5 phases); {steps} steps, interleaved chunks")

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import ReceiverProcess  # noqa: E402
 
-from otel_train.http_sender import LEAN_TRANSPORT_ENV, lean_transport_reason  # noqa: E402
-from otel_train.otlp_transport import ExportOutcome, SingleAttemptHttpSpanExporter  # noqa: E402
+from otel_train.export.otlp.http_sender import LEAN_TRANSPORT_ENV, lean_transport_reason  # noqa: E402
+from otel_train.export.otlp.transport import ExportOutcome, SingleAttemptHttpSpanExporter  # noqa: E402
 
 
 def _batch(n: int) -> list:

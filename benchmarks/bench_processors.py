@@ -27,16 +27,16 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train.derived_chain import StepChain, chain_settings, feed_records
-from otel_train.derived_metrics import DerivedMetricsStage
-from otel_train.drop_counter import DropCounter
-from otel_train.identity import RunIdentity
-from otel_train.options import RunOptions
-from otel_train.recorder import Recorder, Step
-from otel_train.self_cost import SelfCostMeter
-from otel_train.span_builder import StepSpanBuilder, epoch_offset_ns
-from otel_train.span_rows import view_from_record
-from otel_train.steps_view import SharedStepSpanProcessor
+from otel_train.derived.chain import StepChain, chain_settings, feed_records
+from otel_train.derived.stage import DerivedMetricsStage
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.identity import RunIdentity
+from otel_train.common.options import RunOptions
+from otel_train.recording.recorder import Recorder, Step
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.records.step_records import StepSpanBuilder, epoch_offset_ns
+from otel_train.records.span_rows import view_from_record
+from otel_train.records.steps_view import SharedStepSpanProcessor
 
 
 def record_step(rec: Recorder, index: int, eval_step: bool) -> Step:

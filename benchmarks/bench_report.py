@@ -74,8 +74,8 @@ def encoding_cost() -> None:
     )
 
     import otel_train
-    from otel_train.otlp_encoding import _Encoder
-    from otel_train.otlp_json_file import OtlpJsonEncoder
+    from otel_train.export.otlp.encoding import _Encoder
+    from otel_train.export.span_file import OtlpJsonEncoder
 
     d = Path(tempfile.mkdtemp(prefix="otel-train-bench-"))
     with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(d),
@@ -120,7 +120,7 @@ def generate(run_dir: Path, steps: int) -> float:
         run._telemetry.worker.paused = True
         _train(run, 2)  # step 0 has an eval, step 1 does not
         records = list(run._recorder.queue)
-        from otel_train.otlp_json_file import OtlpJsonEncoder
+        from otel_train.export.span_file import OtlpJsonEncoder
         enc = OtlpJsonEncoder()
         lines = [json.loads(enc.request(run._telemetry.builder.build(r))) for r in records]
         run._telemetry.worker.paused = False
@@ -188,7 +188,7 @@ def generate(run_dir: Path, steps: int) -> float:
 
 def child(run_dir: str, chrome: bool) -> None:
     """Measure in this fresh process: report time and peak RSS (and the chrome trace)."""
-    from otel_train.report import write_report
+    from otel_train.rundir.report import write_report
 
     t0, c0 = time.monotonic(), time.process_time()
     path = write_report(run_dir)
@@ -197,7 +197,7 @@ def child(run_dir: str, chrome: bool) -> None:
     out = {"report_seconds": report_s, "report_cpu_seconds": cpu_s, "peak_rss_mb": rss_mb,
            "report_mb": path.stat().st_size / 1e6}
     if chrome:
-        from otel_train.chrome_trace import export_chrome_trace
+        from otel_train.rundir.chrome_trace import export_chrome_trace
         t0 = time.monotonic()
         trace = export_chrome_trace(run_dir)
         out["chrome_trace_seconds"] = time.monotonic() - t0
@@ -221,7 +221,7 @@ def main() -> None:
         bytes_per_step()
         encoding_cost()
     base_rss = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json, resource, otel_train.report, plotly.io; "
+        [sys.executable, "-c", "import json, resource, otel_train.rundir.report, plotly.io; "
          "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))"],
         capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout)

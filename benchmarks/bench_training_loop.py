@@ -1,6 +1,6 @@
 """What otel-train costs a real training loop, to 1%, beside the other ways to trace it.
 
-Workloads (CPU): ``gpt``, the demo's tiny GPT (``otel_train.demo.build_model``; ~10 ms per
+Workloads (CPU): ``gpt``, the demo's tiny GPT (``otel_train.cli.demo.build_model``; ~10 ms per
 step), and ``mlp``, a small MLP (~1 ms per step). Each step takes a batch from a
 ``DataLoader``, runs forward, backward and the optimizer; every 50 steps an eval (validation
 loss over a few batches) runs as monitoring. Both with ``torch.set_num_threads(1)`` and with
@@ -141,7 +141,7 @@ class Workload:
         self.eval_every = eval_every
         self.k = 0
         if name == "gpt":
-            from otel_train.demo import _corpus, build_model
+            from otel_train.cli.demo import _corpus, build_model
 
             text = _corpus()
             chars = sorted(set(text))
@@ -354,8 +354,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             holder.pop().uninstrument()
             flush_in_process(run)
     elif variant == "otel-recorder":
-        from otel_train.drop_counter import DropCounter
-        from otel_train.recorder import Recorder
+        from otel_train.common.drop_counter import DropCounter
+        from otel_train.recording.recorder import Recorder
 
         recorder = Recorder(10 * n, DropCounter(), None)  # host clock, as the CPU runs
         body = lambda: loop_otel(w, n, recorder)  # noqa: E731

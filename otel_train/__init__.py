@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_train.budget import BudgetSpanProcessor  # noqa: E402
-from otel_train.console import ConsoleReportSpanProcessor  # noqa: E402
-from otel_train.export import BoundedBatchSpanProcessor, JsonLinesSpanExporter  # noqa: E402
-from otel_train.options import RunOptions  # noqa: E402
-from otel_train.overhead import OverheadSpanProcessor  # noqa: E402
-from otel_train.prometheus_metrics import PrometheusMetricsSpanProcessor  # noqa: E402
-from otel_train.recorder import MonitorRecord, Phase, Step  # noqa: E402
+from otel_train.derived.budget import BudgetSpanProcessor  # noqa: E402
+from otel_train.derived.console import ConsoleReportSpanProcessor  # noqa: E402
+from otel_train.export.stage import BoundedBatchSpanProcessor, JsonLinesSpanExporter  # noqa: E402
+from otel_train.common.options import RunOptions  # noqa: E402
+from otel_train.derived.overhead import OverheadSpanProcessor  # noqa: E402
+from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor  # noqa: E402
+from otel_train.recording.recorder import MonitorRecord, Phase, Step  # noqa: E402
 from otel_train.run import Run, start_run  # noqa: E402
-from otel_train.slow_steps import SlowStepSpanProcessor  # noqa: E402
-from otel_train.steps_view import SharedStepSpanProcessor, StepView  # noqa: E402
+from otel_train.derived.slow_steps import SlowStepSpanProcessor  # noqa: E402
+from otel_train.records.steps_view import SharedStepSpanProcessor, StepView  # noqa: E402
 from otel_train.version import __version__
 
 __all__ = [

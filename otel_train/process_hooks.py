@@ -23,10 +23,19 @@ import signal
 import threading
 import weakref
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from otel_train.run import Run
+from otel_train.common.options import RunOptions
+
+
+class Run(Protocol):
+    """What this module needs of a run (``otel_train.run.Run``): it sits below it."""
+
+    options: RunOptions
+
+    def _after_fork_in_child(self) -> None: ...
+
+    def _interrupt(self, error: BaseException) -> None: ...
 
 _log = logging.getLogger("otel_train")
 _live: weakref.WeakSet[Run] = weakref.WeakSet()

@@ -35,27 +35,27 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
 from otel_train import process_hooks
-from otel_train.assembly import (
+from otel_train.pipeline.assembly import (
     DisabledTelemetry,
     RunTelemetry,
     assemble_telemetry,
     disabled_reason,
 )
-from otel_train.context import ActivePhaseSpan
-from otel_train.device import DeviceTiming, resolve_device_timing
-from otel_train.drop_counter import DropCounter
-from otel_train.identity import RunIdentity, resolve_identity
-from otel_train.options import RunOptions
-from otel_train.recorder import (
+from otel_train.recording.context import ActivePhaseSpan
+from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.identity import RunIdentity, resolve_identity
+from otel_train.common.options import RunOptions
+from otel_train.recording.recorder import (
     MonitorRecord,
     Phase,
     Recorder,
     Step,
     calibrate_ns_per_phase,
 )
-from otel_train.sdk_config import ExportPlan
-from otel_train.self_cost import SelfCostMeter
-from otel_train.trace_ids import new_span_id
+from otel_train.common.sdk_config import ExportPlan
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.common.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
 _EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
@@ -237,7 +237,7 @@ class Run:
                          dropped, self.drops.counts())
         if self._writes_report():
             # After everything is exported: the report reads the files it just flushed.
-            from otel_train.report import write_report_at_shutdown
+            from otel_train.rundir.report import write_report_at_shutdown
             write_report_at_shutdown(self.status_dir, announce=self.options.console)
 
     def __enter__(self) -> Run:
@@ -296,7 +296,7 @@ class Run:
     def _writes_report(self) -> bool:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,
         when spans go to the run directory's files."""
-        from otel_train.report import report_enabled
+        from otel_train.rundir.report import report_enabled
         return (self.disabled_by is None and self.identity.rank == 0
                 and self.export_plan.kind == "jsonl" and report_enabled(self.options))
 
@@ -320,7 +320,7 @@ class Run:
         if scale_out:
             lines.append(scale_out)
         if self._writes_report():
-            from otel_train.report import shutdown_banner_line
+            from otel_train.rundir.report import shutdown_banner_line
             lines.append(shutdown_banner_line(self.status_dir))
         text = "\n".join(lines)
         if self.options.console:

@@ -218,3 +218,27 @@ class Child:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._stderr.close()
+
+
+COMPOSE = DEPLOY / "docker-compose.yaml"
+
+
+def compose() -> dict:
+    return load_yaml(COMPOSE)
+
+
+def services() -> dict[str, dict]:
+    return compose()["services"]
+
+
+def published(service: dict) -> dict[int, str]:
+    """container port -> host binding ("127.0.0.1:3000")."""
+    out = {}
+    for spec in service.get("ports", []):
+        host_ip, host_port, container_port = str(spec).split(":")
+        out[int(container_port)] = f"{host_ip}:{host_port}"
+    return out
+
+
+def port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1].split("/")[0])

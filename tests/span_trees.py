@@ -19,8 +19,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_train import attributes as A
-from otel_train.identity import step_trace_id
+from otel_train.common import attributes as A
+from otel_train.common.identity import step_trace_id
 
 MS = 1_000_000
 BASE_NS = 1_700_000_000_000_000_000

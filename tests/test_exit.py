@@ -75,7 +75,7 @@ _NO_THREADS_AT_EXIT = textwrap.dedent("""
             raise RuntimeError("can't create new thread at interpreter shutdown")
         return start(self)
     threading.Thread.start = refuse
-    from otel_train import export_process
+    from otel_train.export.process import client as export_process
     if sys.argv[4] == "never-ready":  # the exporter process is not up before the run ends
         export_process.ExportProcessClient._ready = property(lambda self: False,
                                                              lambda self, value: None)

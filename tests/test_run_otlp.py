@@ -17,7 +17,7 @@ from otlp_receivers import GrpcOtlpReceiver, HttpOtlpReceiver, ReceivedSpan
 from train_helpers import SLACK_SECONDS, SlowIterable, clean_env, one  # noqa: F401
 
 import otel_train
-from otel_train.identity import step_trace_id
+from otel_train.common.identity import step_trace_id
 
 pytestmark = pytest.mark.timeout(60)
 

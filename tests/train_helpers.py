@@ -18,8 +18,8 @@ import pytest
 from fake_accelerator import FakeAccelerator  # noqa: F401  (re-exported for the tests)
 
 import otel_train
-from otel_train import rate_limited_log
-from otel_train.otlp_json_file import attributes_dict, read_span_dicts
+from otel_train.common import rate_limited_log
+from otel_train.rundir.span_files import attributes_dict, read_span_dicts
 
 # Environment variables that change what a run does; tests start without any of them.
 _IDENTITY_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",

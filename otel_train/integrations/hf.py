@@ -42,7 +42,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from otel_train.attributes import (
+from otel_train.common.attributes import (
     KIND_TRAIN,
     MICRO_STEP,
     PHASE_CHECKPOINT,

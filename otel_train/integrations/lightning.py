@@ -38,7 +38,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from otel_train.attributes import (
+from otel_train.common.attributes import (
     DATALOADER,
     KIND_TRAIN,
     MICRO_STEP,

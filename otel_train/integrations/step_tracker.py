@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 from torch.autograd import Variable
 
-from otel_train.attributes import (
+from otel_train.common.attributes import (
     KIND_MONITOR,
     KIND_TRAIN,
     PHASE_BACKWARD,
@@ -50,9 +50,9 @@ from otel_train.attributes import (
     PHASE_INFERENCE,
     PHASE_OPTIMIZER,
 )
-from otel_train.drop_counter import DropCounter
-from otel_train.rate_limited_log import RateLimitedLogger
-from otel_train.recorder import MonitorRecord, Step
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.recording.recorder import MonitorRecord, Step
 from otel_train.run import Run
 
 __all__ = ["HookStepTracker", "attach_backward_probe", "guarded"]

@@ -1,0 +1,185 @@
+"""``otel-train demo``: a tiny GPT-like model trained on CPU, fully instrumented.
+
+A character-level transformer (two blocks, 64-wide) learns a small built-in text. Every step is
+a ``train.step`` trace (data, forward, backward, optimizer); every ``eval_every`` steps the
+run generates a sample (``inference``) and computes a validation loss over a named validation
+loader (``val_loss``): the monitoring whose cost the run reports against its budget, as in
+the field notes (inference + validation loss every N steps).
+
+Usage::
+
+    otel-train demo --steps 300 --eval-every 50
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 otel-train demo   # spans to a collector
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterator
+from typing import Any
+
+_TEXT = (
+    "the step is the unit of training. every step fetches a batch, runs the forward pass, "
+    "computes gradients in the backward pass and lets the optimizer update the weights. "
+    "monitoring is what we do to watch it: we generate samples, we compute a validation "
+    "loss, we save snapshots. monitoring is not free; a budget of five percent keeps it "
+    "honest, and a slow step deserves a name and a breakdown. "
+)
+
+
+def _corpus(repeats: int = 40) -> str:
+    return _TEXT * repeats
+
+
+def build_model(vocab_size: int, block_size: int = 32, width: int = 64, layers: int = 2,
+                heads: int = 4) -> Any:
+    """A tiny decoder-only transformer (GPT-like), built from torch.nn parts."""
+    import torch
+    from torch import nn
+
+    class TinyGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block_size = block_size
+            self.tok = nn.Embedding(vocab_size, width)
+            self.pos = nn.Embedding(block_size, width)
+            layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0,
+                                               batch_first=True, norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(width)
+            self.head = nn.Linear(width, vocab_size)
+            mask = torch.triu(torch.full((block_size, block_size), float("-inf")), diagonal=1)
+            self.register_buffer("mask", mask, persistent=False)
+
+        def forward(self, idx: Any, targets: Any = None) -> tuple[Any, Any]:
+            t = idx.shape[1]
+            pos = torch.arange(t, device=idx.device)
+            x = self.tok(idx) + self.pos(pos)
+            x = self.blocks(x, mask=self.mask[:t, :t], is_causal=True)
+            logits = self.head(self.norm(x))
+            loss = None
+            if targets is not None:
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   targets.reshape(-1))
+            return logits, loss
+
+        @torch.no_grad()
+        def generate(self, idx: Any, new_tokens: int) -> Any:
+            for _ in range(new_tokens):
+                logits, _ = self(idx[:, -self.block_size:])
+                nxt = torch.multinomial(torch.softmax(logits[:, -1], dim=-1), 1)
+                idx = torch.cat([idx, nxt], dim=1)
+            return idx
+
+    return TinyGPT()
+
+
+def _batches(data: Any, block_size: int, batch_size: int, seed: int) -> Iterator[Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
+        x = torch.stack([data[i:i + block_size] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+        yield x, y
+
+
+def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
+             sample_tokens: int = 48, seed: int = 0, **options: Any) -> dict[str, Any]:
+    """Train the tiny GPT for ``steps`` steps under otel-train; return ``run.costs()``."""
+    import itertools
+
+    import torch
+
+    import otel_train
+
+    torch.manual_seed(seed)
+    text = _corpus()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    split = int(0.9 * len(data))
+    train_data, val_data = data[:split], data[split:]
+    block, batch = 32, 8
+    model = build_model(len(chars), block_size=block)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    train_loader = itertools.islice(_batches(train_data, block, batch, seed), steps)
+
+    options.setdefault("service_name", "otel-train-demo")
+    # The demo writes its report itself, after the run (printing where at start), so that
+    # --quiet gets one too and it never depends on the console.
+    want_report = options.pop("report", True)
+    options["report"] = False
+    with otel_train.start_run(**options) as run:
+        _where_files_go(run, want_report)
+        for step in run.steps(train_loader, loader="train"):
+            x, y = step.batch
+            with step.phase("forward"):
+                _, loss = model(x, y)
+            with step.phase("backward"):
+                loss.backward()
+            with step.phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            step.set_attribute("train.loss", loss)  # read in the background, no sync here
+            if eval_every and step.index % eval_every == 0:
+                model.eval()
+                with step.monitor("inference"):
+                    seed_ids = torch.zeros((1, 1), dtype=torch.long)
+                    out = model.generate(seed_ids, sample_tokens)
+                    sample = "".join(chars[i] for i in out[0].tolist())
+                with step.monitor("val_loss"):
+                    val = itertools.islice(_batches(val_data, block, batch, seed + 1),
+                                           val_batches)
+                    with torch.no_grad():
+                        losses = [model(vx, vy)[1].item()
+                                  for vx, vy in step.iter_data(val, loader="val")]
+                model.train()
+                val_loss = sum(losses) / len(losses)
+                step.set_attribute("train.val_loss", val_loss)
+                if run.options.console:
+                    print(f"[demo] step {step.index}: val loss {val_loss:.3f} "
+                          f"(ppl {math.exp(val_loss):.1f}) sample: {sample[:40]!r}")
+        costs = run.costs()
+    if want_report:
+        from otel_train.rundir.report import write_report_at_shutdown
+        write_report_at_shutdown(run.status_dir, time_limit_seconds=None)
+    return costs
+
+
+def _where_files_go(run: Any, want_report: bool) -> None:
+    """Where everything goes: the run's banner when the console is off (--quiet), and the
+    report's line; on stderr, like the banner."""
+    import sys
+
+    from otel_train.rundir.report import shutdown_banner_line
+
+    lines = []
+    if not run.options.console:
+        lines += [f"otel-train: run {run.run_id} rank {run.rank}/{run.world_size}",
+                  f"  spans   -> {run.export_plan.describe()}",
+                  f"  metrics -> {run.prometheus_url + '/metrics' if run.prometheus_url else 'off'}",
+                  f"  costs   -> {run.status_dir}/"]
+    if want_report:
+        lines.append(shutdown_banner_line(run.status_dir).replace("at shutdown", "at the end"))
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The demo's command-line arguments."""
+    ap.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    ap.add_argument("--eval-every", type=int, default=50,
+                    help="run inference + validation loss every N steps (default 50)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prometheus-port", default=None,
+                    help="metrics port: a number, 0 for a free port, 'none' for off "
+                         "(default: OTEL_TRAIN_PROMETHEUS_PORT or 9464 + local rank)")
+    ap.add_argument("--status-dir", default=None, help="where the span files, "
+                    "monitoring_costs.json and report.html go (default otel-train-runs/<run id>)")
+    ap.add_argument("--quiet", action="store_true", help="no console timing report (the "
+                    "banner and where the files went still print)")
+    ap.add_argument("--no-report", action="store_true",
+                    help="do not write the HTML report (RUN_DIR/report.html) at the end")

@@ -1,0 +1,132 @@
+"""The chain of derived-metrics processors, built the same way in either process.
+
+Each step's view goes, in order, to: slow steps (marks ``train.slow`` first, so everything
+after sees it), GPU step attributes, overhead, budget, Prometheus histograms and counters,
+and the console report. From span records (a frame in the exporter process, a drain in
+the training process: ``SharedStepSpanProcessor.on_views``), each processor takes the whole
+frame in turn, in that order. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain
+in the training process; with the exporter process (export_process.py) and
+``metrics_in_export_process`` on, the exporter process builds it too from the same
+``chain_settings`` and feeds it, and the training process's chain becomes a copy: it loads
+the state the exporter process sends once a second (``StepChain.load_state``) and
+serves ``/metrics``, ``run.costs()`` and the watchdog's typical step from it. Nothing in the
+training process then spends its GIL on these processors; if the exporter process dies,
+the copy takes over from its last state.
+
+Usage::
+
+    settings = chain_settings(options, identity)          # plain data: it crosses the pipe
+    chain = StepChain(settings, self_cost)
+    shared = SharedStepSpanProcessor(chain.processors)
+    shared.on_views(views)                                # a frame of StepViews, in order
+    other = StepChain(settings, self_cost); other.load_state(chain.export_state())
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from otel_train.derived.budget import BudgetSpanProcessor
+from otel_train.derived.console import ConsoleReportSpanProcessor
+from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
+from otel_train.common.identity import RunIdentity
+from otel_train.common.options import RunOptions
+from otel_train.derived.overhead import OverheadSpanProcessor
+from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
+from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.derived.sampling import StepTailSampler, resolve_sample_ratio
+from otel_train.derived.slow_steps import SlowStepSpanProcessor
+from otel_train.records.span_rows import view_from_record
+from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
+
+_warn = RateLimitedLogger(logging.getLogger("otel_train"))
+
+
+def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]],
+                 rank: Any) -> None:
+    """The span records' views through the chain, in order, a frame at a time
+    (``SharedStepSpanProcessor.on_views``); a bad record is skipped."""
+    views = []
+    for rec in recs:
+        try:
+            view = view_from_record(rec, rank)
+        except Exception as exc:
+            _warn.warning("record", "otel-train: a step's metrics failed: %r", exc)
+            continue
+        if view is not None:
+            views.append(view)
+    if views:
+        shared.on_views(views)  # never raises: it guards each processor
+
+
+def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]:
+    """What the chain is built from, as plain data (it goes to the exporter process)."""
+    return {
+        "rank": identity.rank, "run_id": identity.run_id, "world_size": identity.world_size,
+        "window": options.recent_window_steps, "warmup": options.warmup_steps,
+        "slow_step_factor": options.slow_step_factor,
+        "slow_step_seconds": options.slow_step_seconds,
+        "budget": options.budget, "critical": options.critical,
+        "slow_operation_seconds": options.slow_operation_seconds,
+        "console": bool(options.console), "log_every": options.log_every,
+        "console_breakdown_min_share": options.console_breakdown_min_share,
+        "eval_operations": list(options.eval_operations),
+        "console_min_interval_seconds": options.console_min_interval_seconds,
+        # Tail sampling (None: every step kept); decided after these processors.
+        "sample_ratio": resolve_sample_ratio(options),
+        "sample_keep_first_steps": options.sample_keep_first_steps,
+    }
+
+
+class StepChain:
+    """The derived-metrics processors of one run, in order, and their state as plain data."""
+
+    def __init__(self, settings: dict[str, Any], self_cost: Any,
+                 console_stream: TextIO | None = None) -> None:
+        s = settings
+        window, warmup, world = s["window"], s["warmup"], s["world_size"]
+        self.slow = SlowStepSpanProcessor(s["slow_step_factor"], s["slow_step_seconds"], window,
+                                          warmup_steps=warmup, world_size=world)
+        self.overhead = OverheadSpanProcessor(window, self_cost, warmup_steps=warmup)
+        self.budget = BudgetSpanProcessor(self.overhead, s["budget"], s["critical"],
+                                          s["slow_operation_seconds"], world_size=world)
+        # ``progress`` (the watchdog) and ``drops`` are set by the stage that serves it.
+        self.metrics = PrometheusMetricsSpanProcessor(
+            s["rank"], s["budget"], self.overhead, critical=s["critical"],
+            slow_step_factor=s["slow_step_factor"],
+            slow_operation_seconds=s["slow_operation_seconds"], run_id=s["run_id"],
+            world_size=world)
+        self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
+        self.console: ConsoleReportSpanProcessor | None = None
+        self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
+                                                    self.budget, self.metrics]
+        if s["console"]:
+            self.console = ConsoleReportSpanProcessor(
+                s["log_every"], self.overhead, self.budget, stream=console_stream,
+                breakdown_min_share=s["console_breakdown_min_share"],
+                eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
+                min_interval_seconds=s["console_min_interval_seconds"])
+            self.processors.append(self.console)
+        # The tail sampler (sampling.py): not a view processor, it decides on each step's
+        # record after them (the worker here, or the exporter process, filter_frame).
+        self.sampler: StepTailSampler | None = None
+        if s.get("sample_ratio") is not None:
+            self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+        self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
+                                          "budget": self.budget, "metrics": self.metrics}
+        if self.console is not None:
+            self._stateful["console"] = self.console
+        if self.sampler is not None:
+            self._stateful["sampler"] = self.sampler
+
+    def export_state(self) -> dict[str, Any]:
+        """Every processor's running figures (take the chain's shared lock around it)."""
+        return {role: proc.export_state() for role, proc in self._stateful.items()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from another chain's ``export_state`` (take the shared lock around it)."""
+        for role, proc in self._stateful.items():
+            if role in state:
+                proc.load_state(state[role])

@@ -1,0 +1,271 @@
+"""Two-tier console report, as hand-timed training loops print it (to stderr).
+
+- Fast log, every ``log_every`` steps but at most once per ``min_interval_seconds`` (1 s;
+  slow steps always get theirs): one line with the step time and its phases::
+
+      ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s)
+          | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]        (one line)
+
+- Full breakdown, only on steps whose monitoring is material: at least
+  ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations
+  the user marks as evaluation). A 0.3 ms collector every 50 steps gets no breakdown. Each
+  top-level phase with its share of the step, the notes' summary (training, monitoring,
+  other/overhead), the budget status, and red flags when a share crosses its threshold
+  (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%: validation
+  set too large? time in no phase > 20%: overhead around the phases)::
+
+      ⏱️  TIMING BREAKDOWN (Step 2,800):
+         Total:          8.234s
+         inference:      6.123s (74.4%)  [monitor]
+         ...
+         monitoring: 92.0% of this step (training 4.2%, other/overhead 3.8%) | ...
+
+- Warm-up is marked, not hidden: the first ``warmup_steps`` steps' lines say ``[warm-up]``
+  and an operation's first call says ``first call`` (it is left out of the steady-state
+  figures that drive the budget status).
+- With more than one rank, every line starts with ``[rank N]``.
+
+Usage::
+
+    console = ConsoleReportSpanProcessor(log_every=10, overhead=overhead, budget=budget)
+    provider.add_span_processor(console)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TextIO
+
+from otel_train.common import attributes as A
+from otel_train.derived.budget import BudgetSpanProcessor
+from otel_train.derived.overhead import OverheadSpanProcessor
+from otel_train.records.steps_view import (
+    P_DURATION,
+    P_KIND,
+    P_LOADER,
+    P_NAME,
+    P_PARENT_ID,
+    StepView,
+    StepViewProcessor,
+)
+
+OTHER = "other"  # time of the step in no phase
+# Share of a step above which a phase is a red flag: inference above 90% of an eval step
+# usually means generation is hanging; a validation pass above 50%, a set too large.
+DEFAULT_RED_FLAGS: Mapping[str, float] = {
+    A.PHASE_INFERENCE: 0.90,  # model generation is probably hanging (check its timeout)
+    A.PHASE_VAL_LOSS: 0.50,   # validation set too large, or inefficient
+    OTHER: 0.20,              # time outside any phase: inefficient status/display logic
+}
+_WHY = {
+    A.PHASE_INFERENCE: "generation may be hanging (check its timeout)",
+    A.PHASE_VAL_LOSS: "validation set too large or inefficient",
+    OTHER: "time outside any phase (status updates, display, untimed work)",
+}
+
+
+class ConsoleReportSpanProcessor(StepViewProcessor):
+    """Prints the fast log and the full timing breakdown; reads overhead and budget."""
+
+    state_fields = ("_next_fast_ns", "_steps_seen", "_seen_operations", "_last_step_ns",
+                    "lines_written")
+
+    def __init__(
+        self,
+        log_every: int = 10,
+        overhead: OverheadSpanProcessor | None = None,
+        budget: BudgetSpanProcessor | None = None,
+        stream: TextIO | None = None,
+        red_flags: Mapping[str, float] | None = None,
+        breakdown_min_share: float = 0.05,
+        eval_operations: Iterable[str] = (),
+        warmup_steps: int = 5,
+        world_size: int = 1,
+        min_interval_seconds: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(log_every, int) or log_every < 1:
+            raise ValueError("log_every must be an integer >= 1")
+        if not min_interval_seconds >= 0:
+            raise ValueError("console_min_interval_seconds must be >= 0")
+        if not 0.0 <= breakdown_min_share <= 1.0:
+            raise ValueError("console_breakdown_min_share must be between 0 and 1")
+        self.log_every = log_every
+        # Measured by the steps' own end times: no clock read, and replays are exact.
+        self._min_interval_ns = int(min_interval_seconds * 1e9)
+        self._next_fast_ns = 0  # no routine fast line for a step ending before this
+        self.breakdown_min_share = breakdown_min_share
+        self.eval_operations = frozenset(eval_operations)
+        self.warmup_steps = warmup_steps
+        self.world_size = world_size
+        self._steps_seen = 0
+        self._seen_operations: set[str] = set()
+        self._first_calls: set[str] = set()  # operations whose first call is in this view
+        self._last_step_ns = 0
+        self._warmup = False  # the step being formatted is a warm-up step
+        self.overhead = overhead
+        self.budget = budget
+        self._stream = stream
+        self.red_flags = dict(DEFAULT_RED_FLAGS if red_flags is None else red_flags)
+        self.lines_written = 0
+
+    def on_step(self, view: StepView) -> None:
+        """Full breakdown when monitoring is material; a fast line every ``log_every`` steps."""
+        self._warmup = self._steps_seen < self.warmup_steps
+        self._steps_seen += 1
+        self._last_step_ns = view.duration_ns
+        self._note_first_calls(view)
+        if view.operations and self.is_material(view):
+            self._write(self.format_breakdown(view), view)
+        elif view.slow or (view.step % self.log_every == 0
+                           and view.end_ns >= self._next_fast_ns):
+            # Formatting a line costs ~40 us of the GIL the training thread needs: a fast
+            # loop gets one routine line per interval, not one per log_every steps.
+            self._next_fast_ns = view.end_ns + self._min_interval_ns
+            self._write(self.format_fast(view), view)
+
+    def on_operation(self, view: StepView) -> None:
+        """Monitoring between steps: one line with its cost, when material."""
+        self._warmup = False
+        self._note_first_calls(view)
+        if not (view.name in self.eval_operations or self._first_calls
+                or view.duration_ns >= self.breakdown_min_share * self._last_step_ns):
+            return
+        first = " (first call)" if self._first_calls else ""
+        self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
+                    f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
+
+    def is_material(self, view: StepView) -> bool:
+        """Monitoring worth a full breakdown: a big enough share, or an eval operation."""
+        if view.monitor_ns > 0 and view.monitor_ns >= self.breakdown_min_share * view.duration_ns:
+            return True
+        return any(name in self.eval_operations for name, _ in view.operations)
+
+    def _note_first_calls(self, view: StepView) -> None:
+        first = self._first_calls
+        first.clear()
+        seen = self._seen_operations
+        for name, _ in view.operations:
+            if name not in seen:
+                seen.add(name)
+                first.add(name)
+
+    # -- formatting ---------------------------------------------------------------------
+    def format_fast(self, view: StepView) -> str:
+        """The one-line fast log."""
+        parts = [f"{label} {dur / 1e9:.3f}s" for label, _, dur in _phase_rows(view)]
+        other = _other_ns(view)
+        parts.append(f"{OTHER} {other / 1e9:.3f}s")
+        slow = "  🚩 slow step" if view.slow else ""
+        warm = " [warm-up]" if self._warmup else ""
+        return (f"⏱️  step {view.step}{warm}: {view.duration_ns / 1e9:.3f}s "
+                f"({', '.join(parts)}){self._overhead_suffix()}{slow}")
+
+    def format_breakdown(self, view: StepView) -> str:
+        """The full timing breakdown with percentages and red flags."""
+        total = view.duration_ns
+        rows = _phase_rows(view)
+        other = _other_ns(view)
+        width = max([len(label) for label, _, _ in rows] + [len(OTHER), 6]) + 1
+        warm = " [warm-up]" if self._warmup else ""
+        lines = [f"⏱️  TIMING BREAKDOWN (Step {view.step:,}){warm}:",
+                 f"   {'Total:':<{width}}  {total / 1e9:9.3f}s"]
+        for label, kind, dur in rows:
+            tag = ""
+            if kind == A.KIND_MONITOR:
+                tag = ("  [monitor, first call: warm-up]"
+                       if label in self._first_calls else "  [monitor]")
+            lines.append(f"   {label + ':':<{width}}  {dur / 1e9:9.3f}s ({_pct(dur, total)}){tag}")
+        lines.append(f"   {OTHER + ':':<{width}}  {other / 1e9:9.3f}s ({_pct(other, total)})")
+        loaders = _nested_data_by_loader(view)
+        for loader, dur in loaders.items():
+            lines.append(f"   (data[{loader}] inside monitoring: {dur / 1e9:.3f}s)")
+        train = max(0, total - view.monitor_ns - other)
+        lines.append(f"   monitoring: {_pct(view.monitor_ns, total)} of this step (training "
+                     f"{_pct(train, total)}, other/overhead {_pct(other, total)})"
+                     f"{self._overhead_suffix()}")
+        if self._first_calls:
+            lines.append(f"   first call of {', '.join(sorted(self._first_calls))}: in the "
+                         "total, left out of the steady state (budget status, advisor)")
+        for flag in self.red_flags_of(view):
+            lines.append(f"   🚩 {flag}")
+        return "\n".join(lines)
+
+    def red_flags_of(self, view: StepView) -> list[str]:
+        """Red flags: shares over their threshold, slow step, budget breached."""
+        total = view.duration_ns
+        flags: list[str] = []
+        if total <= 0:
+            return flags
+        shares: dict[str, int] = {}
+        for ph in view.top_level_phases():
+            shares[ph[P_NAME]] = shares.get(ph[P_NAME], 0) + ph[P_DURATION]
+        shares[OTHER] = _other_ns(view)
+        for name, limit in self.red_flags.items():
+            share = shares.get(name, 0) / total
+            if share > limit:
+                why = _WHY.get(name, "over its threshold")
+                flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
+        if view.slow:
+            flags.append("slow step (training time far above its baseline)")
+        if self.budget is not None:
+            status = self.budget.status()
+            if status != "ok":
+                flags.append(f"monitoring budget {status}: {self._steady():.1%} of training "
+                             f"time in steady state (budget {self.budget.budget:.0%})")
+        return flags
+
+    # -- internals ----------------------------------------------------------------------
+    def _steady(self) -> float:
+        return self.overhead.steady_ratio() if self.overhead is not None else 0.0
+
+    def _overhead_suffix(self) -> str:
+        if self.overhead is None:
+            return ""
+        recent, cumulative = self.overhead.ratios()
+        steady = self.overhead.steady_ratio()
+        status = f" [{self.budget.status()}]" if self.budget is not None else ""
+        return (f" | monitoring {recent:.1%} recent, {cumulative:.1%} total "
+                f"({steady:.1%} steady){status}")
+
+    def _write(self, text: str, view: StepView | None = None) -> None:
+        if self.world_size > 1 and view is not None:
+            prefix = f"[rank {view.rank}] "
+            text = "\n".join(prefix + line for line in text.split("\n"))
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            print(text, file=stream, flush=True)
+            self.lines_written += 1
+        except Exception:  # a closed stream must not break the pipeline
+            pass
+
+
+def _phase_rows(view: StepView) -> list[tuple[str, str, int]]:
+    """Top-level phases summed by (label, kind) in first-seen order; data carries its loader."""
+    acc: dict[tuple[str, str], int] = {}
+    for ph in view.top_level_phases():
+        name = ph[P_NAME]
+        label = f"{name}[{ph[P_LOADER]}]" if name == A.PHASE_DATA and ph[P_LOADER] else name
+        key = (label, ph[P_KIND])
+        acc[key] = acc.get(key, 0) + ph[P_DURATION]
+    return [(label, kind, dur) for (label, kind), dur in acc.items()]
+
+
+def _other_ns(view: StepView) -> int:
+    return max(0, view.duration_ns - sum(ph[P_DURATION] for ph in view.top_level_phases()))
+
+
+def _nested_data_by_loader(view: StepView) -> dict[str, int]:
+    """Validation loaders: data phases inside monitoring (not top-level), by loader."""
+    root = view.root_span_id
+    out: dict[str, int] = {}
+    for ph in view.phases:
+        if ph[P_NAME] == A.PHASE_DATA and ph[P_KIND] == A.KIND_MONITOR and ph[P_PARENT_ID] != root:
+            loader = ph[P_LOADER] or "?"
+            out[loader] = out.get(loader, 0) + ph[P_DURATION]
+    return out
+
+
+def _pct(part: int, total: int) -> str:
+    return f"{100.0 * part / total:.1f}%" if total else "-"

@@ -1,0 +1,241 @@
+"""What monitoring cost: ``run.costs()``, ``monitoring_costs.json``, and its table.
+
+The report (schema ``otel-train/monitoring-costs/v1``) speaks the language of hand-made cost trackers (so old ``jq`` one-liners keep working):
+``total_percentage`` (monitoring over training time, monitoring excluded from training, in
+percent, everything counted) and ``budget_status`` at the top, and per operation under
+``operations.<name>``: ``calls``, ``total_time``, ``mean_time``, ``max_time`` (seconds),
+``percentage`` (of training time) and ``first_seconds`` (the first call, often warm-up).
+Beside them: the same figures as ratios 0..1 (``total_share``, ``share``), the steady-state
+figure the budget status and the advisor use (``steady_share``: first calls and warm-up
+steps replaced by their steady figures), the recent window, the share of wall time, the
+warm-up steps, and the advisor's projections.
+
+``run.costs()`` returns a ``CostsReport``: a dict (the JSON content) whose ``str()`` is the
+table ``otel-train costs`` prints, so ``print(run.costs())`` reads like the command.
+
+The file is written atomically (a temporary file, then ``os.replace``) from a background
+thread every ``interval_seconds`` and at shutdown, never on the training thread.
+``otel-train costs PATH`` prints it as a table (``rundir/costs.py``), replacing the jq
+commands.
+
+Usage::
+
+    data = build_costs(overhead.snapshot(), budget, slow_steps=3, run_id="r1")
+    write_json_atomic(Path("status/monitoring_costs.json"), data)
+    print(data)                                 # the table
+    data["operations"]["inference"]["percentage"]
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from otel_train.derived.budget import advise, budget_status
+from otel_train.derived.overhead import OverheadSnapshot
+from otel_train.common.files import write_json_atomic
+from otel_train.common.rate_limited_log import RateLimitedLogger
+
+_log = logging.getLogger("otel_train")
+SCHEMA = "otel-train/monitoring-costs/v1"
+
+
+class CostsReport(dict[str, Any]):
+    """The costs report: a plain dict for code and JSON, the table when printed."""
+
+    def __str__(self) -> str:
+        return format_costs_table(self)
+
+
+def build_costs(
+    snapshot: OverheadSnapshot,
+    budget: float,
+    critical: float = 0.10,
+    *,
+    slow_steps: int = 0,
+    slow_operations: dict[str, int] | None = None,
+    run_id: str | None = None,
+) -> CostsReport:
+    """The report, JSON-ready."""
+    ops: dict[str, Any] = {}
+    for name, op in sorted(snapshot.operations.items(), key=lambda kv: -kv[1].total_seconds):
+        ops[name] = {
+            # the hand-made trackers' names (seconds; percentage of training time)
+            "calls": op.calls,
+            "total_time": round(op.total_seconds, 6),
+            "mean_time": round(op.mean_seconds, 6),
+            "max_time": round(op.max_seconds, 6),
+            "percentage": round(op.share * 100.0, 4),
+            "first_seconds": round(op.first_seconds, 6),
+            # the same in base units, and what the advisor uses
+            "total_seconds": round(op.total_seconds, 6),
+            "mean_seconds": round(op.mean_seconds, 6),
+            "steady_mean_seconds": round(op.steady_mean_seconds, 6),
+            "max_seconds": round(op.max_seconds, 6),
+            "share": op.share,
+            "first_step": op.first_step,
+            "last_step": op.last_step,
+        }
+    return CostsReport({
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "rank": snapshot.rank,
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "steps": snapshot.steps,
+        "total_percentage": round(snapshot.cumulative_ratio * 100.0, 4),
+        "budget_status": budget_status(snapshot.steady_ratio, budget, critical),
+        "budget_status_from": "steady_share",
+        "training_time_seconds": round(snapshot.training_seconds, 6),
+        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
+        "wall_time_seconds": round(snapshot.wall_seconds, 6),
+        "total_share": snapshot.cumulative_ratio,
+        "steady_share": snapshot.steady_ratio,
+        "steady_percentage": round(snapshot.steady_ratio * 100.0, 4),
+        "recent_share": snapshot.recent_ratio,
+        "wall_share": snapshot.wall_share,
+        "warmup": {
+            "steps": snapshot.warmup_steps,
+            "training_seconds": round(snapshot.warmup_training_seconds, 6),
+            "steady_training_seconds_per_step": round(
+                snapshot.steady_train_seconds_per_step, 6),
+        },
+        "budget": budget,
+        "critical": critical,
+        "instrumentation_overhead_ratio": snapshot.instrumentation_ratio,
+        "slow_steps": slow_steps,
+        "slow_operations": dict(slow_operations or {}),
+        "operations": ops,
+        "advisor": [a.as_dict() for a in advise(snapshot, budget)],
+    })
+
+
+def format_costs_table(data: Mapping[str, Any]) -> str:
+    """A readable table of a costs report (``run.costs()`` or monitoring_costs.json)."""
+    status = str(data.get("budget_status", "?"))
+    budget = float(data.get("budget") or 0.0)
+    head = (f"run {data.get('run_id') or '?'} rank {data.get('rank', '?')}: "
+            f"{data.get('steps', 0)} steps, {_secs(data.get('training_time_seconds'))} "
+            f"training time, updated {data.get('updated_at', '?')}")
+    figures = [f"recent {_share(data.get('recent_share'))}"]
+    if data.get("steady_share") is not None:
+        figures.insert(0, f"steady state {_share(data.get('steady_share'))}")
+    lines = [head,
+             f"monitoring: {_share(data.get('total_share'))} of training time "
+             f"({', '.join(figures)}); budget {budget:.1%}: {status.upper()}"]
+    warm = data.get("warmup") or {}
+    if warm.get("steps"):
+        lines.append(f"warm-up: first {warm['steps']} steps, "
+                     f"{_secs(warm.get('training_seconds'))} of training (steady state "
+                     f"{_secs(warm.get('steady_training_seconds_per_step'))} per step)")
+    lines.append("")
+    ops = data.get("operations") or {}
+    cols = ("operation", "calls", "total", "first", "mean", "max", "share")
+    rows = [cols]
+    for name, op in ops.items():
+        rows.append((str(name), str(op.get("calls", 0)), _secs(op.get("total_seconds")),
+                     _secs(op.get("first_seconds")), _secs(op.get("mean_seconds")),
+                     _secs(op.get("max_seconds")), _share(op.get("share"))))
+    rows.append(("TOTAL", str(sum(int(o.get("calls", 0)) for o in ops.values())),
+                 _secs(data.get("monitoring_time_seconds")), "", "", "",
+                 _share(data.get("total_share"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0 or n == len(rows) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    if not ops:
+        lines.append("(no monitoring operation recorded)")
+    advice = data.get("advisor") or []
+    if advice:
+        lines += ["", "advisor (steady state: first calls and warm-up steps left out):"]
+        lines += [f"  {'ok ' if a.get('within_budget') else '!! '}{a.get('advice', '')}"
+                  for a in advice]
+    slow = data.get("slow_operations") or {}
+    if slow:
+        lines += ["", "calls over slow_operation_seconds: "
+                  + ", ".join(f"{k} x{v}" for k, v in slow.items())]
+    if data.get("slow_steps"):
+        lines.append(f"slow steps: {data['slow_steps']}")
+    own = data.get("instrumentation_overhead_ratio")
+    exporter = data.get("exporter_process_cpu_seconds")
+    if own is not None or exporter is not None:
+        cost = [f"{_share(own)} of this process's wall time"] if own is not None else []
+        if exporter is not None:
+            per_step = data.get("exporter_process_cpu_seconds_per_step")
+            each = f", {per_step * 1e6:.0f} us per step" if per_step is not None else ""
+            startup = data.get("exporter_process_startup_cpu_seconds")
+            start = f" ({_secs(startup)} of it start-up)" if startup else ""
+            cost.append(f"exporter process {_secs(exporter)} CPU{start}{each} (its own core)")
+        lines += ["", "otel-train's own cost: " + "; ".join(cost)]
+    return "\n".join(lines)
+
+
+class CostsFileWriter:
+    """Writes ``build()`` to ``path`` every ``interval_seconds`` and once at stop."""
+
+    def __init__(self, path: Path, build: Callable[[], dict[str, Any]],
+                 interval_seconds: float = 10.0) -> None:
+        if not interval_seconds > 0:
+            raise ValueError("interval_seconds must be > 0")
+        self.path = path
+        self._build = build
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warn = RateLimitedLogger(_log)
+        self.writes = 0
+        self.failures = 0
+
+    def write_now(self) -> bool:
+        """Write once; False (logged, counted) on failure. Never raises."""
+        try:
+            write_json_atomic(self.path, self._build())
+            self.writes += 1
+            return True
+        except Exception as exc:
+            self.failures += 1
+            self._warn.warning("costs-write", "otel-train: could not write %s: %r",
+                               self.path, exc)
+            return False
+
+    def start(self) -> None:
+        """Start the periodic writer thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="otel-train-costs",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.write_now()
+
+    def stop(self, timeout_seconds: float = 1.0, final_write: bool = True) -> None:
+        """Stop the thread (bounded) and write the final report."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(max(0.0, timeout_seconds))
+        if final_write:
+            self.write_now()
+
+
+def _secs(v: Any) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if v >= 100:
+        return f"{v:.0f}s"
+    if v >= 1:
+        return f"{v:.2f}s"
+    if v >= 0.001 or v == 0:
+        return f"{v * 1000:.1f}ms"
+    return f"{v * 1e6:.0f}µs"
+
+
+def _share(v: Any) -> str:
+    return "-" if v is None else f"{float(v) * 100:.2f}%"

@@ -1,0 +1,300 @@
+"""Monitoring overhead: monitoring time over *training* time, as teams budget it (1000 steps x 3.5 s = 3500 s of training, 381 s of monitoring = 10.9%).
+
+Definitions (the telemetry contract's ``otel_train_monitoring_overhead_ratio``):
+
+- monitoring time counts only *top-level* monitor phases (a monitor nested in another
+  monitor is part of its parent's time, never counted twice), plus monitoring operations
+  done between steps (``run.monitor``);
+- training time is the sum of step durations (root ``train.step`` spans) minus the
+  monitoring inside them. Monitoring between steps is monitoring, not training. Gaps between
+  steps that belong to neither are left out of both;
+- overhead = monitoring / training: 1000 steps x 3.5 s = 3500 s of training and 381 s of
+  monitoring is 10.9%, whatever the monitoring did to the wall clock. The share of wall
+  time (monitoring / (training + monitoring), 9.6% there) is kept as ``wall_share``;
+- ``cumulative`` covers the whole run, ``recent`` the last ``recent_window_steps`` steps
+  (operations between steps are folded into the next step's entry);
+- ``steady`` is the figure without warm-up: each operation at its cost per call *after the
+  first call*, at its interval (steps between calls), over the mean training time of the
+  steps after the first ``warmup_steps`` -- the advisor's projections, summed. An operation
+  seen once counts at that one call over the steps so far. The budget status and the
+  advisor read it; the first calls and the warm-up steps are reported on their own
+  (``first_seconds``, ``warmup_*``) and ``cumulative`` still counts everything. On a run
+  without warm-up and with regular operations, steady and cumulative agree (the field
+  notes' table gives 10.9% both ways).
+
+Per operation: calls, total, max, first call, and its share of the training time. The
+library's own cost (``SelfCostMeter``) over the recent window gives the instrumentation
+overhead ratio (CPU time over wall time).
+
+Usage::
+
+    overhead = OverheadSpanProcessor(recent_window_steps=100, warmup_steps=5)
+    provider.add_span_processor(overhead)
+    snap = overhead.snapshot()
+    snap.cumulative_ratio, snap.steady_ratio, snap.operations["inference"].first_seconds
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.records.steps_view import StepView, StepViewProcessor
+
+# _ops entries: [calls, total_ns, max_ns, first_step, last_step, first_call_ns]
+_CALLS, _TOTAL, _MAX, _FIRST_STEP, _LAST_STEP, _FIRST_NS = range(6)
+
+
+@dataclass(frozen=True)
+class OperationCost:
+    """What one monitoring operation cost so far."""
+
+    name: str
+    calls: int
+    total_seconds: float
+    max_seconds: float
+    share: float  # of the cumulative training time (monitoring excluded), 0..
+    first_step: int
+    last_step: int
+    first_seconds: float = 0.0  # the first call (often warm-up: compilation, caches)
+
+    @property
+    def mean_seconds(self) -> float:
+        """Mean seconds per call, every call included."""
+        return self.total_seconds / self.calls if self.calls else 0.0
+
+    @property
+    def steady_mean_seconds(self) -> float:
+        """Mean seconds per call after the first (the first call when it is the only one)."""
+        if self.calls >= 2:
+            return max(0.0, self.total_seconds - self.first_seconds) / (self.calls - 1)
+        return self.total_seconds
+
+
+@dataclass(frozen=True)
+class OverheadSnapshot:
+    """A consistent copy of the overhead figures."""
+
+    rank: Any
+    steps: int
+    wall_seconds: float  # steps + monitoring between steps
+    monitoring_seconds: float
+    cumulative_ratio: float  # monitoring / training
+    recent_ratio: float
+    recent_steps: int
+    instrumentation_ratio: float | None
+    operations: dict[str, OperationCost] = field(default_factory=dict)
+    wall_share: float = 0.0  # monitoring / wall (the old meaning of the ratio)
+    recent_wall_share: float = 0.0
+    steady_ratio: float = 0.0  # first calls and warm-up steps replaced by steady figures
+    warmup_steps: int = 0  # warm-up steps seen so far (at most the option)
+    warmup_training_seconds: float = 0.0
+    steady_train_seconds_per_step: float = 0.0
+
+    @property
+    def training_seconds(self) -> float:
+        """Training time: wall time minus monitoring."""
+        return max(0.0, self.wall_seconds - self.monitoring_seconds)
+
+    @property
+    def train_seconds_per_step(self) -> float:
+        """Mean training time per step, warm-up included."""
+        return self.training_seconds / self.steps if self.steps else 0.0
+
+
+def _ratio(part: float, whole: float) -> float:
+    """part / whole, 0 when there is no whole yet (no training time: nothing to compare)."""
+    return part / whole if whole > 0 else 0.0
+
+
+class OverheadSpanProcessor(StepViewProcessor):
+    """Monitoring time / training time: recent window, cumulative, steady, per operation."""
+
+    state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
+                    "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
+                    "_between_ns", "_ops", "_cost_marks")
+
+    def __init__(self, recent_window_steps: int = 100,
+                 self_cost: SelfCostMeter | None = None, warmup_steps: int = 5) -> None:
+        super().__init__()
+        if not isinstance(recent_window_steps, int) or recent_window_steps < 1:
+            raise ValueError("recent_window_steps must be an integer >= 1")
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError("warmup_steps must be an integer >= 0")
+        self._self_cost = self_cost
+        self.warmup_steps = warmup_steps
+        self.rank: Any = None
+        self.steps = 0
+        self._last_step = 0  # index of the latest step (the user's numbering)
+        self._wall_ns = 0
+        self._monitor_ns = 0
+        self._warmup_seen = 0
+        self._warmup_train_ns = 0
+        self._recent: deque[tuple[int, int]] = deque()
+        self._window = recent_window_steps
+        self._recent_wall = 0
+        self._recent_monitor = 0
+        self._between_ns = 0  # operations since the last step, folded into the next entry
+        self._ops: dict[str, list[int]] = {}
+        # (self cost ns, cumulative wall ns) every _mark_every steps over the recent window:
+        # reading the meter takes its lock, so not on every step
+        self._mark_every = max(1, recent_window_steps // 16)
+        self._cost_marks: deque[tuple[int, int]] = deque(
+            maxlen=recent_window_steps // self._mark_every + 1)
+
+    # -- feeding ------------------------------------------------------------------------
+    def on_step(self, view: StepView) -> None:
+        """Count one step."""
+        if self.rank is None:
+            self.rank = view.rank
+        between = self._between_ns
+        self._between_ns = 0
+        wall = view.duration_ns + between
+        mon = view.monitor_ns + between
+        self.steps += 1
+        self._last_step = view.step
+        self._wall_ns += view.duration_ns
+        self._monitor_ns += view.monitor_ns
+        if self._warmup_seen < self.warmup_steps:
+            self._warmup_seen += 1
+            self._warmup_train_ns += max(0, view.duration_ns - view.monitor_ns)
+        recent = self._recent
+        if len(recent) >= self._window:
+            old_wall, old_mon = recent.popleft()
+            self._recent_wall -= old_wall
+            self._recent_monitor -= old_mon
+        recent.append((wall, mon))
+        self._recent_wall += wall
+        self._recent_monitor += mon
+        if view.operations:
+            self._count_operations(view)
+        if self._self_cost is not None and self.steps % self._mark_every == 1 % self._mark_every:
+            self._cost_marks.append((self._self_cost.total_ns, self._wall_ns))
+
+    def on_operation(self, view: StepView) -> None:
+        """Count monitoring done between steps (monitoring, not training)."""
+        if self.rank is None:
+            self.rank = view.rank
+        d = view.duration_ns
+        self._wall_ns += d
+        self._monitor_ns += d
+        self._between_ns += d
+        self._count_operations(view)
+
+    def _count_operations(self, view: StepView) -> None:
+        ops = self._ops
+        step = view.step
+        for name, dur in view.operations:
+            op = ops.get(name)
+            if op is None:
+                ops[name] = [1, dur, dur, step, step, dur]
+            else:
+                op[_CALLS] += 1
+                op[_TOTAL] += dur
+                if dur > op[_MAX]:
+                    op[_MAX] = dur
+                op[_LAST_STEP] = step
+
+    # -- reading ------------------------------------------------------------------------
+    def cumulative_ratio(self) -> float:
+        """Monitoring over training time so far, everything counted (0 before any)."""
+        wall, mon = self._wall_ns, self._monitor_ns  # int reads: atomic enough without the lock
+        return _ratio(mon, wall - mon)
+
+    def ratios(self) -> tuple[float, float]:
+        """(recent, cumulative) ratios, cheaper than a snapshot."""
+        with self._lock:
+            rwall = self._recent_wall + self._between_ns
+            rmon = self._recent_monitor + self._between_ns
+            return (_ratio(rmon, rwall - rmon), self.cumulative_ratio())
+
+    def steady_ratio(self, settled_only: bool = False) -> float:
+        """Monitoring over training time without warm-up (what the budget status reads).
+
+        ``settled_only`` leaves out the operations seen only once so far (their one call
+        may be warm-up): what a budget *warning* waits for.
+        """
+        with self._lock:
+            return self._steady_ratio_locked(settled_only)
+
+    def steady_train_ns_per_step(self) -> float:
+        """Mean training time of the steps after warm-up (all steps while still warming up)."""
+        with self._lock:
+            return self._steady_train_per_step_locked()
+
+    def _steady_train_per_step_locked(self) -> float:
+        train = self._wall_ns - self._monitor_ns
+        steady_steps = self.steps - self._warmup_seen
+        if steady_steps > 0:
+            return max(0, train - self._warmup_train_ns) / steady_steps
+        return train / self.steps if self.steps else 0.0
+
+    def _steady_ratio_locked(self, settled_only: bool = False) -> float:
+        # Each operation at its steady cost per call (its calls after the first) and its
+        # interval, over the steady training time per step: the advisor's projections,
+        # summed. The interval is the measured one, or longer when the operation has not
+        # run for a while (it stopped: its share decays) -- never the fencepost of
+        # "2 calls in 11 steps" that would double a 10-step operation early in a run.
+        s = self._steady_train_per_step_locked()
+        if s <= 0 or not self.steps:
+            return 0.0
+        last = self._last_step
+        total = 0.0
+        for op in self._ops.values():
+            calls = op[_CALLS]
+            if calls >= 2:
+                cost = (op[_TOTAL] - op[_FIRST_NS]) / (calls - 1)
+                every = (op[_LAST_STEP] - op[_FIRST_STEP]) / (calls - 1)
+                k = max(every, (last - op[_FIRST_STEP] + 1) / calls)
+                if k <= 0:  # step indices went backwards (a restarted count)
+                    k = self.steps / calls
+            elif settled_only:
+                continue
+            else:  # one call so far: over the steps so far (nothing better is known)
+                cost, k = op[_TOTAL], float(self.steps)
+            total += cost / (k * s)
+        return total
+
+    def snapshot(self) -> OverheadSnapshot:
+        """All figures, copied under the lock."""
+        with self._lock:
+            wall, mon = self._wall_ns, self._monitor_ns
+            train = wall - mon
+            rwall = self._recent_wall + self._between_ns
+            rmon = self._recent_monitor + self._between_ns
+            ops = {
+                name: OperationCost(name, op[_CALLS], op[_TOTAL] / 1e9, op[_MAX] / 1e9,
+                                    _ratio(op[_TOTAL], train), op[_FIRST_STEP],
+                                    op[_LAST_STEP], op[_FIRST_NS] / 1e9)
+                for name, op in self._ops.items()
+            }
+            return OverheadSnapshot(
+                rank=self.rank, steps=self.steps, wall_seconds=wall / 1e9,
+                monitoring_seconds=mon / 1e9,
+                cumulative_ratio=_ratio(mon, train),
+                recent_ratio=_ratio(rmon, rwall - rmon),
+                recent_steps=len(self._recent),
+                instrumentation_ratio=self._instrumentation_ratio(),
+                operations=ops,
+                wall_share=_ratio(mon, wall),
+                recent_wall_share=_ratio(rmon, rwall),
+                steady_ratio=self._steady_ratio_locked(),
+                warmup_steps=self._warmup_seen,
+                warmup_training_seconds=self._warmup_train_ns / 1e9,
+                steady_train_seconds_per_step=self._steady_train_per_step_locked() / 1e9,
+            )
+
+    def _instrumentation_ratio(self) -> float | None:
+        """Library CPU time / wall time over the recent window (None without a meter)."""
+        if self._self_cost is None:
+            return None
+        marks = self._cost_marks
+        cost, wall = self._self_cost.total_ns, self._wall_ns
+        if marks and len(marks) == marks.maxlen:
+            base_cost, base_wall = marks[0]
+        else:
+            base_cost, base_wall = 0, 0  # the window is not full yet: the whole run so far
+        dwall = wall - base_wall
+        return max(0.0, (cost - base_cost) / dwall) if dwall > 0 else 0.0

@@ -1,0 +1,248 @@
+"""Slow steps: training time far above a robust baseline, counted, marked and explained.
+
+A step is judged on its *training* time: its duration minus the monitoring phases in it.
+Monitoring that makes a step long (an eval every 50 steps, a 180 s snapshot) is reported as
+monitoring (per operation, the budget, the operation-too-long warning), never as a slow step.
+
+The baseline is robust and per loader: for each ``train.dataloader`` (steps of an RL rollout
+and of a supervised batch are not compared with each other) the rolling median of the last
+``window_steps`` training times, and their spread as the median absolute deviation (MAD).
+A step is slow when its training time is over ``slow_step_factor`` (2.5) x the median *and*
+over the median + ``mad_multiplier`` (6) x the MAD's standard-deviation equivalent, so a
+loop whose steps vary a lot by nature does not cry wolf. The first ``warmup_steps`` steps of
+the run (compilation, caches) are neither judged nor put in the baseline, and no step is
+judged before ``min_history`` steps of its loader are known. ``slow_step_seconds`` (off by
+default) flags any training time above it, after warm-up.
+
+A slow step is counted (``otel_train_slow_steps_total``), its root span gets ``train.slow =
+True`` (exporters run after us and see it), and a warning prints its phase breakdown, as
+hand-timed loops print it ("Generation: 45.2s, Test gen: 12.1s, ..."). Explanations are
+limited by count: at most ``max_explanations``
+per ``explain_window_steps`` steps (5 per 100), so the second slow step of a burst is
+explained too; the ones left out are counted and said in the next explanation::
+
+    otel-train: slow step 1234: training 9.850 s (3.1x the median 3.200 s of loader 'train');
+      step 9.900 s                                                  (one line)
+      forward       8.100 s  81.8%
+      backward      1.700 s  17.2%
+      inference     0.050 s   0.5%  [monitor]
+      other         0.050 s   0.5%  (not in any phase)
+
+Usage::
+
+    slow = SlowStepSpanProcessor(factor=2.5, absolute_seconds=None, window_steps=100)
+    provider.add_span_processor(slow)
+    slow.slow_steps, slow.median_seconds()
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Any
+
+from otel_train.common import attributes as A
+from otel_train.records.steps_view import (
+    P_DURATION,
+    P_KIND,
+    P_NAME,
+    StepView,
+    StepViewProcessor,
+    set_span_attribute,
+)
+
+_log = logging.getLogger("otel_train")
+_MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spread data
+
+
+class _Baseline:
+    """Rolling training times of one loader: a window and the same values sorted."""
+
+    __slots__ = ("ordered", "window", "_sigma", "_sigma_age")
+
+    def __init__(self) -> None:
+        self.window: deque[int] = deque()
+        self.ordered: list[int] = []
+        self._sigma = 0.0
+        self._sigma_age = -1  # adds since the spread was computed; -1: never
+
+    def add(self, value: int, size: int) -> None:
+        """Add one training time, dropping the oldest beyond ``size``."""
+        if len(self.window) >= size:
+            del self.ordered[bisect_left(self.ordered, self.window.popleft())]
+        self.window.append(value)
+        insort(self.ordered, value)
+        if self._sigma_age >= 0:
+            self._sigma_age += 1
+
+    def median(self) -> float:
+        """Median of the window (non-empty)."""
+        return _median(self.ordered)
+
+    def sigma(self, median: float) -> float:
+        """Robust spread: MAD x 1.4826, for a candidate slow step.
+
+        O(n), so kept for up to 8 adds: a loop whose steps keep crossing the factor test
+        (bimodal step times) would otherwise pay it on every step.
+        """
+        if self._sigma_age < 0 or self._sigma_age >= 8:
+            self._sigma = _MAD_TO_SIGMA * _median(sorted(abs(v - median)
+                                                         for v in self.ordered))
+            self._sigma_age = 0
+        return self._sigma
+
+
+def _median(ordered: list[Any]) -> float:
+    n = len(ordered)
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+class SlowStepSpanProcessor(StepViewProcessor):
+    """Flags steps whose training time is far above their loader's robust baseline."""
+
+    state_fields = ("steps_seen", "slow_steps", "unexplained", "_unexplained_pending",
+                    "last_slow", "_explained")
+
+    def __init__(
+        self,
+        factor: float = 2.5,
+        absolute_seconds: float | None = None,
+        window_steps: int = 100,
+        min_history: int = 5,
+        warmup_steps: int = 5,
+        mad_multiplier: float = 6.0,
+        max_explanations: int = 5,
+        explain_window_steps: int = 100,
+        logger: logging.Logger | None = None,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__()
+        if not factor > 1.0:
+            raise ValueError("slow_step_factor must be > 1")
+        if absolute_seconds is not None and not absolute_seconds > 0:
+            raise ValueError("slow_step_seconds must be > 0 or None")
+        if window_steps < 1:
+            raise ValueError("window_steps must be >= 1")
+        if warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
+        if max_explanations < 0 or explain_window_steps < 1:
+            raise ValueError("max_explanations must be >= 0 and explain_window_steps >= 1")
+        self.factor = factor
+        self._absolute_ns = None if absolute_seconds is None else int(absolute_seconds * 1e9)
+        self._min_history = max(1, min_history)
+        self._window_steps = window_steps
+        self.warmup_steps = warmup_steps
+        self.mad_multiplier = mad_multiplier
+        self._baselines: dict[Any, _Baseline] = {}
+        self._max_explanations = max_explanations
+        self._explain_window = explain_window_steps
+        self._explained: deque[int] = deque()  # ordinals of the steps explained lately
+        self._log = logger or _log
+        self.world_size = world_size
+        self.steps_seen = 0
+        self.slow_steps = 0
+        self.unexplained = 0  # slow steps over the explanation limit (counted, not printed)
+        self._unexplained_pending = 0
+        self.last_slow: str | None = None  # the last breakdown text (for tests and reports)
+
+    def on_step(self, view: StepView) -> None:
+        """Judge the step's training time against its loader's baseline, then add it."""
+        ordinal = self.steps_seen
+        self.steps_seen += 1
+        if ordinal < self.warmup_steps:
+            return  # warm-up: not judged, and kept out of the baseline
+        train = max(0, view.duration_ns - view.monitor_ns)
+        base = self._baselines.get(view.loader)
+        if base is None:
+            base = self._baselines[view.loader] = _Baseline()
+        median: float | None = None
+        slow = self._absolute_ns is not None and train > self._absolute_ns
+        if len(base.ordered) >= self._min_history:
+            median = base.median()
+            if train > self.factor * median:  # cheap test first; the spread only if needed
+                slow = slow or train > median + self.mad_multiplier * base.sigma(median)
+        base.add(train, self._window_steps)
+        if slow:
+            self._flag(view, train, median, ordinal)
+
+    def _flag(self, view: StepView, train_ns: int, median: float | None, ordinal: int) -> None:
+        self.slow_steps += 1
+        view.slow = True
+        set_span_attribute(view.span, A.SLOW, True)
+        explained = self._explained
+        while explained and explained[0] <= ordinal - self._explain_window:
+            explained.popleft()
+        if len(explained) >= self._max_explanations:
+            self.unexplained += 1
+            self._unexplained_pending += 1
+            return
+        explained.append(ordinal)
+        text = format_slow_step(view, median, train_ns,
+                                rank=view.rank if self.world_size > 1 else None)
+        if self._unexplained_pending:
+            text += (f"\n  ({self._unexplained_pending} more slow step(s) before this one were "
+                     f"counted but not explained: at most {self._max_explanations} "
+                     f"explanations per {self._explain_window} steps)")
+            self._unexplained_pending = 0
+        self.last_slow = text
+        self._log.warning("%s", text)  # logging reports a failing handler itself
+
+    def export_state(self) -> dict[str, Any]:
+        """The running figures, the loaders' baselines included (plain data)."""
+        state = super().export_state()
+        state["_baselines"] = {loader: (list(b.window), list(b.ordered), b._sigma,
+                                        b._sigma_age)
+                               for loader, b in self._baselines.items()}
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``export_state``'s figures."""
+        super().load_state(state)
+        baselines = {}
+        for loader, (window, ordered, sigma, age) in state.get("_baselines", {}).items():
+            b = baselines[loader] = _Baseline()
+            b.window.extend(window)
+            b.ordered = list(ordered)
+            b._sigma, b._sigma_age = sigma, age
+        self._baselines = baselines
+
+    def median_seconds(self) -> float | None:
+        """The largest per-loader median training time, or None before ``min_history`` steps."""
+        with self._lock:
+            medians = [b.median() for b in self._baselines.values()
+                       if len(b.ordered) >= self._min_history]
+        return max(medians) / 1e9 if medians else None
+
+
+def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | None = None,
+                     rank: Any = None) -> str:
+    """The slow-step warning: training time, ratio to the median, and the phase breakdown."""
+    total = view.duration_ns
+    train = total - view.monitor_ns if train_ns is None else train_ns
+    who = f" (rank {rank})" if rank is not None else ""
+    head = f"otel-train: slow step {view.step}{who}: training {train / 1e9:.3f} s"
+    if median_ns:
+        loader = f" of loader {view.loader!r}" if view.loader else ""
+        head += f" ({train / median_ns:.1f}x the median {median_ns / 1e9:.3f} s{loader})"
+    head += f"; step {total / 1e9:.3f} s"
+    lines = [head]
+    by_name: dict[tuple[str, str], int] = {}
+    for ph in view.top_level_phases():
+        key = (ph[P_NAME], ph[P_KIND])
+        by_name[key] = by_name.get(key, 0) + ph[P_DURATION]
+    accounted = sum(by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])
+    width = max([len(name) for (name, _), _ in rows] + [5])
+    for (name, kind), dur in rows:
+        tag = "  [monitor]" if kind == A.KIND_MONITOR else ""
+        lines.append(f"  {name:<{width}}  {dur / 1e9:9.3f} s  {_pct(dur, total)}{tag}")
+    other = max(0, total - accounted)
+    lines.append(f"  {'other':<{width}}  {other / 1e9:9.3f} s  {_pct(other, total)}"
+                 "  (not in any phase)")
+    return "\n".join(lines)
+
+
+def _pct(part: int, total: int) -> str:
+    return f"{100.0 * part / total:5.1f}%" if total else "    -"

@@ -1,0 +1,284 @@
+"""Derived-metrics pipeline: the span processors that see every step before export.
+
+One ``SharedStepSpanProcessor`` assembles each step's spans once and hands the view, in
+order, to: slow steps (marks ``train.slow`` first, so everything after sees it), GPU step
+attributes, overhead, budget, Prometheus metrics, and the console report. Around them: the
+Prometheus endpoint, the stall watchdog, the NVML GPU sampler and the periodic
+``monitoring_costs.json`` writer. ``run.py`` feeds every built span to ``processors`` and
+then to the exporter.
+
+Usage::
+
+    pipeline = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
+    pipeline.start()               # ValueError when the Prometheus port is taken
+    for span in spans: pipeline.processors[0].on_end(span)
+    pipeline.costs()               # the content of monitoring_costs.json
+    pipeline.shutdown(1.0)
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.trace import SpanProcessor
+
+from otel_train.derived import otlp_metrics as om
+from otel_train.derived.console import ConsoleReportSpanProcessor
+from otel_train.derived.costs import CostsFileWriter, CostsReport, build_costs
+from otel_train.common.files import write_json_atomic
+from otel_train.derived.chain import StepChain, chain_settings, feed_records
+from otel_train.common.drop_counter import DropCounter
+from otel_train.derived.gpu import NvmlGpuSampler
+from otel_train.common.identity import RunIdentity
+from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
+from otel_train.recording.recorder import Recorder
+from otel_train.derived.sampling import SampledOutCollector
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
+from otel_train.derived.watchdog import StallWatchdog
+
+_log = logging.getLogger("otel_train")
+_DEFAULT_PORT_TRIES = 100  # default port taken: try the next ones, then any free port
+
+
+def costs_file_name(identity: RunIdentity) -> str:
+    """monitoring_costs.json, or monitoring_costs-rank<N>.json when several ranks share a dir."""
+    if identity.world_size == 1:
+        return "monitoring_costs.json"
+    return f"monitoring_costs-rank{identity.rank}.json"
+
+
+class DerivedMetricsStage:
+    """Builds, starts and stops the derived-metrics processors of one run."""
+
+    def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
+                 recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
+                 collectors: Sequence[Any] = ()) -> None:
+        self.options = options
+        self.identity = identity
+        self.drops = drops
+        self.status_dir = Path(status_dir)
+        self.self_cost = self_cost
+        self.settings = chain_settings(options, identity)
+        self.chain = StepChain(self.settings, self_cost)
+        self.slow, self.overhead = self.chain.slow, self.chain.overhead
+        self.budget = self.chain.budget
+        self.metrics, self.gpu_steps = self.chain.metrics, self.chain.gpu_steps
+        self.console: ConsoleReportSpanProcessor | None = self.chain.console
+        self.watchdog = StallWatchdog(
+            recorder, options.watchdog_interval_seconds, options.stall_seconds,
+            options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
+            slow_operation_seconds=options.slow_operation_seconds)
+        self.metrics.progress = self.watchdog.progress
+        self.metrics.drops = drops
+        chain: list[StepViewProcessor] = self.chain.processors
+        for collector in collectors:  # extra families (the exporter process's CPU)
+            self.metrics.registry.register(collector)
+        # The exporter process's CPU, reported in the costs beside this process's own.
+        self._exporter_cpu = [c for c in collectors if hasattr(c, "cpu_seconds")]
+        self.otlp_metrics: Any = self._scale_out(chain)
+        self.shared = SharedStepSpanProcessor(chain)
+        self.processors: list[SpanProcessor] = [self.shared]
+        self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
+                                          on_sample=self.gpu_steps.on_samples)
+        self.costs_path = self.status_dir / costs_file_name(identity)
+        # Prometheus's file discovery globs only the last path element, so every run of a
+        # runs root writes into one directory: <runs root>/prometheus-targets/<run>-rank<N>.json
+        # (a copy in the run's own directory says where it was served).
+        safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", identity.run_id)
+        self.targets_paths = (
+            self.status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
+            self.status_dir / f"prometheus_targets-rank{identity.rank}.json")
+        self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
+                                            options.costs_interval_seconds)
+        self.prometheus_url: str | None = None
+        self._started = False
+        # The exporter process that feeds the chain (run_in_exporter_process), or None.
+        self.remote: Any = None
+        self.state_loads = 0  # states loaded from the exporter process
+
+    def run_in_exporter_process(self, client: Any) -> None:
+        """Let the exporter process feed the chain; this one becomes its copy.
+
+        ``client`` (export_process.ExportProcessClient) builds the same chain there from
+        ``self.settings``, sends its state back once a second (``load_state``), and
+        if it dies, feeds this chain from where its last state left it (``feed_records``).
+        """
+        self.remote = client
+        client.derive_metrics(self.settings, self.self_cost, on_state=self.load_state,
+                              feed=self.feed_records)
+        self.gpu_steps.forward = client.send_gpu_round
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """The exporter process's chain state: this copy continues from it."""
+        with self.shared.lock:
+            self.chain.load_state(state)
+            self.state_loads += 1
+
+    def feed_records(self, recs: Sequence[tuple[Any, ...]]) -> None:
+        """Span records the exporter process will never see: through this chain."""
+        feed_records(self.shared, recs, self.identity.rank)
+
+    def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
+        """The tail sampler (the chain's: assembly.py puts it before export, after these
+        processors, here or in the exporter process), and metrics over OTLP too
+        (otlp_metrics.py), after the Prometheus one."""
+        self.sampler = self.chain.sampler  # here or in the exporter process (assembly.py)
+        if self.sampler is not None:
+            self.metrics.registry.register(SampledOutCollector(self.sampler,
+                                                               self.identity.rank))
+        self.metrics_plan = om.plan_metrics(self.options)
+        if not self.metrics_plan.otlp:
+            return None
+        proc = om.OtlpMetricsSpanProcessor(
+            om.create_metric_exporter(self.metrics_plan), self.metrics, self.identity.run_id,
+            om.metrics_resource(self.options, self.identity))
+        chain.insert(chain.index(self.metrics) + 1, proc)
+        return proc
+
+    def scale_out_banner(self) -> str:
+        """Start-up lines for metrics over OTLP and sampling ('' when neither is on)."""
+        lines = []
+        if self.metrics_plan.otlp:
+            lines.append(f"  metrics -> {self.metrics_plan.describe()}")
+        if self.sampler is not None:
+            lines.append(f"  sampled -> {self.sampler.ratio:.0%} of ordinary steps by trace id; "
+                         "slow, failed, monitoring and first steps always")
+        return "\n".join(lines)
+
+    def start(self) -> None:
+        """Start the Prometheus endpoint, then the threads.
+
+        The default port (9464 + local rank) moves to the next free one when taken, with one
+        warning; an explicit port that is taken raises ``ValueError`` (it was asked for).
+        """
+        port = self.options.prometheus_port
+        if not self.metrics_plan.prometheus:  # metrics over OTLP only (plan_metrics)
+            port = None
+        if port is DEFAULT:
+            self.prometheus_url = self._serve_default(self.options.prometheus_host)
+        elif port is not None:
+            self.prometheus_url = self._serve(self.options.prometheus_host, port)
+        if self.prometheus_url is not None:
+            self._write_targets_file()
+        self._started = True
+        self.watchdog.start()
+        self.gpu_sampler.start()  # False on CPU-only: one info line, no thread
+        self.costs_writer.start()
+
+    def _serve_default(self, host: str) -> str:
+        first = DEFAULT_PROMETHEUS_PORT + self.identity.local_rank
+        for port in range(first, first + _DEFAULT_PORT_TRIES):
+            try:
+                url = self.metrics.start_server(host, port)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                return self._serve(host, port)  # not a taken port: the usual clear error
+            if port != first:
+                _log.warning("otel-train: metrics port %d (the default: %d + local rank %d) is "
+                             "taken; serving on %s/metrics instead (the run's targets file "
+                             "tells Prometheus)", first, DEFAULT_PROMETHEUS_PORT,
+                             self.identity.local_rank, url)
+            return url
+        url = self._serve(host, 0)
+        _log.warning("otel-train: metrics ports %d-%d are all taken; serving on %s/metrics",
+                     first, first + _DEFAULT_PORT_TRIES - 1, url)
+        return url
+
+    def _write_targets_file(self) -> None:
+        """Where Prometheus's file-based discovery finds this run (deploy/prometheus)."""
+        host, port = self.metrics.bound_address()
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        shown = f"[{host}]" if ":" in host else host
+        # Only labels that no exposed metric carries: otherwise Prometheus renames ours.
+        entry = {"targets": [f"{shown}:{port}"],
+                 "labels": {"otel_train_run": self.identity.run_id}}
+        for path in self.targets_paths:
+            try:
+                write_json_atomic(path, [entry])
+            except OSError as exc:
+                _log.warning("otel-train: cannot write %s: %r", path, exc)
+
+    def _serve(self, host: str, port: int) -> str:
+        opts = self.options
+        try:
+            return self.metrics.start_server(host, port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                how = (f" (the default: {DEFAULT_PROMETHEUS_PORT} + local rank "
+                       f"{self.identity.local_rank})"
+                       if opts.prometheus_port is DEFAULT else "")
+                raise ValueError(
+                    f"{opts.where('prometheus_port')}: port {port}{how} on {host} is already "
+                    "in use; choose another with prometheus_port= or OTEL_TRAIN_PROMETHEUS_PORT, "
+                    "0 for a free port, or None to turn the metrics endpoint off") from exc
+            raise ValueError(
+                f"{opts.where('prometheus_host')}={host!r} with {opts.where('prometheus_port')}"
+                f"={port}: cannot serve metrics there: {exc}") from exc
+
+    def costs(self) -> CostsReport:
+        """What monitoring cost so far (monitoring_costs.json's content; str() is the table)."""
+        with self.shared.lock:
+            snapshot = self.overhead.snapshot()
+            slow_steps = self.slow.slow_steps
+            slow_ops = dict(self.budget.slow_operations)
+        data = build_costs(snapshot, self.options.budget, self.options.critical,
+                           slow_steps=slow_steps, slow_operations=slow_ops,
+                           run_id=self.identity.run_id)
+        if data["rank"] is None:
+            data["rank"] = self.identity.rank
+        data["dropped_spans"] = self.drops.counts()
+        for source in self._exporter_cpu:
+            seconds = source.cpu_seconds()
+            if seconds is not None:
+                # Another process, on another core: not in this process's time, but
+                # otel-train's cost all the same.
+                # Rounded first, so the per-step figure is exactly what the two fields give.
+                seconds = round(seconds, 6)
+                startup = round(min(seconds, source.startup_cpu_seconds() or 0.0), 6)
+                data["exporter_process_cpu_seconds"] = seconds
+                data["exporter_process_startup_cpu_seconds"] = startup
+                data["exporter_process_cpu_seconds_per_step"] = (
+                    (seconds - startup) / snapshot.steps if snapshot.steps else None)
+        return data
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: close the inherited metrics socket; start nothing, join nothing."""
+        self._started = False
+        self.metrics.close_inherited_socket()
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.after_fork_in_child()
+
+    def shutdown(self, timeout_seconds: float) -> None:
+        """Final monitoring_costs.json, then stop threads and the endpoint, within the bound."""
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+
+        def left(share: float) -> float:
+            return max(0.0, (deadline - time.monotonic()) * share)
+
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown_within(left(0.5))  # the final push, bounded
+        if not self._started:
+            self.metrics.stop_server(left(1.0))
+            return
+        self._started = False
+        self.costs_writer.stop(left(0.3))  # joins, then the final write
+        self.watchdog.stop(left(0.3))
+        self.gpu_sampler.stop(left(0.3))
+        self.shared.shutdown()
+        if self.prometheus_url is not None:
+            for path in self.targets_paths:
+                try:
+                    path.unlink()  # the run is over: Prometheus stops scraping it
+                except OSError:
+                    pass
+        self.metrics.stop_server(left(1.0))

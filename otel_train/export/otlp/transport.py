@@ -1,0 +1,448 @@
+"""OTLP span exporters that make exactly one attempt per call and never block past a bound.
+
+The SDK's OTLP exporters retry inside ``export()`` for up to their whole timeout (10 s by
+default, sleeping 1, 2, 4 s between attempts), and an export in flight cannot be interrupted.
+With a collector that restarts, the export thread then sits in those sleeps while the
+collector is already back. ``BoundedBatchSpanProcessor`` (export.py) owns retrying instead:
+it keeps what is queued, backs off, and probes the collector cheaply. For that it needs
+exporters that send once and say what happened:
+
+- :class:`ExportOutcome` ``SENT``, ``RETRY`` (not delivered, safe to send again),
+  ``REJECTED`` (the collector refused it for good), ``UNKNOWN`` (timed out after it was sent:
+  it may have arrived, so it is never sent twice), ``TOO_LARGE`` (over the receiver's limit).
+- ``start_send(spans, body, timeout_seconds)`` returns a :class:`PendingSend` the caller waits
+  on in slices, so a shutdown can give up on it at its own deadline (gRPC: the call is
+  cancelled; HTTP: the request's daemon thread is left to finish or die with the process).
+- ``probe(timeout_seconds)``: a TCP connect to the endpoint's host and port, to notice within a
+  fraction of a second that a collector which was down is back.
+
+The SDK exporter objects are still built (they read every ``OTEL_EXPORTER_OTLP_*`` setting:
+headers, compression, certificates, credential providers); only their send loop is bypassed.
+
+Usage::
+
+    exporter = SingleAttemptGrpcSpanExporter(endpoint="http://127.0.0.1:4317", timeout=10)
+    pending = exporter.start_send(spans, exporter.encode(spans), 10.0)
+    outcome = pending.wait(10.0)        # None while still in flight
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_train.export.otlp.http_sender import ReusedSenderThreads, use_lean_http_transport
+from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES
+from otel_train.export.otlp.encoding import _Encoder, make_grpc_exporter, make_http_exporter
+
+_log = logging.getLogger("otel_train")
+_TRACE_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+# A collector that comes back is reconnected to within a second (gRPC's own reconnect
+# backoff otherwise grows to 120 s and would keep failing calls after the collector is up).
+_GRPC_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+_HTTP_RETRYABLE = frozenset((429, 502, 503, 504))
+_LIMIT_RE = re.compile(r"vs\.?\s*(\d+)")
+# How gRPC words UNAVAILABLE when no connection could be made (not a collector's answer).
+_GRPC_CONNECT_FAILURES = ("failed to connect", "Connection refused", "connections to all",
+                          "Socket closed", "Connection reset")
+
+
+class ExportOutcome(enum.Enum):
+    """What one send attempt did."""
+
+    SENT = "sent"
+    RETRY = "retry"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+    TOO_LARGE = "too_large"
+
+
+class PendingSend:
+    """One request in flight: wait on it in slices, give up on it, learn its late outcome."""
+
+    def __init__(self, cancel: Callable[[], None] | None = None) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._outcome: ExportOutcome | None = None
+        self.detail = ""
+        self.limit_bytes: int | None = None  # a receiver limit learnt from a TOO_LARGE answer
+        self.unreachable = False  # no connection could be made (vs. an answer that refused)
+        self._cancel = cancel
+        self._late: Callable[[ExportOutcome], None] | None = None
+
+    def finish(self, outcome: ExportOutcome, detail: str = "") -> None:
+        """Record the outcome (called by the transport, from any thread)."""
+        with self._lock:
+            if self._outcome is not None:
+                return
+            self._outcome, self.detail = outcome, detail
+            late = self._late
+        self._done.set()
+        if late is not None:
+            try:
+                late(outcome)
+            except Exception:
+                _log.debug("late export callback failed", exc_info=True)
+
+    def wait(self, timeout_seconds: float) -> ExportOutcome | None:
+        """The outcome, or None when it is still in flight after ``timeout_seconds``."""
+        self._done.wait(max(0.0, timeout_seconds))
+        return self._outcome
+
+    def give_up(self, late: Callable[[ExportOutcome], None], cancel: bool) -> None:
+        """Stop waiting; ``late(outcome)`` is called if it completes after all."""
+        with self._lock:
+            outcome = self._outcome
+            if outcome is None:
+                self._late = late
+        if outcome is not None:
+            late(outcome)
+            return
+        if cancel and self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:
+                _log.debug("cancelling an export failed", exc_info=True)
+
+
+def _probe_tcp(host: str | None, port: int | None, timeout_seconds: float) -> bool | None:
+    """True when a TCP connection to host:port opens (None: nothing to probe)."""
+    if not host or not port:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_seconds):
+            return True
+    except OSError:
+        return False
+
+
+class _SingleAttemptBase(SpanExporter):
+    """Shared parts: encoding, size limit, probe target, blocking ``export``."""
+
+    def __init__(self, sdk_exporter: Any, timeout_seconds: float, max_request_bytes: int,
+                 host: str | None, port: int | None, secrets: Sequence[str]) -> None:
+        self.sdk_exporter = sdk_exporter
+        # Credentials (URL userinfo, header values) never reach a log message.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.timeout_seconds = float(timeout_seconds)
+        self.max_request_bytes = int(max_request_bytes)
+        self._host, self._port = host, port
+        self._encoder = _Encoder()
+        self._record_encoder = _Encoder()  # records are encoded on another thread: own caches
+        self._closed = False
+        self._rows: tuple[Any, Any, dict[str, Any]] | None = None
+        self._sends_bytes = True  # every send carries the encoded body (not as_spans)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every known credential replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def use_rows(self, resource: Any, scope: Any, run_constants: dict[str, Any]) -> None:
+        """Take span rows (span_rows.py) as well as spans: rows are encoded straight to the
+        same bytes their ``RowSpanFactory(resource, scope, run_constants)`` spans would give,
+        with no span made (the exporter process's path)."""
+        self._rows = (resource, scope, dict(run_constants))
+
+    @property
+    def takes_records(self) -> bool:
+        """Can span records be encoded ahead (:meth:`encode_record`) and sent as bytes?"""
+        return self._rows is not None and self._sends_bytes
+
+    def encode_record(self, rec: tuple[Any, ...]) -> list[bytes]:
+        """One span record's Span messages (the same bytes its rows encode to), for
+        :meth:`encode` to join into a request; called where records arrive, not on the
+        export thread."""
+        assert self._rows is not None
+        return self._record_encoder.record(rec, self._rows[2])
+
+    def encode(self, spans: Sequence[Any]) -> bytes:
+        """The request body (ExportTraceServiceRequest bytes) for ``spans`` (or rows and
+        spans encoded ahead by :meth:`encode_record`)."""
+        if self._rows is not None and spans and type(spans[0]) in (tuple, bytes):
+            return self._encoder.request_rows(spans, *self._rows)
+        return self._encoder.request(spans)
+
+    def as_spans(self, spans: Sequence[Any]) -> Sequence[Any]:
+        """``ReadableSpan``s of ``spans`` (rows made into spans), for the SDK's own path."""
+        if self._rows is None or not spans or type(spans[0]) is not tuple:
+            return spans
+        from otel_train.records.span_rows import RowSpanFactory
+        return RowSpanFactory(*self._rows).spans(spans)
+
+    def probe(self, timeout_seconds: float) -> bool | None:
+        """Is the collector's port accepting connections? (None: cannot tell)."""
+        return _probe_tcp(self._host, self._port, timeout_seconds)
+
+    def reconnect(self) -> None:
+        """Drop cached connections after an outage (the next send connects afresh)."""
+
+    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+                   timeout_seconds: float) -> PendingSend:
+        """Send ``body`` once; returns at once with a handle to wait on."""
+        raise NotImplementedError
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """One attempt, blocking up to the timeout (the plain SpanExporter API)."""
+        if self._closed:
+            return SpanExportResult.FAILURE
+        pending = self.start_send(spans, self.encode(spans), self.timeout_seconds)
+        outcome = pending.wait(self.timeout_seconds + 0.5)
+        if outcome is None:
+            pending.give_up(lambda _o: None, cancel=True)
+        return SpanExportResult.SUCCESS if outcome is ExportOutcome.SENT else (
+            SpanExportResult.FAILURE)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing is buffered here."""
+        return True
+
+
+class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
+    """OTLP/gRPC: one call per send, on the SDK exporter's channel and metadata."""
+
+    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
+        sdk_kwargs.setdefault("channel_options", _GRPC_CHANNEL_OPTIONS)
+        sdk = make_grpc_exporter(**sdk_kwargs)
+        target = str(getattr(sdk, "_endpoint", "") or "")
+        host, port = _split_host_port(target, 4317)
+        super().__init__(sdk, float(getattr(sdk, "_timeout", 10.0) or 10.0),
+                         max_request_bytes, host, port, secrets)
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._bind_call()
+
+    def _bind_call(self) -> None:
+        channel = getattr(self.sdk_exporter, "_channel", None)
+        # Raw bytes in and out: the body is already encoded, and the (empty) answer is unused.
+        self._call = channel.unary_unary(_TRACE_EXPORT_METHOD) if channel is not None else None
+
+    def reconnect(self) -> None:
+        """A fresh channel: gRPC's own reconnect backoff must not delay a recovered collector."""
+        sdk = self.sdk_exporter
+        with self._lock:
+            if self._closed or not hasattr(sdk, "_initialize_channel_and_stub"):
+                return
+            old = getattr(sdk, "_channel", None)
+            try:
+                sdk._initialize_channel_and_stub()
+                self._bind_call()
+            except Exception:
+                _log.debug("gRPC channel re-creation failed", exc_info=True)
+                return
+        if old is not None:
+            try:
+                old.close()
+            except Exception:
+                _log.debug("closing the old gRPC channel failed", exc_info=True)
+
+    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+                   timeout_seconds: float) -> PendingSend:
+        """Start one Export call with a deadline of ``timeout_seconds``."""
+        import grpc
+
+        call = self._call
+        if call is None or self._closed:
+            pending = PendingSend()
+            pending.finish(ExportOutcome.REJECTED, "exporter closed")
+            return pending
+        metadata = getattr(self.sdk_exporter, "_headers", None) or None
+        timeout = max(0.001, timeout_seconds)
+        if not threading.main_thread().is_alive():
+            # Interpreter exit (the run's exit flush): a future completes on a gRPC thread,
+            # which Python 3.12.0 and 3.12.1 refuse to start there (after the request went
+            # out, so its outcome would be lost); a blocking call needs none.
+            pending = PendingSend()
+            try:
+                call(body, timeout=timeout, metadata=metadata)
+            except grpc.RpcError as exc:
+                self._finish(pending, exc)
+            except Exception as exc:  # e.g. the channel was closed under us by shutdown
+                pending.finish(ExportOutcome.RETRY, repr(exc))
+            else:
+                pending.finish(ExportOutcome.SENT)
+            return pending
+        try:
+            future = call.future(body, timeout=timeout, metadata=metadata)
+        except Exception as exc:  # e.g. the channel was closed under us by shutdown
+            pending = PendingSend()
+            pending.finish(ExportOutcome.RETRY, repr(exc))
+            return pending
+        pending = PendingSend(cancel=future.cancel)
+
+        def done(fut: Any) -> None:
+            if fut.cancelled():
+                pending.finish(ExportOutcome.UNKNOWN, "cancelled")
+                return
+            exc = fut.exception()
+            if exc is None:
+                pending.finish(ExportOutcome.SENT)
+                return
+            self._finish(pending, exc)
+
+        future.add_done_callback(done)
+        return pending
+
+    def _finish(self, pending: PendingSend, exc: BaseException) -> None:
+        """A failed call's outcome, from its status code and details."""
+        import grpc
+
+        code = exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[attr-defined]
+        details = (exc.details() if isinstance(exc, grpc.RpcError)  # type: ignore[attr-defined]
+                   else repr(exc)) or ""
+        outcome = _grpc_outcome(code, details)
+        pending.unreachable = code is grpc.StatusCode.UNAVAILABLE and any(
+            text in details for text in _GRPC_CONNECT_FAILURES)
+        if outcome is ExportOutcome.TOO_LARGE:
+            match = _LIMIT_RE.search(details)
+            if match:
+                pending.limit_bytes = int(match.group(1))
+        pending.finish(outcome, self.scrub(f"{getattr(code, 'name', code)}: {details}"))
+
+    def shutdown(self) -> None:
+        """Close the channel (cancels what is still in flight on it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        channel = getattr(self.sdk_exporter, "_channel", None)
+        try:
+            self.sdk_exporter._shutdown = True
+            if channel is not None:
+                channel.close()
+        except Exception:
+            _log.debug("gRPC exporter shutdown failed", exc_info=True)
+
+
+def _grpc_outcome(code: Any, details: str) -> ExportOutcome:
+    import grpc
+
+    sc = grpc.StatusCode
+    if code is sc.RESOURCE_EXHAUSTED and "larger than max" in details:
+        return ExportOutcome.TOO_LARGE
+    if code in (sc.UNAVAILABLE, sc.RESOURCE_EXHAUSTED, sc.ABORTED, sc.OUT_OF_RANGE,
+                sc.DATA_LOSS):
+        return ExportOutcome.RETRY  # the retryable codes of the OTLP specification
+    if code in (sc.DEADLINE_EXCEEDED, sc.CANCELLED):
+        return ExportOutcome.UNKNOWN  # it may have been received: never sent twice
+    return ExportOutcome.REJECTED
+
+
+class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
+    """OTLP/HTTP: one POST per send, on a (reused) daemon thread, with the SDK client's
+    settings; through the SDK's urllib3 transport where it stands in exactly for requests
+    (http_sender.py)."""
+
+    def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
+        sdk = make_http_exporter(**sdk_kwargs)
+        client = getattr(sdk, "_client", None)
+        url = str(getattr(sdk, "_endpoint", "") or "")
+        parts = urlsplit(url)
+        default_port = 443 if parts.scheme == "https" else 80
+        try:
+            port = parts.port or default_port
+        except ValueError:
+            port = None
+        timeout = float(getattr(client, "_timeout", 10.0) or 10.0)
+        super().__init__(sdk, timeout, max_request_bytes, parts.hostname, port, secrets)
+        self._client = client
+        # The SDK client's private single-request path (1.40+); otherwise its retrying export.
+        self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        self._sends_bytes = self._direct  # otherwise the SDK's export() re-encodes spans
+        self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
+        self._senders = ReusedSenderThreads("otel-train-otlp-http")
+
+    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+                   timeout_seconds: float) -> PendingSend:
+        """POST ``body`` once from a daemon thread (a hung request never holds the caller)."""
+        pending = PendingSend()
+        if self._closed:
+            pending.finish(ExportOutcome.REJECTED, "exporter closed")
+            return pending
+        self._senders.submit(self._post, (pending, spans, body, timeout_seconds))
+        return pending
+
+    def _post(self, pending: PendingSend, spans: Sequence[ReadableSpan], body: bytes,
+              timeout_seconds: float) -> None:
+        try:
+            if not self._direct:
+                ok = self.sdk_exporter.export(self.as_spans(spans)) is SpanExportResult.SUCCESS
+                pending.finish(ExportOutcome.SENT if ok else ExportOutcome.REJECTED)
+                return
+            client = self._client
+            result = client._submit(client._compress(body), timeout_seconds)
+            outcome, detail = _http_outcome(result)
+            pending.unreachable = outcome is ExportOutcome.RETRY and getattr(
+                result, "status_code", None) is None
+            pending.finish(outcome, self.scrub(detail))
+        except Exception as exc:
+            pending.finish(ExportOutcome.RETRY, self.scrub(repr(exc)))
+
+    def shutdown(self) -> None:
+        """Close the HTTP session."""
+        if self._closed:
+            return
+        self._closed = True
+        self._senders.close()
+        try:
+            if self._client is not None and hasattr(self._client, "_transport"):
+                self._client._transport.close()
+        except Exception:
+            _log.debug("HTTP exporter shutdown failed", exc_info=True)
+
+
+def _http_outcome(result: Any) -> tuple[ExportOutcome, str]:
+    status = getattr(result, "status_code", None)
+    if status is not None:
+        if 200 <= status < 300:
+            return ExportOutcome.SENT, ""
+        detail = f"HTTP {status}"
+        if status == 413:
+            return ExportOutcome.TOO_LARGE, detail
+        if status in _HTTP_RETRYABLE:
+            return ExportOutcome.RETRY, detail
+        return ExportOutcome.REJECTED, detail
+    error = getattr(result, "error", None)
+    error = getattr(error, "reason", None) or error  # urllib3 wraps the cause in MaxRetryError
+    name = type(error).__name__
+    if name in ("ReadTimeout", "ReadTimeoutError"):  # requests / urllib3
+        return ExportOutcome.UNKNOWN, name  # sent, no answer in time: may have arrived
+    # Refused, reset, DNS or TLS failure: nothing was accepted (the SDK retries these too).
+    return ExportOutcome.RETRY, name
+
+
+def _split_host_port(target: str, default_port: int) -> tuple[str | None, int | None]:
+    """host and port of a gRPC target such as ``collector:4317`` or ``[::1]:4317``."""
+    if not target or target.startswith(("unix:", "unix-abstract:")):
+        return None, None
+    if "://" in target:
+        target = target.split("://", 1)[1]
+    target = target.rsplit("@", 1)[-1].split("/", 1)[0]
+    if target.startswith("["):
+        host, _, rest = target[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif target.count(":") == 1:
+        host, port_text = target.split(":")
+    else:
+        host, port_text = target, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        return host or None, None
+    return host or None, port

@@ -1,0 +1,281 @@
+"""The exporter process: span records in, spans exported, counts and log records out.
+
+Started by ``export_process.ExportProcessClient`` as ``python -I -c`` with two pipe ends.
+The first frame is its configuration (the export plan, resource, scope, run constants and
+bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It feeds
+the records to ``BoundedBatchSpanProcessor`` with the planned exporter: for OTLP each record
+is encoded straight to its Span messages as it arrives (``_Encoder.record``, the bytes its
+rows would give), for the span file its rows (span_rows.py) are, exactly as the training
+process would. It reports its export and drop counts every 0.25 s and its log records as
+they come, and leaves when told to stop, when the pipe closes, or when the training process
+is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_train.common.drop_counter import DropCounter
+from otel_train.export.process.pipe import STATS_INTERVAL_SECONDS, FrameReader, frame, write_all
+from otel_train.records.span_rows import RowSpanFactory
+
+_log = logging.getLogger("otel_train")
+_ORPHAN_CHECK_SECONDS = 0.5
+_ORPHAN_FLUSH_SECONDS = 3.0  # the training process died: what the child may still send
+# The derived metrics' state goes up once a second (a flush, a sync and the stop send it at
+# once): Prometheus scrapes every 15 s or so, and an exchange costs both processes ~0.35 ms
+# of CPU (export, marshal, load), ~1 µs per step at 4 a second and 1 ms steps.
+_STATE_INTERVAL_SECONDS = 1.0
+
+
+class _StatWriter:
+    """Frames from the exporter process to the training process (one writer at a time)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
+        """One frame; unless ``block``, skipped when the pipe is full (counts are cumulative,
+        the next report carries them)."""
+        data = frame(marshal.dumps(msg))
+        with self._lock:
+            try:
+                # Frames up to PIPE_BUF (4 KiB) are written whole or not at all; a larger
+                # one is written blocking, so the stream never holds half a frame.
+                block = block or len(data) > 4096
+                os.set_blocking(self.fd, block)
+                if block:
+                    write_all(self.fd, data)
+                else:
+                    os.write(self.fd, data)
+            except OSError:
+                pass
+
+
+class _PipeLogHandler(logging.Handler):
+    """The exporter process's log records go to the training process's ``otel_train``
+    logger, where the user's logging configuration applies."""
+
+    def __init__(self, writer: _StatWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Send one record (its formatted message) up the pipe."""
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._writer.send(("log", record.levelno, text[:3500]), block=True)
+        except Exception:
+            pass
+
+
+class _ConsoleStream:
+    """The console report's stream here: each printed line goes to the training process,
+    which writes it to its own ``sys.stderr`` (where notebooks and tests capture it)."""
+
+    def __init__(self, writer: _StatWriter) -> None:
+        self._writer = writer
+        self._parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        """Keep a part of the line."""
+        self._parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        """Send the line (``print(..., flush=True)`` ends every line with this)."""
+        text, self._parts = "".join(self._parts), []
+        if text:
+            self._writer.send(("console", text[:60000]), block=True)
+
+
+class _ParentSelfCost:
+    """The training process's own CPU so far, as its last frame said (for the overhead)."""
+
+    total_ns = 0
+
+
+class _Child:
+    """The exporter process: rows in, spans exported, counts out."""
+
+    def __init__(self, writer: _StatWriter, config: dict[str, Any]) -> None:
+        from otel_train.export.stage import BoundedBatchSpanProcessor
+        from otel_train.export.exporters import create_exporter
+
+        self.send = writer.send
+        self.drops = DropCounter()
+        attrs, schema = config["resource"]
+        self.factory = RowSpanFactory(Resource(attrs, schema),
+                                      InstrumentationScope(*config["scope"]),
+                                      config["run_constants"])
+        self.export = BoundedBatchSpanProcessor(
+            create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
+            config["interval"])
+        # The OTLP exporters encode each record straight to its spans' bytes, the span file
+        # its rows: no ReadableSpan is made here (~20 µs per 7-span step).
+        self.export.use_rows(self.factory)
+        self.parent_pid = config["parent_pid"]
+        self._last: Any = None
+        self._done = threading.Event()
+        self._writer = writer
+        # The derived metrics, when the training process hands them over ("derive").
+        self.chain: Any = None
+        self.shared: Any = None
+        self.sampler: Any = None  # the chain's tail sampler, when the run samples
+        self._feed_records: Any = None
+        self.rank: Any = None
+        self.parent_cost = _ParentSelfCost()
+        self._version = 0  # frames fed to the chain
+        self._sent_version = 0
+        self._state_lock = threading.Lock()
+
+    def derive(self, settings: dict[str, Any]) -> None:
+        """Build the run's derived-metrics chain here, as the training process would."""
+        from otel_train.derived.chain import StepChain, feed_records
+        from otel_train.records.steps_view import SharedStepSpanProcessor
+
+        self._feed_records = feed_records  # imported only when the chain runs here
+        self.chain = StepChain(settings, self.parent_cost,
+                               console_stream=_ConsoleStream(self._writer))  # type: ignore[arg-type]
+        self.shared = SharedStepSpanProcessor(self.chain.processors)
+        self.sampler = self.chain.sampler
+        self.rank = settings["rank"]
+
+    def send_state(self) -> None:
+        """The chain's state to the training process (only when it changed)."""
+        if self.shared is None:
+            return
+        # One sender at a time (the watch thread, and this thread before a flush, sync or
+        # stop), so states reach the training process in the order they were taken.
+        with self._state_lock:
+            with self.shared.lock:
+                version = self._version
+                if version == self._sent_version:
+                    return
+                state = self.chain.export_state()
+            self._sent_version = version
+            self.send(("derived", state), block=True)
+
+    def stats(self, kind: str = "stats", block: bool = False) -> None:
+        """The cumulative counts (sent only when they changed, unless final)."""
+        # Spans the tail sampler left out were taken, not lost: the training process counts
+        # them as accounted for.
+        sampled_out = self.sampler.sampled_out_spans if self.sampler is not None else 0
+        now = (self.export.exported, self.export.export_failures, self.drops.counts(),
+               sampled_out)
+        if kind == "stats" and now == self._last:
+            return
+        self._last = now
+        self.send((kind, *now), block)
+
+    def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
+              parent_cost_ns: int) -> None:
+        """One frame: the steps' records through the chain (if here), then exported with
+        the user spans' rows (unsampled records feed the metrics only)."""
+        if self.shared is not None and (recs or rows):
+            self.parent_cost.total_ns = parent_cost_ns
+            with self.shared.lock:
+                self._feed_records(self.shared, recs, self.rank)  # marks train.slow first
+                if self.sampler is not None:  # then the tail decision, on the marked steps
+                    recs, rows = self.sampler.filter_frame(recs, rows)
+                self._version += 1
+        self.export.on_records(recs, rows)
+
+    def stop(self, timeout_seconds: float) -> None:
+        """Export what is queued within ``timeout_seconds``, report the final counts."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        if self.sampler is not None:  # spans still waiting for their step: exported
+            with self.shared.lock:
+                left = self.sampler.release_held()
+            self.export.on_records([], left)
+        self.send_state()  # final: no step comes after a stop
+        self.export.shutdown(timeout_seconds)
+        self.stats("final", block=True)
+
+    def watch(self) -> None:
+        """Counts every 0.25 s, the derived state every second; if the training process is
+        gone, flush briefly and exit."""
+        checks = 0
+        state_every = max(1, round(_STATE_INTERVAL_SECONDS / STATS_INTERVAL_SECONDS))
+        while not self._done.wait(STATS_INTERVAL_SECONDS):
+            self.stats()
+            checks += 1
+            if checks % state_every == 0:
+                self.send_state()
+            if checks % max(1, int(_ORPHAN_CHECK_SECONDS / STATS_INTERVAL_SECONDS)) == 0:
+                if os.getppid() != self.parent_pid:
+                    self.stop(_ORPHAN_FLUSH_SECONDS)
+                    os._exit(0)
+
+
+def child_main(cmd_fd: int, stat_fd: int) -> None:
+    """Entry point of the exporter process (``python -c`` from ExportProcessClient)."""
+    # The launcher's SIGINT/SIGTERM are for the training process; its shutdown flushes
+    # through us, and we leave when the pipe closes or the training process is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reader = FrameReader(cmd_fd)
+    raw = reader.read_one()
+    if raw is None:
+        return
+    config = pickle.loads(raw)
+    writer = _StatWriter(stat_fd)
+    log = logging.getLogger("otel_train")
+    log.setLevel(config.get("log_level", logging.WARNING))
+    log.addHandler(_PipeLogHandler(writer))
+    log.propagate = False
+    try:
+        child = _Child(writer, config)
+    except Exception as exc:
+        writer.send(("error", f"could not start: {exc!r}"), block=True)
+        sys.exit(3)
+    # Start-up (interpreter, imports, the exporter) apart from the per-step work after it.
+    writer.send(("startup", time.process_time()), block=True)
+    child.stats("stats", block=True)  # ready: the exporter is made
+    threading.Thread(target=child.watch, name="otel-train-export-watch", daemon=True).start()
+    while True:
+        raw = reader.read_one()
+        if raw is None:  # the training process closed the pipe without a stop (it died)
+            child.stop(_ORPHAN_FLUSH_SECONDS)
+            break
+        msg = marshal.loads(raw)
+        kind = msg[0]
+        if kind == "spans":
+            child.spans(msg[1], msg[2], msg[3])
+        elif kind == "flush":
+            child.send_state()
+            ok = child.export.force_flush(int(msg[2] * 1000))
+            child.stats(block=True)
+            child.send(("flushed", msg[1], ok), block=True)
+        elif kind == "sync":  # run.costs(): the chain's state now, nothing exported
+            child.send_state()
+            child.send(("flushed", msg[1], True), block=True)
+        elif kind == "derive":
+            try:
+                child.derive(msg[1])
+            except Exception as exc:
+                child.chain = child.shared = None
+                writer.send(("derive_failed", repr(exc)), block=True)
+        elif kind == "gpu":
+            if child.chain is not None:
+                child.chain.gpu_steps.add_round(tuple(msg[1]))
+        elif kind == "stop":
+            child.stop(msg[1])
+            break
+    os._exit(0)  # skip interpreter teardown: everything is flushed and reported

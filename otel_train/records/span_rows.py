@@ -1,0 +1,278 @@
+"""Span rows: a finished span as one flat tuple of plain values, the background's currency.
+
+A ``ReadableSpan`` costs ~7 µs of GIL-holding CPU to make (its ``SpanContext``, ``Status``,
+bounded attributes...) and pickles slowly. The span builder writes each step as a *span
+record* instead: a tuple of ints, strings and plain dicts, its phases decoded. Records feed the
+derived metrics directly (:func:`view_from_record` makes the ``StepView`` the processors read,
+no assembling), go down a pipe to the exporter process as ``marshal`` bytes
+(export_process.py), and become *rows* (one flat tuple per span, :func:`rows_from_record`)
+and then ``ReadableSpan``s (:class:`RowSpanFactory`) only where an SDK component needs them:
+in the exporter process, or in this process for an export thread or an application's own span
+processors. One record, the same spans whichever way it went (the phases' span ids are drawn
+where the rows are made).
+
+Layout (index constants ``R_*``)::
+
+    (name, trace_id, span_id, flags, parent_span_id, parent_is_remote, start_ns, end_ns,
+     attributes, status, events, kind, scope, links)
+
+- times are epoch nanoseconds; ``parent_span_id`` 0 means a root span;
+- ``attributes``: a plain dict. For otel-train's own spans (``scope`` None) it leaves out the
+  run's constant attributes (run id, rank, world size, device), which the factory puts first;
+- ``status``: None (unset) or ``(status_code_value, description)``;
+- ``events``: ``((name, timestamp_ns, attributes), ...)``; ``links``: ``((trace_id, span_id,
+  flags, attributes), ...)``; ``kind``: ``SpanKind`` value;
+- ``scope``: None for otel-train's own spans, else ``(name, version, schema_url)``.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+
+from otel_train.common import attributes as A
+from otel_train.records.steps_view import StepView, count_monitoring
+
+class RunConstantAttributes(dict):  # type: ignore[type-arg]
+    """A span's attributes whose first items are the run's constants, as ``constants`` holds.
+
+    The span factory makes one subclass per run (:func:`run_attributes_type`) and builds every
+    span's attributes from it; the encoder writes those first items as one cached block of
+    bytes instead of one key/value at a time (the wire order stays the dict's order, so the
+    bytes are exactly the SDK's). Code that changes an attribute of a finished span replaces
+    the dict with a plain one (``steps_view.set_span_attribute``), so a changed constant can
+    never hide behind a cached block.
+    """
+
+    __slots__ = ()
+    constants: tuple[tuple[str, Any], ...] = ()
+
+
+def run_attributes_type(constants: Mapping[str, Any]) -> type[RunConstantAttributes]:
+    """A dict type for spans whose attributes start with ``constants`` (in that order)."""
+    return type("RunConstantAttributes", (RunConstantAttributes,),
+                {"__slots__": (), "constants": tuple(constants.items())})
+
+
+(R_NAME, R_TRACE, R_SPAN, R_FLAGS, R_PARENT, R_REMOTE, R_START, R_END, R_ATTRS, R_STATUS,
+ R_EVENTS, R_KIND, R_SCOPE, R_LINKS) = range(14)
+# A span record: one step (or monitoring operation) before its rows are made.
+(C_NAME, C_TRACE, C_ROOT_ID, C_FLAGS, C_START, C_END, C_ATTRS, C_STATUS, C_EVENTS, C_PHASES,
+ C_IDS) = range(11)
+# A record's phase (a tuple): name, kind, loader, duration_ns, ordinal + 1, the parent's
+# ordinal + 1 or the root's span id (these six are a StepView phase: steps_view.P_*; the
+# real span ids of phases are drawn with the rows), start_ns, end_ns, status, events,
+# extra attributes or None, device seconds or None.
+_getrandbits = random.getrandbits
+_ID_STRUCTS = [struct.Struct(f"<{n}Q") for n in range(33)]  # n span ids from one draw
+INTERNAL_KIND = SpanKind.INTERNAL.value
+_UNSET = Status(StatusCode.UNSET)
+_KINDS = {k.value: k for k in SpanKind}
+_CODES = {c.value: c for c in StatusCode}
+_ROOT_NAME, _STEP, _KIND_ATTR, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.PHASE_KIND, A.DATALOADER
+_MONITOR, _PHASE, _DEVICE_DURATION = A.KIND_MONITOR, A.PHASE, A.DEVICE_DURATION
+
+
+class RowRoot:
+    """Stands in for a step's root span in a ``StepView`` built from a span record.
+
+    Processors that mark the root (``train.slow``, GPU attributes, the sample reason) write
+    through ``steps_view.set_span_attribute``, which updates this dict in place: the record's
+    root attributes, so the mark travels with the record to the exporter.
+    """
+
+    __slots__ = ("_attributes",)
+
+    def __init__(self, attributes: dict[str, Any]) -> None:
+        self._attributes = attributes
+
+
+def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
+    """The ``StepView`` of one span record (a step, or a monitoring operation)."""
+    (name, trace_id, root_id, _flags, start, end, attrs, _status, _events, phases,
+     _ids) = rec
+    ctx = (trace_id, root_id)
+    if phases is not None:
+        # A record's phases start with the fields a view's phases have (steps_view.P_*).
+        view = StepView(True, name, RowRoot(attrs), ctx, attrs, start, end,  # type: ignore[arg-type]
+                        phases)
+        view.rank = rank
+        if phases:
+            count_monitoring(view)
+        return view
+    view = StepView(False, attrs.get(_PHASE, name), RowRoot(attrs), ctx,  # type: ignore[arg-type]
+                    attrs, start, end, [])
+    view.rank = rank
+    view.operations.append((view.name, view.duration_ns))
+    view.monitor_ns = view.duration_ns
+    return view
+
+
+def check_row(row: tuple[Any, ...]) -> None:
+    """Refuse a row that could not be encoded (ValueError), before it can fail a batch."""
+    if (type(row) is not tuple or len(row) != 14 or type(row[R_TRACE]) is not int
+            or type(row[R_SPAN]) is not int or type(row[R_START]) is not int
+            or type(row[R_END]) is not int or not isinstance(row[R_ATTRS], dict)):
+        raise ValueError(f"not a span row: {row!r:.200}")
+
+
+def record_span_count(rec: tuple[Any, ...]) -> int:
+    """Spans of one record: the root and its phases."""
+    return 1 + len(rec[C_PHASES] or ())
+
+
+def phase_attributes(step: Any, phase: tuple[Any, ...]) -> dict[str, Any]:
+    """A record phase's span attributes, in their order (extra attributes last, winning)."""
+    ph_name, kind, loader, extra, device = phase[0], phase[1], phase[2], phase[10], phase[11]
+    attrs: dict[str, Any] = {_STEP: step, _PHASE: ph_name, _KIND_ATTR: kind}
+    if loader is not None:
+        attrs[_LOADER] = loader
+    if device is not None:
+        attrs[_DEVICE_DURATION] = device
+    if extra:
+        attrs.update(extra)
+    return attrs
+
+
+def phase_span_ids(phases: Sequence[tuple[Any, ...]], ids: dict[int, int] | None
+                   ) -> list[int]:
+    """The span ids of a record's phases: those user spans asked for, the rest drawn."""
+    n = len(phases)
+    if not ids and 0 < n < len(_ID_STRUCTS):
+        # One draw for all (half the CPU): ``random`` fills a long draw 32 bits at a time,
+        # least significant first, so these are the ids of n 64-bit draws, state included.
+        drawn = list(_ID_STRUCTS[n].unpack(_getrandbits(64 * n).to_bytes(8 * n, "little")))
+        return [i or 1 for i in drawn] if 0 in drawn else drawn
+    rand = _getrandbits
+    return [(ids and ids.get(i)) or rand(64) or 1 for i in range(n)]
+
+
+def phase_end_order(phases: Sequence[tuple[Any, ...]]) -> Sequence[int]:
+    """A record's phase indices in the order their spans ended (a nested phase ends
+    before its parent; ties keep their order). Flat steps are in that order already."""
+    for i in range(1, len(phases)):
+        if phases[i][7] < phases[i - 1][7]:
+            return sorted(range(len(phases)), key=lambda i: phases[i][7])
+    return range(len(phases))
+
+
+def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """A record's span rows, children in the order they ended, the root last.
+
+    Pure: it runs in the training process (in-process export) or in the exporter process,
+    and gives the same rows either way except for the phases' span ids, drawn here.
+    """
+    (name, trace_id, root_id, flags, start, end, attrs, status, events, phases, ids) = rec
+    if phases is None:  # a monitoring operation between steps: one root span
+        return [(name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
+                 INTERNAL_KIND, None, ())]
+    step = attrs[_STEP]
+    span_ids = phase_span_ids(phases, ids)
+    rows = []
+    for i in phase_end_order(phases):
+        (ph_name, _kind, _loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
+         ph_status, ph_events, _extra, _device) = phases[i]
+        ph_attrs = phase_attributes(step, phases[i])
+        rows.append((ph_name, trace_id, span_ids[i], flags,
+                     root_id if parent_ref == root_id else span_ids[parent_ref - 1], False,
+                     ph_start, ph_end,
+                     ph_attrs, ph_status, ph_events, INTERNAL_KIND, None, ()))
+    rows.append((name, trace_id, root_id, flags, 0, False, start, end, attrs, status, events,
+                 INTERNAL_KIND, None, ()))
+    return rows
+
+
+class RowSpanFactory:
+    """Rows -> ``ReadableSpan``s, sharing one Resource, scope and run-constant attributes."""
+
+    def __init__(self, resource: Resource, scope: InstrumentationScope,
+                 run_constants: Mapping[str, Any]) -> None:
+        self.resource = resource
+        self.scope = scope
+        self._base = dict(run_constants)
+        self._attrs_type = run_attributes_type(self._base)
+        self._scopes: dict[tuple[Any, ...], InstrumentationScope] = {}
+
+    @property
+    def run_constants(self) -> dict[str, Any]:
+        """The run's constant attributes, first in every otel-train span."""
+        return self._base
+
+    def span(self, row: tuple[Any, ...]) -> ReadableSpan:
+        """One ``ReadableSpan`` from one row."""
+        (name, trace_id, span_id, flags, parent_id, remote, start, end, attrs, status, events,
+         kind, scope, links) = row
+        trace_flags = TraceFlags(flags)
+        if scope is None:
+            base = self._base
+            if base.keys().isdisjoint(attrs):
+                full = self._attrs_type(base)  # run constants first: one cached block
+            else:  # a row sets a constant's key: a plain dict, so its value is what is sent
+                full = dict(base)
+            full.update(attrs)
+            attrs = full
+            span_scope = self.scope
+        else:
+            span_scope = self._scopes.get(scope)
+            if span_scope is None:
+                span_scope = self._scopes[scope] = InstrumentationScope(*scope)
+        return ReadableSpan(
+            name=name, context=SpanContext(trace_id, span_id, False, trace_flags),
+            parent=SpanContext(trace_id, parent_id, bool(remote), trace_flags)
+            if parent_id else None,
+            resource=self.resource, attributes=attrs,
+            events=tuple(Event(n, a, timestamp=t) for n, t, a in events) if events else (),
+            links=tuple(Link(SpanContext(t, s, True, TraceFlags(f)), a)
+                        for t, s, f, a in links) if links else (),
+            kind=SpanKind.INTERNAL if kind == INTERNAL_KIND else _KINDS.get(kind,
+                                                                          SpanKind.INTERNAL),
+            status=_UNSET if status is None else Status(_CODES.get(status[0], StatusCode.UNSET),
+                                                        status[1]),
+            start_time=start, end_time=end, instrumentation_scope=span_scope)
+
+    def spans(self, rows: Sequence[tuple[Any, ...]]) -> list[ReadableSpan]:
+        """``ReadableSpan``s of ``rows``, in order."""
+        make = self.span
+        return [make(r) for r in rows]
+
+
+def row_from_span(span: ReadableSpan) -> tuple[Any, ...] | None:
+    """The row of any SDK span (a user's span opened with the OTel API), or None if unusable.
+
+    Attribute values are already OTel-valid (the SDK checked them); trace state is not
+    carried (the exporter process re-creates the span with an empty one).
+    """
+    ctx = span.context
+    if ctx is None:
+        return None
+    parent = span.parent
+    scope = span.instrumentation_scope
+    status = span.status
+    return (
+        span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
+        parent.span_id if parent is not None else 0,
+        bool(parent.is_remote) if parent is not None else False,
+        span.start_time or 0, span.end_time or span.start_time or 0,
+        dict(span.attributes or {}),
+        None if status is None or status.status_code is StatusCode.UNSET
+        else (status.status_code.value, status.description),
+        tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in span.events),
+        span.kind.value,
+        (scope.name, scope.version, scope.schema_url) if scope is not None else ("", None, ""),
+        tuple((lk.context.trace_id, lk.context.span_id, int(lk.context.trace_flags),
+               dict(lk.attributes or {})) for lk in span.links),
+    )

@@ -1,0 +1,45 @@
+"""The training-loop benchmark runs end to end (smoke mode), so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "bench_training_loop.py"
+_RATIO = r"\s+(\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]"
+
+
+def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_delivers_spans():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(BENCH), "--smoke"], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for workload in ("gpt", "mlp"):
+        assert f"== {workload}, threads=1" in out
+    for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
+                    "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps"):
+        rows = re.findall(rf"^{variant}{_RATIO}{_RATIO}", out, re.M)
+        assert len(rows) == 2, (variant, out)  # one per workload
+        for med, lo, hi, med_d, lo_d, hi_d in rows:
+            assert float(lo) <= float(med) <= float(hi)
+            assert float(lo_d) <= float(med_d) <= float(hi_d)
+            assert float(med) > 0.2  # a ratio of step times, not a garbage number
+    # The headline columns and the allocation figures are printed.
+    assert "+GIL" in out and "stall" in out and "+bgCPU" in out and "expCPU" in out
+    # otel-otlp exports from the exporter process, whose CPU is measured: not 0 there.
+    exp_cpu = re.findall(r"^otel-otlp .*?(-?\d+)\s+\(one process", out, re.M)
+    assert len(exp_cpu) == 2 and all(int(x) > 0 for x in exp_cpu), out
+    # otel-otlp, otel-thread and the SDK: gc counts and allocations, both workloads.
+    assert len(re.findall(r"gc collections per 1000 steps", out)) == 6
+    assert len(re.findall(r"tracemalloc per step: bare kept", out)) == 6
+    # Spans really reached the real receiver, and otel-train built them.
+    delivered = [int(n) for n in re.findall(r"spans delivered to the receiver by this process: "
+                                            r"(\d+)", out)]
+    assert len(delivered) == 2 and all(n > 0 for n in delivered), out
+    assert re.search(r"otel-none .*\(exporter none; [1-9]\d* built\)", out)
+    assert len(re.findall(r"^otel-recorder .*- \(no export\)$", out, re.M)) == 2, out

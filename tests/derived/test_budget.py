@@ -1,0 +1,184 @@
+"""BudgetSpanProcessor status and warnings, and the advisor's projections."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from span_trees import feed, train_step
+
+from otel_train.derived.budget import BudgetSpanProcessor, advise, budget_status
+from otel_train.derived.overhead import OverheadSpanProcessor
+from otel_train.records.steps_view import SharedStepSpanProcessor
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def make(**kw: object) -> tuple[SharedStepSpanProcessor, OverheadSpanProcessor,
+                                BudgetSpanProcessor]:
+    ov = OverheadSpanProcessor()
+    budget = BudgetSpanProcessor(ov, **kw)  # type: ignore[arg-type]
+    return SharedStepSpanProcessor([ov, budget]), ov, budget
+
+
+def test_status_is_ok_up_to_the_budget_then_warning_then_critical() -> None:
+    assert budget_status(0.05, 0.05, 0.10) == "ok"
+    assert budget_status(0.06, 0.05, 0.10) == "warning"
+    assert budget_status(0.11, 0.05, 0.10) == "critical"
+
+
+def test_one_warning_when_the_budget_is_crossed_not_one_per_step(
+        caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=1)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(50):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=7))  # 7 / 93 = 7.5%: warning
+    msgs = [r.getMessage() for r in caplog.records if "monitoring WARNING" in r.getMessage()]
+    assert len(msgs) == 1 and "7.5%" in msgs[0]
+    assert budget.status() == "warning"
+
+
+def test_going_critical_warns_again(caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=1)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(5):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=7))
+        for i in range(5, 30):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=30))
+    text = caplog.text
+    assert "monitoring WARNING" in text and "monitoring CRITICAL" in text
+    assert budget.status() == "critical"
+
+
+def test_no_status_warning_before_min_steps(caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(min_steps=10)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        feed(shared, train_step(0, step_ms=100, monitor_ms=90))  # eval at step 0
+    assert "monitoring" not in caplog.text
+    assert budget.status() == "critical"  # the status itself is still the truth
+
+
+def test_a_single_slow_operation_warns_once_and_is_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    shared, ov, budget = make(slow_operation_seconds=0.05)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3):
+            feed(shared, train_step(i, step_ms=1000, monitor_ms=60))
+    msgs = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(msgs) == 1 and "'inference'" in msgs[0] and "0.1 s" in msgs[0]
+    assert budget.slow_operations == {"inference": 3}
+
+
+def test_advisor_projects_share_and_smallest_interval_within_budget() -> None:
+    ov = OverheadSpanProcessor()
+    # 2 s steps of training; a 1 s operation every 10 steps
+    for i in range(21):
+        feed(ov, train_step(i, step_ms=3000 if i % 10 == 0 else 2000,
+                            monitor_ms=1000 if i % 10 == 0 else 0))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.operation == "inference"
+    assert adv.interval_steps == 10
+    assert adv.mean_seconds == pytest.approx(1.0)
+    assert adv.projected_share == pytest.approx(1 / (10 * 2))  # c / (k s)
+    # c / (b s) = 1 / (0.05 * 2) = 10 -> every >= 10 steps
+    assert adv.min_interval_steps == 10
+    assert adv.within_budget
+    assert "every >= 10 steps" in adv.advice
+
+
+def test_advisor_says_to_run_an_expensive_operation_less_often() -> None:
+    ov = OverheadSpanProcessor()
+    for i in range(11):  # 180 s snapshot every 5 steps of 3.5 s (the 'hung' evolution-snapshot case)
+        feed(ov, train_step(i, step_ms=3500 + (180_000 if i % 5 == 0 else 0),
+                            monitor_ms=180_000 if i % 5 == 0 else 0, monitor="evolution"))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert not adv.within_budget
+    assert adv.min_interval_steps == math.ceil(180 / (0.05 * 3.5)) == 1029
+    assert "over the 5% budget" in adv.advice
+
+
+def test_a_slow_first_validation_pass_leaves_the_run_ok_and_the_advisor_on_steady_state(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 11.25 ms of training per step; val_loss every 10 steps: 96 ms on its first call
+    # (warm-up), 3.6 ms afterwards: 3.2% in steady state, inside the 5% budget.
+    shared, ov, budget = make()
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(100):
+            val = (96.0 if i == 0 else 3.6) if i % 10 == 0 else 0.0
+            feed(shared, train_step(i, step_ms=11.25 + val, monitor_ms=val, monitor="val_loss"))
+    snap = ov.snapshot()
+    assert snap.cumulative_ratio == pytest.approx((96 + 9 * 3.6) / 1125)  # 11.4%: all counted
+    assert snap.cumulative_ratio > budget.critical
+    assert snap.steady_ratio == pytest.approx(10 * 3.6 / 1125)  # 3.2%
+    assert budget.status() == "ok"
+    assert "monitoring" not in caplog.text  # no budget warning either
+    (adv,) = budget.advice()
+    assert adv.mean_seconds == pytest.approx(0.0036)
+    assert adv.projected_share == pytest.approx(0.032)
+    assert adv.within_budget
+    assert adv.min_interval_steps == math.ceil(3.6 / (0.05 * 11.25)) == 7  # not 23
+    assert "first call 0.096 s: warm-up, left out" in adv.advice
+
+
+def test_budget_must_be_below_critical() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        BudgetSpanProcessor(OverheadSpanProcessor(), budget=0.2, critical=0.1)
+
+
+def test_with_several_ranks_budget_warnings_name_their_rank(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ov = OverheadSpanProcessor()
+    budget = BudgetSpanProcessor(ov, min_steps=1, slow_operation_seconds=0.01, world_size=4)
+    shared = SharedStepSpanProcessor([ov, budget])
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=50))
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("otel-train: rank 0: monitoring CRITICAL") for m in msgs)
+    assert any(m.startswith("otel-train: rank 0: monitoring operation 'inference'")
+               for m in msgs)
+
+
+def test_a_budget_crossed_by_faster_training_alone_warns_within_eight_steps(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # val_loss costs 200 ms every 50 steps. Training at 100 ms per step: 4%, ok. Then steps
+    # get faster (20 ms): the steady ratio climbs past 5% on steps with no monitoring at
+    # all, long before the next eval would check it.
+    shared, ov, budget = make(min_steps=1)
+    crossed = warned = None
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(100):
+            monitor_ms = 200 if i % 50 == 0 else 0
+            feed(shared, train_step(i, step_ms=(20 if i > 50 else 100) + monitor_ms,
+                                    monitor_ms=monitor_ms, monitor="val_loss"))
+            if crossed is None and ov.steady_ratio(settled_only=True) > 0.05:
+                crossed = i
+            if warned is None and "monitoring WARNING" in caplog.text:
+                warned = i
+    assert crossed is not None and warned is not None
+    assert 50 < crossed < 90  # between two evals, well before the next
+    assert crossed <= warned <= crossed + 8
+
+
+def test_light_monitoring_in_every_step_is_checked_every_few_steps_a_heavy_step_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 2 ms of val_loss in every 100 ms step (2%): each step moves the steady ratio a little,
+    # so the status is read every eight steps, not on each. A step whose monitoring is half
+    # the budget or more (here the seed's 20-minute eval freeze) is read at once.
+    shared, ov, budget = make(min_steps=1)
+    reads = []
+    real = ov.steady_ratio
+    ov.steady_ratio = lambda settled_only=False: reads.append(1) or real(settled_only)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(64):
+            feed(shared, train_step(i, step_ms=100, monitor_ms=2, monitor="val_loss"))
+        assert len(reads) == 8  # every eighth step
+        assert budget.status() == "ok" and "monitoring" not in caplog.text
+        reads.clear()
+        for i in range(64, 66):  # the eval froze training: 20 minutes, twice
+            feed(shared, train_step(i, step_ms=1_200_100, monitor_ms=1_200_000,
+                                    monitor="val_loss"))
+        assert len(reads) == 2  # each read at once
+    msgs = [r.getMessage() for r in caplog.records if "monitoring CRITICAL" in r.getMessage()]
+    assert len(msgs) == 1

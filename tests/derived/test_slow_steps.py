@@ -1,0 +1,185 @@
+"""SlowStepSpanProcessor: judged on training time against a robust per-loader baseline,
+warm-up left out, train.slow marking, breakdowns limited by count per window."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import pytest
+from span_trees import feed, step_spans, train_step
+
+from otel_train.common import attributes as A
+from otel_train.derived.slow_steps import SlowStepSpanProcessor
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_step_whose_training_time_is_over_factor_times_the_median_is_counted_and_marked(
+) -> None:
+    slow = SlowStepSpanProcessor(factor=3.0, window_steps=50, warmup_steps=0)
+    for i in range(20):
+        feed(slow, train_step(i, step_ms=100))
+    planted = train_step(20, step_ms=400)  # 400 ms of training
+    feed(slow, planted)
+    feed(slow, train_step(21, step_ms=299))  # just under 3x: not slow
+    assert slow.slow_steps == 1
+    assert planted[-1].attributes[A.SLOW] is True
+    assert slow.median_seconds() == pytest.approx(0.1)
+
+
+def test_a_step_made_long_by_monitoring_is_not_a_slow_step() -> None:
+    slow = SlowStepSpanProcessor(factor=3.0, warmup_steps=0)
+    for i in range(20):
+        feed(slow, train_step(i, step_ms=100))
+    evaluation = train_step(20, step_ms=5100, monitor_ms=5000)  # 100 ms of training
+    feed(slow, evaluation)
+    assert slow.slow_steps == 0
+    assert evaluation[-1].attributes[A.SLOW] is False
+
+
+def test_warm_up_steps_are_neither_judged_nor_in_the_baseline() -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=3, min_history=5)
+    for i in range(3):
+        feed(slow, train_step(i, step_ms=30_000))  # compilation
+    for i in range(3, 8):
+        feed(slow, train_step(i, step_ms=100))
+    assert slow.slow_steps == 0
+    assert slow.median_seconds() == pytest.approx(0.1)  # the compile steps left out
+    feed(slow, train_step(8, step_ms=400))
+    assert slow.slow_steps == 1
+
+
+def test_no_step_is_slow_by_ratio_before_min_history() -> None:
+    slow = SlowStepSpanProcessor(min_history=5, warmup_steps=0)
+    feed(slow, train_step(0, step_ms=100))
+    feed(slow, train_step(1, step_ms=10_000))
+    assert slow.slow_steps == 0
+    assert slow.median_seconds() is None
+
+
+def test_each_loader_has_its_own_baseline() -> None:
+    slow = SlowStepSpanProcessor(factor=2.5, warmup_steps=0)
+    phases = [("forward", "train", 0, 50)]
+    for i in range(40):  # supervised steps of 100 ms, rollouts of 1 s, interleaved
+        feed(slow, step_spans(2 * i, phases, 100, loader="sft"))
+        feed(slow, step_spans(2 * i + 1, phases, 1000, loader="rollout"))
+    assert slow.slow_steps == 0
+    feed(slow, step_spans(80, phases, 300, loader="sft"))  # 3x its own loader
+    assert slow.slow_steps == 1
+    assert "of loader 'sft'" in (slow.last_slow or "")
+
+
+def test_a_loop_that_varies_a_lot_by_nature_does_not_cry_wolf() -> None:
+    # training time spread wide (lognormal, sigma 0.6): 2.5x the median is common here;
+    # the MAD term keeps the threshold above the loop's own spread.
+    rng = random.Random(7)
+    slow = SlowStepSpanProcessor(factor=2.5)
+    for i in range(2000):
+        feed(slow, train_step(i, step_ms=100 * math.exp(rng.gauss(0, 0.6))))
+    share = slow.slow_steps / 2000
+    print(f"wide-spread loop: {slow.slow_steps} of 2000 steps flagged ({share:.2%})")
+    assert share < 0.01  # without the spread term: ~6% (P(lognormal(0, 0.6) > 2.5))
+
+
+def test_a_jittery_healthy_loop_with_evals_flags_well_under_1_percent_and_every_planted_step(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """3000 steps, 8% lognormal jitter, an eval every 50 steps (40x a step), 10 planted
+    steps whose training takes 3x: under 1% flagged in all, every planted step caught and
+    explained with its breakdown."""
+    rng = random.Random(1234)
+    slow = SlowStepSpanProcessor()  # the defaults: factor 2.5, warm-up 5, window 100
+    planted = set(range(137, 3000, 300))
+    flagged: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3000):
+            data_ms = 10 * math.exp(rng.gauss(0, 0.08))
+            compute_ms = 90 * math.exp(rng.gauss(0, 0.08))
+            if i in planted:
+                data_ms, compute_ms = 30.0, 270.0  # 3x on the training side
+            phases = [("data", "train", 0, data_ms),
+                      ("forward", "train", data_ms, data_ms + compute_ms * 0.4),
+                      ("backward", "train", data_ms + compute_ms * 0.4, data_ms + compute_ms)]
+            total = data_ms + compute_ms
+            if i % 50 == 0:  # the eval step: inference + validation loss, 4 s
+                phases += [("inference", "monitor", total, total + 3000),
+                           ("val_loss", "monitor", total + 3000, total + 4000)]
+                total += 4000
+            spans = step_spans(i, phases, total + 0.5)
+            feed(slow, spans)
+            if spans[-1].attributes[A.SLOW]:
+                flagged.append(i)
+    false_positives = [i for i in flagged if i not in planted]
+    print(f"jittery loop: {len(flagged)} of 3000 flagged ({len(flagged) / 3000:.2%}), "
+          f"{len(false_positives)} not planted; {len(planted)} planted")
+    assert planted <= set(flagged)
+    assert len(flagged) / 3000 < 0.01
+    assert len(false_positives) <= 3
+    explained = [r.getMessage() for r in caplog.records if "slow step" in r.getMessage()]
+    for i in planted:
+        text = next(t for t in explained if t.startswith(f"otel-train: slow step {i}:"))
+        assert "training 0.300 s" in text and "forward" in text and "backward" in text
+
+
+def test_an_absolute_limit_flags_training_time_after_warm_up() -> None:
+    slow = SlowStepSpanProcessor(absolute_seconds=0.15, warmup_steps=1)
+    feed(slow, train_step(0, step_ms=200))  # warm-up
+    assert slow.slow_steps == 0
+    spans = train_step(1, step_ms=200)
+    feed(slow, spans)
+    assert slow.slow_steps == 1 and spans[-1].attributes[A.SLOW] is True
+    feed(slow, train_step(2, step_ms=1100, monitor_ms=1000))  # 100 ms of training
+    assert slow.slow_steps == 1
+
+
+def test_the_slow_step_warning_shows_the_phase_breakdown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0)
+    for i in range(10):
+        feed(slow, train_step(i, step_ms=100))
+    phases = [("generation", "train", 0, 452), ("test_gen", "train", 452, 573),
+              ("inference", "monitor", 573, 640)]
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        feed(slow, step_spans(10, phases, 653))
+    text = caplog.text
+    assert ("slow step 10: training 0.586 s (5.9x the median 0.100 s of loader 'train'); "
+            "step 0.653 s") in text
+    assert "generation" in text and "69.2%" in text
+    assert "inference" in text and "[monitor]" in text
+    assert "other" in text and "(not in any phase)" in text
+    lines = slow.last_slow.splitlines() if slow.last_slow else []
+    assert [ln.split()[0] for ln in lines[1:]] == ["generation", "test_gen", "inference", "other"]
+
+
+def test_explanations_are_limited_by_count_per_window_not_by_time(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = SlowStepSpanProcessor(absolute_seconds=0.05, warmup_steps=0, max_explanations=3,
+                                 explain_window_steps=100)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(20):  # a burst: 20 slow steps in a row, all within a second
+            feed(slow, train_step(i, step_ms=100))
+        for i in range(20, 100):
+            feed(slow, train_step(i, step_ms=10))
+        feed(slow, train_step(100, step_ms=100))  # a new window: explained again
+    assert slow.slow_steps == 21
+    explained = [r.getMessage() for r in caplog.records if "slow step" in r.getMessage()]
+    assert [t.split(":")[1].strip() for t in explained] == [
+        "slow step 0", "slow step 1", "slow step 2", "slow step 100"]
+    assert slow.unexplained == 17
+    assert "17 more slow step(s) before this one were counted but not explained" in explained[-1]
+
+
+def test_with_several_ranks_the_explanation_names_its_rank() -> None:
+    slow = SlowStepSpanProcessor(absolute_seconds=0.05, warmup_steps=0, world_size=4)
+    feed(slow, step_spans(3, [("forward", "train", 0, 90)], 100, rank=2))
+    assert (slow.last_slow or "").startswith("otel-train: slow step 3 (rank 2): training")
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="slow_step_factor"):
+        SlowStepSpanProcessor(factor=1.0)
+    with pytest.raises(ValueError, match="slow_step_seconds"):
+        SlowStepSpanProcessor(absolute_seconds=0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        SlowStepSpanProcessor(warmup_steps=-1)

@@ -1,0 +1,612 @@
+"""The exporter process: span records down a pipe, spans out of a child process, counts back.
+
+Real child processes, a real OTLP gRPC receiver and real span files; faults are real too:
+the child is killed, stopped (SIGSTOP) or orphaned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from otlp_receivers import GrpcOtlpReceiver
+from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
+
+import otel_train
+from otel_train.common.drop_counter import DropCounter
+from otel_train.export.process.client import ExportProcessClient
+from otel_train.export.span_file import OtlpJsonFileSpanExporter
+from otel_train.common.sdk_config import ExportPlan
+from otel_train.records.span_rows import record_span_count, rows_from_record
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _train(run: otel_train.Run, steps: int, start: int = 0) -> None:
+    for step in run.steps(range(start, start + steps)):
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+        if step.index % 5 == 0:
+            with step.monitor("val_loss"):
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    assert isinstance(client, ExportProcessClient)
+    assert client.pid != os.getpid() and _alive(client.pid)
+    assert f"exporter process pid {client.pid}" in run.export_plan.describe()
+    _train(run, 20)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    assert len(spans) == 20 * 4 + 4  # root, data, 2 phases per step; val_loss on 4 steps
+    assert {s.name for s in spans} == {"train.step", "data", "forward", "backward", "val_loss"}
+    assert _wait_gone(client.pid, 5)
+    assert run._telemetry.worker.spans_built == len(spans)
+    assert run.costs()["steps"] == 20
+
+
+def test_the_exporter_process_cpu_is_served_as_a_prometheus_counter(tmp_path: Path) -> None:
+    import urllib.request
+
+    run = start_test_run(tmp_path, prometheus_port=0)
+    _train(run, 50)
+    assert run.flush(timeout_seconds=10)
+    text = urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=5).read().decode()
+    run.shutdown(timeout=10)
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("otel_train_exporter_process_cpu_seconds_total{"))
+    assert 'rank="0"' in line
+    assert float(line.split()[-1]) > 0.0  # its start-up alone (imports) costs CPU
+
+
+def test_the_costs_report_the_exporter_process_cpu_beside_this_process(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    _train(run, 20)
+    assert run.flush(timeout_seconds=10)
+    costs = run.costs()
+    run.shutdown(timeout=10)
+    assert costs["exporter_process_cpu_seconds"] > 0.0
+    # Start-up (imports: most of a short run's) is told apart from the per-step work.
+    startup = costs["exporter_process_startup_cpu_seconds"]
+    assert 0.0 < startup <= costs["exporter_process_cpu_seconds"]
+    assert costs["exporter_process_cpu_seconds_per_step"] == pytest.approx(
+        (costs["exporter_process_cpu_seconds"] - startup) / costs["steps"])
+    assert "exporter process" in str(costs).splitlines()[-1]
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["exporter_process_cpu_seconds"] > 0.0
+    in_process = start_test_run(tmp_path / "thread", export_process=False)
+    _train(in_process, 2)
+    assert "exporter_process_cpu_seconds" not in in_process.costs()
+    in_process.shutdown(timeout=10)
+
+
+def test_export_process_false_keeps_the_export_thread_in_the_training_process(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, export_process=False)
+    assert not isinstance(run._telemetry.export, ExportProcessClient)
+    assert "exporter process" not in run.export_plan.describe()
+    _train(run, 5)
+    run.shutdown(timeout=10)
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 5 * 4 + 1
+
+
+def _records_of_every_shape(tmp_path: Path) -> tuple[list[tuple], object]:
+    """Span records (steps with attributes, monitoring, a failed step) and their builder."""
+    run = start_test_run(tmp_path, exporter="none")
+    run._telemetry.worker.paused = True
+    for step in run.steps(range(12)):
+        with step.phase("forward") as ph:
+            ph.set_attribute("tokens", step.index * 7)
+        with step.monitor("inference"):
+            pass
+        step.set_attribute("train.loss", 1.0 / (1 + step.index))
+    try:
+        with run.step() as step:
+            with step.phase("forward"):
+                raise RuntimeError("nan loss")
+    except RuntimeError:
+        pass
+    builder = run._telemetry.builder
+    recs = [builder.record(r) for r in list(run._recorder.queue)]
+    run.shutdown(timeout=5)
+    return recs, builder
+
+
+def _comparable(requests: list[dict]) -> list[str]:
+    """Spans of OTLP JSON requests as sorted-key JSON, span ids named by trace and name
+    (phase span ids are drawn where the rows are made, so they differ run to run)."""
+    spans = []
+    for request in requests:
+        for rs in request["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                spans += [(rs["resource"], ss["scope"], sp) for sp in ss["spans"]]
+    names = {sp["spanId"]: f"{sp['traceId']}/{sp['name']}" for _, _, sp in spans}
+    out = []
+    for resource, scope, sp in spans:
+        sp = dict(sp, spanId=names[sp["spanId"]],
+                  parentSpanId=names.get(sp.get("parentSpanId", ""), ""))
+        out.append(json.dumps([resource, scope, sp], sort_keys=True))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "http", "grpc"])
+def test_the_child_writes_the_same_otlp_as_the_training_process_would(
+        tmp_path: Path, kind: str) -> None:
+    """The same spans, span ids of phases aside: records exported by the child (OTLP
+    encoded straight from rows, or the span file from spans) and in-process."""
+    from google.protobuf.json_format import MessageToDict
+    from otlp_receivers import HttpOtlpReceiver
+
+    from otel_train.export.otlp.encoding import _Encoder
+
+    recs, builder = _records_of_every_shape(tmp_path)
+    total = sum(record_span_count(r) for r in recs)
+    here_spans = builder.factory.spans([row for rec in recs for row in rows_from_record(rec)])
+    receiver = {"http": HttpOtlpReceiver, "grpc": GrpcOtlpReceiver}.get(kind)
+    with (receiver() if receiver else _nothing()) as server:
+        if kind == "jsonl":
+            plan = ExportPlan("jsonl", path=tmp_path / "child.jsonl")
+        else:
+            plan = ExportPlan("otlp", endpoint=server.endpoint,
+                              protocol="grpc" if kind == "grpc" else "http/protobuf")
+        drops = DropCounter()
+        client = ExportProcessClient(plan, builder.factory.resource, builder.factory.scope,
+                                     builder.run_constants, drops, 10_000, 512, 0.05)
+        for i, rec in enumerate(recs):
+            client.send_record(rec, record_span_count(rec))
+            if i % 3 == 2:
+                client.end_drain()
+        assert client.force_flush(10_000)
+        client.shutdown(5)
+        assert drops.counts() == {}
+        assert client.exported == total
+        if kind == "jsonl":
+            child = [json.loads(line) for line in
+                     (tmp_path / "child.jsonl").read_text().splitlines()]
+            here = OtlpJsonFileSpanExporter(tmp_path / "here.jsonl")
+            here.export(here_spans)
+            here.shutdown()
+            mine = [json.loads(line) for line in
+                    (tmp_path / "here.jsonl").read_text().splitlines()]
+        else:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest,
+            )
+            child = [MessageToDict(r) for r in server.requests()]
+            mine = [MessageToDict(ExportTraceServiceRequest.FromString(
+                _Encoder().request(here_spans)))]
+    got, want = _comparable(child), _comparable(mine)
+    assert len(got) == total == len(want)
+    assert sorted(got) == sorted(want)  # OTLP batches may split where the file's did not
+    assert any('"nan loss"' in s for s in got)  # the failed step's exception event
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_user_spans_nest_under_their_phase_through_the_child(tmp_path: Path) -> None:
+    with GrpcOtlpReceiver() as receiver:
+        run = otel_train.start_run(exporter="otlp", otlp_endpoint=receiver.endpoint,
+                                   otlp_protocol="grpc", prometheus_port=None, console=False,
+                                   status_dir=str(tmp_path), export_interval_seconds=0.05)
+        tracer = trace.get_tracer("user.code")
+        for step in run.steps(range(3)):
+            with step.phase("forward"):
+                with tracer.start_as_current_span("attention", attributes={"layer": 3}):
+                    pass
+        run.shutdown(timeout=10)
+        spans = receiver.wait_for_spans(3 * 4, timeout_seconds=10)
+    user = [s for s in spans if s.name == "attention"]
+    forward = {s.span_id: s for s in spans if s.name == "forward"}
+    assert len(user) == 3
+    assert all(u.parent_span_id in forward for u in user)
+    assert all(u.attributes["layer"] == 3 for u in user)
+
+
+def test_a_killed_child_is_counted_and_export_falls_back_to_the_training_process(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:  # all its threads gone
+        time.sleep(0.02)
+    _train(run, 10, start=10)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    steps = sorted(s.attributes["train.step"] for s in spans if s.name == "train.step")
+    assert steps == list(range(20))  # flushed before the kill, and after it from here
+    assert run.drops.counts().get("export_failed", 0) == 0  # nothing was held at the kill
+
+
+_NEVER_READY_AT_EXIT = textwrap.dedent("""
+    import sys
+    from otel_train.export.process import client as export_process
+    # A machine too slow to start the exporter process before this short run ends: the
+    # child never reports ready, so the shutdown at interpreter exit takes over.
+    export_process.ExportProcessClient._ready = property(lambda self: False,
+                                                         lambda self, value: None)
+    import otel_train
+    run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
+                               otlp_protocol=sys.argv[2], prometheus_port=None, console=False,
+                               status_dir=sys.argv[3], shutdown_timeout_seconds=5.0)
+    for step in run.steps(range(4)):
+        with step.phase("forward"):
+            pass
+    assert "opentelemetry.exporter.otlp.proto.grpc.trace_exporter" not in sys.modules
+    # No shutdown: the run ends with the interpreter (atexit). It waits 60% of its 5 s for
+    # the child, then has 2 s to import an exporter here and send (room for a slow CI box).
+""")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_short_run_whose_child_never_started_exports_from_here_at_interpreter_exit(
+        tmp_path: Path, protocol: str) -> None:
+    from otlp_receivers import HttpOtlpReceiver
+    receiver = GrpcOtlpReceiver() if protocol == "grpc" else HttpOtlpReceiver()
+    with receiver as recv:
+        proc = subprocess.run(
+            [sys.executable, "-c", _NEVER_READY_AT_EXIT, recv.endpoint, protocol,
+             str(tmp_path)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        # It took no step, so no warning that the metrics lost the child's steps.
+        assert "last state" not in proc.stderr, proc.stderr[-3000:]
+        spans = recv.wait_for_spans(8, 10)
+    assert sorted(s.attributes["train.step"] for s in spans if s.name == "train.step") == [
+        0, 1, 2, 3]
+
+
+def test_shutdown_keeps_its_bound_when_the_child_is_stuck_and_counts_every_span(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    run.flush(timeout_seconds=10)  # the child is up
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        _train(run, 50)
+        t0 = time.monotonic()
+        run.shutdown(timeout=1.0)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.kill(client.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert took < 1.0 + 0.5, took
+    assert run.drops.counts().get("shutdown_timeout") == 50 * 4 + 10
+    assert _wait_gone(client.pid, 5)  # killed at the deadline
+
+
+def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, max_queued_spans=300)
+    client = run._telemetry.export
+    run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        for _ in range(40):  # ~6k spans: more than the pipe and the 300-span bound hold
+            _train(run, 50, start=run._recorder.next_index)
+            run._telemetry.worker.drain()
+        dropped = run.drops.counts().get("export_queue_full", 0)
+        assert dropped > 0
+        assert client._outbox_spans <= 300 + 50 * 4 + 10  # bound + the newest frame
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    run.shutdown(timeout=10)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    counts = run.drops.counts()
+    recorded = 40 * (50 * 4 + 10)
+    assert len(spans) + sum(counts.values()) == recorded, counts  # every span accounted for
+    last = max(s.attributes["train.step"] for s in spans if s.name == "train.step")
+    assert last == 40 * 50 - 1  # the newest steps survived
+
+
+_ORPHAN = textwrap.dedent("""
+    import os, sys, time, signal
+    import otel_train
+    run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
+                               prometheus_port=None, console=False, status_dir=sys.argv[1])
+    for step in run.steps(range(30)):
+        with step.phase("forward"):
+            pass
+    run._telemetry.worker.drain()
+    client = run._telemetry.export
+    while client.sent_spans < 90:  # handed over once the child is up
+        time.sleep(0.01)
+    print("CHILD", client.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no atexit
+""")
+
+
+def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path)], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pid = int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD")).split()[1])
+    assert _wait_gone(pid, 8), "the exporter process outlived its training process"
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    assert len(spans) == 30 * 3  # what was handed over before the kill was written
+
+
+def test_the_child_ignores_the_launchers_sigterm_and_flushes_through_the_run(
+        tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import os, sys, time
+        import otel_train
+        run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
+                                   prometheus_port=None, console=False, status_dir=sys.argv[1])
+        print("CHILD", run._telemetry.export.pid, flush=True)
+        for step in run.steps(range(10**9)):
+            with step.phase("forward"):
+                time.sleep(0.001)
+            if step.index == 100:
+                print("READY", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pid = int(proc.stdout.readline().split()[1])
+    assert proc.stdout.readline().startswith("READY")
+    os.killpg(proc.pid, signal.SIGTERM)  # as a launcher or `kill -- -pgid` does
+    proc.wait(20)
+    assert proc.returncode == -signal.SIGTERM
+    assert _wait_gone(pid, 5)
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    steps = [s for s in spans if s.name == "train.step"]
+    assert len(steps) > 100
+    assert len(spans) == 3 * len(steps)  # each step whole: root, data, forward
+
+
+def test_a_malformed_record_is_counted_and_never_fails_the_batch_it_came_with(
+        tmp_path: Path) -> None:
+    from otlp_receivers import HttpOtlpReceiver
+
+    recs, builder = _records_of_every_shape(tmp_path)
+    good = recs[:3]
+    # A monitoring record whose attributes are not a dict: its row cannot be encoded.
+    bad = recs[0][:6] + ("not a dict",) + recs[0][7:9] + (None, None)
+    with HttpOtlpReceiver() as receiver:
+        drops = DropCounter()
+        client = ExportProcessClient(
+            ExportPlan("otlp", endpoint=receiver.endpoint, protocol="http/protobuf"),
+            builder.factory.resource, builder.factory.scope, builder.run_constants, drops,
+            10_000, 512, 0.05)
+        for rec in (good[0], bad, *good[1:]):
+            client.send_record(rec, record_span_count(rec))
+        client.end_drain()
+        assert client.force_flush(10_000)
+        client.shutdown(5)
+        total = sum(record_span_count(r) for r in good)
+        assert drops.counts() == {"build_error": 1}
+        assert client.exported == total
+        assert len(receiver.spans()) == total  # the good spans of the same frame arrived
+
+
+# -- the derived metrics in the exporter process (derived_chain.py) ---------------------------
+def _scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    out = {}
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            name, _, val = ln.rpartition(" ")
+            out[name] = float(val)
+    return out
+
+
+def test_the_derived_metrics_run_in_the_exporter_process_and_this_process_serves_a_copy(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0)
+    derived = run._telemetry.derived
+    assert derived.remote is run._telemetry.export
+    _train(run, 50)
+    costs = run.costs()  # no flush: costs() waits for the child's state after those steps
+    assert costs["steps"] == 50
+    assert costs["operations"]["val_loss"]["calls"] == 10
+    metrics = _scrape(run.prometheus_url)
+    assert metrics['otel_train_steps_total{rank="0"}'] == 50
+    assert metrics['otel_train_phase_duration_seconds_count{kind="train",loader="",'
+                   'phase="forward",rank="0"}'] == 50
+    # This process built the records and fed no processor: the child did.
+    assert derived.shared.assembler.views == 0
+    assert derived.state_loads >= 1
+    run.shutdown(timeout=10)
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["steps"] == 50
+
+
+def test_a_slow_step_is_judged_in_the_child_and_marked_in_the_exported_span(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = start_test_run(tmp_path, console=True, log_every=1000,
+                         console_min_interval_seconds=0)
+    assert run._telemetry.derived.remote is not None
+    with caplog.at_level("WARNING", logger="otel_train"):
+        for step in run.steps(range(30), loader="train"):
+            with step.phase("forward"):
+                time.sleep(0.01 if step.index != 20 else 0.5)
+        run.shutdown(timeout=10)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
+             if s.name == "train.step"}
+    assert roots[20].attributes["train.slow"] is True
+    # The copy here counts exactly the steps the child marked (a loaded machine may make
+    # another 10 ms step slow too).
+    marked = sum(r.attributes["train.slow"] for r in roots.values())
+    assert marked == run._telemetry.derived.slow.slow_steps >= 1
+    # The child's warning reaches this process's logger; its console lines this stderr.
+    assert any("slow step 20" in r.getMessage() for r in caplog.records)
+    err = capsys.readouterr().err
+    assert "step 0 [warm-up]:" in err and "step 20:" in err and "slow step" in err
+
+
+def test_gpu_readings_of_this_process_reach_the_spans_the_child_exports(tmp_path: Path) -> None:
+    from otel_train.derived.gpu import GpuSample
+
+    run = start_test_run(tmp_path)
+    derived = run._telemetry.derived
+    assert derived.remote is not None
+    derived.gpu_steps.on_samples([GpuSample(0, 0.75, 3 << 30, 8 << 30, time.time_ns())])
+    _train(run, 3)
+    run.shutdown(timeout=10)
+    roots = [s for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"]
+    assert len(roots) == 3
+    assert all(r.attributes["train.gpu.utilization_ratio"] == 0.75 for r in roots)
+    assert all(r.attributes["train.gpu.memory_used_bytes"] == 3 << 30 for r in roots)
+
+
+def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    assert run.flush(timeout_seconds=10)  # exported and its state here
+    assert run.costs()["steps"] == 10
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.02)
+    _train(run, 15, start=10)
+    costs = run.costs()
+    assert costs["steps"] == 25  # the state at 10, then 15 steps fed here
+    assert costs["operations"]["val_loss"]["calls"] == 5
+    assert _scrape(run.prometheus_url)['otel_train_steps_total{rank="0"}'] == 25
+    run.shutdown(timeout=10)
+    steps = sorted(s.attributes["train.step"]
+                   for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step")
+    assert steps == list(range(25))
+
+
+def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
+        tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=0.0,
+                         sample_keep_first_steps=2)
+    derived = run._telemetry.derived
+    assert derived.remote is run._telemetry.export  # the chain and the sampler: there
+    tracer = trace.get_tracer("user")
+    for step in run.steps(range(20)):
+        with step.phase("forward"), tracer.start_as_current_span("user-work") as span:
+            if step.index == 7:  # a user span that failed keeps its step
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "bad batch"))
+    with tracer.start_as_current_span("user-root"):  # a root of the user's: by the ratio
+        pass
+    assert run.flush(timeout_seconds=10)
+    metrics = _scrape(run.prometheus_url)
+    run.shutdown(timeout=10)
+    assert derived.shared.assembler.views == 0  # nothing fed here: the child did
+    spans = read_file_spans(tmp_path / "spans.jsonl")
+    roots = {s.attributes["train.step"]: s for s in spans if s.name == "train.step"}
+    reasons = {i: r.attributes["train.sample.reason"] for i, r in roots.items()}
+    assert {0: "first", 1: "first", 7: "error"}.items() <= reasons.items()
+    assert set(reasons.values()) <= {"first", "error", "slow"}  # a us step may look slow
+    users = [s for s in spans if s.name == "user-work"]
+    assert sorted(u.trace_id for u in users) == sorted(r.trace_id for r in roots.values())
+    assert not any(s.name == "user-root" for s in spans)
+    # Left out, counted as sampled out (not dropped): 4 spans a step (root, data, forward,
+    # user-work) and the user's root; the metrics saw all 20 steps.
+    out = 4 * (20 - len(roots)) + 1
+    assert metrics['otel_train_spans_sampled_out_total{rank="0"}'] == out
+    assert metrics['otel_train_steps_total{rank="0"}'] == 20
+    assert run.dropped_spans() == {}
+    assert derived.sampler.sampled_out_spans == out  # the copy here, from the child's state
+
+
+def test_a_sampled_run_whose_child_dies_exports_every_step_after_it(tmp_path: Path) -> None:
+    run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2,
+                         export_interval_seconds=0.05)
+    client = run._telemetry.export
+    _train(run, 10)
+    assert run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while client._proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.02)
+    _train(run, 10, start=10)
+    run.shutdown(timeout=10)
+    steps = {s.attributes["train.step"]: s.attributes.get("train.sample.reason")
+             for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"}
+    # Before: the child's decisions (the first two, monitoring every 5th step; a us step may
+    # also look slow). After: fail open, every step, undecided.
+    assert {0, 1, 5} <= set(steps) and set(range(10, 20)) <= set(steps)
+    assert all(steps[i] is None for i in range(10, 20))
+    assert steps[1] == "first" and steps[0] == steps[5] == "monitor"
+    assert run._telemetry.derived.sampler.sampled_out_spans > 0  # the child's, until it died
+
+
+@pytest.mark.parametrize("options", [{"metrics_in_export_process": False},
+                                     {"export_process": False}])
+def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
+        tmp_path: Path, options: dict) -> None:
+    run = start_test_run(tmp_path, **options)
+    derived = run._telemetry.derived
+    assert derived.remote is None
+    _train(run, 10)
+    assert run.costs()["steps"] == 10
+    assert derived.shared.assembler.views == 10  # every step fed here
+    run.shutdown(timeout=10)
+
+
+def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from otel_train.derived.stage import DerivedMetricsStage
+
+    handed_over = DerivedMetricsStage.run_in_exporter_process
+
+    def broken(self: DerivedMetricsStage, client: ExportProcessClient) -> None:
+        self.settings = {k: v for k, v in self.settings.items() if k != "window"}
+        handed_over(self, client)
+
+    monkeypatch.setattr(DerivedMetricsStage, "run_in_exporter_process", broken)
+    with caplog.at_level("WARNING", logger="otel_train"):
+        run = start_test_run(tmp_path)
+        client = run._telemetry.export
+        end = time.monotonic() + 10
+        while not client._feed_here and time.monotonic() < end:
+            time.sleep(0.05)
+        assert client._feed_here and not client.derives_metrics
+        _train(run, 20)
+        assert run.costs()["steps"] == 20
+        run.shutdown(timeout=10)
+    assert any("could not run the derived metrics" in r.getMessage() for r in caplog.records)
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 20 * 4 + 4  # export unharmed

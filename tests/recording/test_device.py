@@ -1,0 +1,186 @@
+"""Device timing, with a faithful fake of ``torch.accelerator`` (asynchronous work queue).
+
+On an accelerator a launch returns at once and the work finishes later; only a synchronize
+(or a host read such as ``.item()``) waits for it. ``device_sync="sync"`` must charge the
+work to the phase that launched it; ``"off"`` leaves it to whichever phase waits next.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
+    SLACK_SECONDS,
+    FakeAccelerator,
+    clean_env,
+    one,
+    run_spans,
+    start_test_run,
+)
+
+import otel_train.run
+from otel_train.recording import device as device_mod
+from otel_train.recording.device import resolve_device_timing
+
+pytestmark = pytest.mark.timeout(60)
+
+WORK = 0.1  # seconds of simulated device work
+
+
+def test_fake_accelerator_is_asynchronous_until_synchronized():
+    fake = FakeAccelerator()
+    t0 = time.monotonic()
+    fake.launch(WORK)
+    assert time.monotonic() - t0 < WORK  # the launch itself does not wait
+    assert fake.pending_seconds > 0
+    fake.synchronize()
+    assert time.monotonic() - t0 >= WORK
+    assert fake.pending_seconds == 0
+
+
+def test_sync_mode_with_an_accelerator_synchronizes():
+    fake = FakeAccelerator()
+    timing = resolve_device_timing("sync", accelerator=fake)
+    assert timing.synced is True
+    assert timing.device_type == "cuda"
+    assert timing.synchronize == fake.synchronize
+    assert "synchronized" in timing.describe()
+
+
+def test_auto_mode_with_an_accelerator_synchronizes():
+    timing = resolve_device_timing("auto", accelerator=FakeAccelerator(device_type="xpu"))
+    assert timing.synced is True
+    assert timing.device_type == "xpu"
+
+
+def test_off_mode_with_an_accelerator_uses_the_host_clock():
+    timing = resolve_device_timing("off", accelerator=FakeAccelerator())
+    assert timing.synced is False
+    assert timing.synchronize is None
+    assert timing.device_type == "cuda"
+    assert "device_sync=off" in timing.describe()
+
+
+def test_auto_mode_on_this_cpu_only_torch_uses_the_host_clock():
+    timing = resolve_device_timing("auto")
+    assert timing.synced is False
+    assert timing.device_type == "cpu"
+    assert "cpu" in timing.describe()
+
+
+def test_sync_mode_without_an_accelerator_is_not_synced():
+    timing = resolve_device_timing("sync", accelerator=FakeAccelerator(available=False))
+    assert (timing.synced, timing.device_type) == (False, "cpu")
+
+
+def test_a_broken_accelerator_degrades_to_the_host_clock():
+    class Broken(FakeAccelerator):
+        def is_available(self) -> bool:
+            raise RuntimeError("driver/library version mismatch")
+
+    timing = resolve_device_timing("auto", accelerator=Broken())
+    assert (timing.synced, timing.device_type) == (False, "cpu")
+
+
+def test_old_torch_without_accelerator_module_falls_back_to_torch_cuda():
+    synced = []
+    cuda = types.SimpleNamespace(is_available=lambda: True,
+                                 synchronize=lambda device=None: synced.append(device))
+    old_torch = types.SimpleNamespace(cuda=cuda, device=lambda t: types.SimpleNamespace(type=t))
+    api = device_mod._accelerator_api(old_torch)
+    timing = resolve_device_timing("auto", accelerator=api)
+    assert (timing.synced, timing.device_type) == (True, "cuda")
+    timing.synchronize()
+    assert synced == [None]
+
+
+# -- a whole run on the fake accelerator ---------------------------------------------------
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
+    """Runs resolve their device timing against the fake (the only thing patched)."""
+    acc = FakeAccelerator()
+    real = resolve_device_timing
+    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
+    return acc
+
+
+def _train_one_step(run, fake: FakeAccelerator) -> None:
+    for step in run.steps([0], loader="train"):
+        with step.phase("forward"):
+            fake.launch(WORK)  # asynchronous kernels
+        with step.phase("optimizer"):
+            fake.item()  # e.g. loss.item(): the host waits for the device here
+
+
+def test_sync_mode_charges_async_work_to_the_phase_that_launched_it(tmp_path, fake):
+    with start_test_run(tmp_path, device_sync="sync") as run:
+        assert run.device.synced
+        _train_one_step(run, fake)
+    spans = run_spans(run)
+    forward, optimizer = one(spans, "forward"), one(spans, "optimizer")
+    assert WORK <= forward.duration_seconds < WORK + SLACK_SECONDS
+    assert optimizer.duration_seconds < WORK / 2
+    assert fake.synchronize_calls >= 4
+    for span in spans:
+        assert span.attributes["train.device.synced"] is True
+        assert span.attributes["train.device.type"] == "cuda"
+
+
+def test_auto_mode_with_the_fake_accelerator_syncs_in_a_run(tmp_path, fake):
+    with start_test_run(tmp_path) as run:
+        _train_one_step(run, fake)
+    spans = run_spans(run)
+    assert one(spans, "forward").duration_seconds >= WORK
+    assert all(s.attributes["train.device.synced"] is True for s in spans)
+
+
+def test_off_mode_lets_async_work_land_in_the_phase_that_waits(tmp_path, fake):
+    with start_test_run(tmp_path, device_sync="off") as run:
+        assert not run.device.synced
+        _train_one_step(run, fake)
+    spans = run_spans(run)
+    forward, optimizer = one(spans, "forward"), one(spans, "optimizer")
+    assert forward.duration_seconds < WORK / 2
+    assert WORK / 2 <= optimizer.duration_seconds < WORK + SLACK_SECONDS
+    assert forward.duration_seconds + optimizer.duration_seconds >= WORK * 0.99
+    assert fake.synchronize_calls == 0
+    for span in spans:
+        assert span.attributes["train.device.synced"] is False
+
+
+def test_monitor_phases_are_synchronized_too(tmp_path, fake):
+    with start_test_run(tmp_path, device_sync="sync") as run:
+        for step in run.steps([0]):
+            with step.monitor("inference"):
+                fake.launch(WORK)
+        with run.monitor("snapshot"):  # outside any step
+            fake.launch(WORK)
+    spans = run_spans(run)
+    assert one(spans, "inference").duration_seconds >= WORK
+    assert one(spans, "snapshot").duration_seconds >= WORK
+
+
+def test_the_step_ends_after_its_device_work(tmp_path, fake):
+    with start_test_run(tmp_path, device_sync="sync") as run:
+        for _step in run.steps([0]):
+            fake.launch(WORK)  # in the loop body, outside any phase
+    assert one(run_spans(run), "train.step").duration_seconds >= WORK
+
+
+def test_sync_mode_charges_device_work_of_the_fetch_to_the_data_phase(tmp_path, fake):
+    class DeviceLoader:
+        def __iter__(self):
+            for i in range(1):
+                fake.launch(WORK)  # e.g. batch.to("cuda", non_blocking=True)
+                yield i
+
+    with start_test_run(tmp_path, device_sync="sync") as run:
+        for step in run.steps(DeviceLoader()):
+            with step.phase("forward"):
+                pass
+    spans = run_spans(run)
+    assert one(spans, "data").duration_seconds >= WORK

@@ -1,0 +1,460 @@
+"""Span building off the hot path: StepSpanBuilder (records -> ReadableSpans) and the worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from time import perf_counter_ns
+
+import pytest
+import torch
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import StatusCode
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+from otel_train.records.attribute_values import DEFAULT_VALUE_LENGTH, MAX_SEQUENCE_ITEMS
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.identity import RunIdentity, step_trace_id
+from otel_train.recording.recorder import MonitorRecord, Recorder, Step
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.pipeline.span_worker import SpanBuildWorker
+from otel_train.records.step_records import StepSpanBuilder, epoch_offset_ns
+
+pytestmark = pytest.mark.timeout(30)
+
+IDENT = RunIdentity("run-s", rank=1, world_size=4, local_rank=1, run_id_source="option")
+RESOURCE = Resource.create({"service.name": "spans-test"})
+SCOPE = InstrumentationScope("otel_train", "0.1.0")
+
+
+def _builder(sampled: bool = True, synced: bool = False) -> StepSpanBuilder:
+    return StepSpanBuilder(IDENT, RESOURCE, SCOPE, synced, "cpu", lambda tid: sampled,
+                           epoch_offset_ns())
+
+
+def _step(rec: Recorder, index: int = 3, loader: str | None = "train") -> Step:
+    step = Step(rec, index, loader)
+    with step.phase("forward"):
+        with step.phase("attention"):
+            pass
+    with step.monitor("inference"):
+        pass
+    step._finish(None)
+    return step
+
+
+class Collect(SpanProcessor):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+
+def test_a_step_becomes_a_root_and_one_child_per_phase_children_first():
+    rec = Recorder(10, DropCounter(), None)
+    spans = _builder().build(_step(rec))
+    assert [s.name for s in spans] == ["attention", "forward", "inference", "train.step"]
+    root = spans[-1]
+    assert root.parent is None
+    by = {s.name: s for s in spans}
+    assert by["forward"].parent.span_id == root.context.span_id
+    assert by["inference"].parent.span_id == root.context.span_id
+    assert by["attention"].parent.span_id == by["forward"].context.span_id
+    assert {s.context.trace_id for s in spans} == {step_trace_id("run-s", 3)}
+    assert len({s.context.span_id for s in spans}) == 4
+    assert all(s.context.trace_flags.sampled for s in spans)
+    assert all(s.resource is RESOURCE and s.instrumentation_scope is SCOPE for s in spans)
+
+
+def test_spans_carry_the_contract_attributes():
+    rec = Recorder(10, DropCounter(), None)
+    spans = {s.name: s for s in _builder(synced=True).build(_step(rec))}
+    root = spans["train.step"]
+    assert root.attributes["train.run.id"] == "run-s"
+    assert root.attributes["train.step"] == 3
+    assert root.attributes["train.rank"] == 1
+    assert root.attributes["train.world_size"] == 4
+    assert root.attributes["train.slow"] is False
+    assert root.attributes["train.device.synced"] is True
+    assert root.attributes["train.dataloader"] == "train"
+    assert "train.phase" not in root.attributes
+    fwd = spans["forward"].attributes
+    assert (fwd["train.phase"], fwd["train.phase.kind"]) == ("forward", "train")
+    assert fwd["train.step"] == 3 and fwd["train.rank"] == 1
+    assert spans["inference"].attributes["train.phase.kind"] == "monitor"
+
+
+def test_span_times_are_the_recorded_times_on_the_epoch_clock():
+    rec = Recorder(10, DropCounter(), None)
+    step = _step(rec)
+    off = epoch_offset_ns()
+    builder = StepSpanBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, off)
+    root = builder.build(step)[-1]
+    assert root.start_time == step.start_ns + off
+    assert root.end_time == step.end_ns + off
+
+
+def test_unsampled_steps_get_unsampled_span_contexts():
+    rec = Recorder(10, DropCounter(), None)
+    spans = _builder(sampled=False).build(_step(rec))
+    assert not any(s.context.trace_flags.sampled for s in spans)
+
+
+def _flat_step(rec: Recorder, index: int, loader: str | None) -> Step:
+    step = Step(rec, index, loader, rec.phase("data", "train"))
+    step.ev.extend((perf_counter_ns(), None))  # as run.steps closes the data phase
+    for name in ("forward", "backward", "optimizer"):
+        with step.phase(name):
+            pass
+    with step.monitor("val_loss"):
+        pass
+    step.record_phase("checkpoint", perf_counter_ns() - 50, perf_counter_ns())
+    step._finish(None)
+    return step
+
+
+def test_steps_whose_phases_run_one_after_another_give_the_record_the_decoder_gives(
+        monkeypatch):
+    """The flat-step fast path (read off the event list by slices) and the decoder agree."""
+    import otel_train.records.step_records as sb
+
+    rec = Recorder(10, DropCounter(), None)
+    for loader in ("train", None):
+        step = _flat_step(rec, 7, loader)
+        assert sb._flat_phases(step.ev, loader, 1, 0) is not None  # the fast path applies
+        builder = _builder()
+        monkeypatch.setattr(sb, "_getrandbits", lambda bits: 99)
+        fast = builder.record(step)
+        monkeypatch.setattr(sb, "_flat_phases", lambda *a: None)  # the decoder only
+        decoded = builder.record(step)
+        monkeypatch.undo()
+        assert fast == decoded
+        names = [(p[0], p[1], p[2]) for p in fast[9]]
+        assert names == [("data", "train", loader), ("forward", "train", None),
+                         ("backward", "train", None), ("optimizer", "train", None),
+                         ("val_loss", "monitor", None), ("checkpoint", "train", None)]
+    assert sb._flat_phases([], "train", 1, 0) == []
+
+
+def test_nested_failed_and_open_phases_are_left_to_the_decoder():
+    import otel_train.records.step_records as sb
+
+    rec = Recorder(10, DropCounter(), None)
+    nested = _step(rec)  # forward > attention
+    step = Step(rec, 0, None)
+    with pytest.raises(ValueError):
+        with step.phase("forward"):
+            raise ValueError("bad batch")
+    step._finish(None)
+    open_ = Step(rec, 1, None)
+    open_.phase("forward").__enter__()
+    open_._finish(None)
+    inner = Step(rec, 2, None)  # a phase recorded inside another: nested, by position
+    with inner.phase("forward"):
+        inner.record_phase("kernel", perf_counter_ns() - 10, perf_counter_ns())
+    inner._finish(None)
+    for s in (nested, step, open_, inner):
+        assert sb._flat_phases(s.ev, None, 1, 0) is None
+    kernel, forward = _builder().record(inner)[9][1], _builder().record(inner)[9][0]
+    assert kernel[0] == "kernel" and forward[0] == "forward" and kernel[5] == 1  # its parent
+
+
+def test_a_phase_left_open_ends_with_its_step():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    step.phase("forward").__enter__()
+    step._finish(None)  # e.g. shutdown while the phase was open
+    forward, root = _builder().build(step)
+    assert forward.end_time == root.end_time
+
+
+def test_errors_become_error_status_and_an_exception_event():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    with pytest.raises(ValueError):
+        with step.phase("forward"):
+            raise ValueError("bad batch")
+    step._finish(None)
+    forward, root = _builder().build(step)
+    for span in (forward, root):
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.status.description == "ValueError: bad batch"
+        (event,) = span.events
+        assert event.name == "exception"
+        assert event.attributes["exception.type"] == "ValueError"
+        assert event.attributes["exception.message"] == "bad batch"
+        assert event.attributes["exception.escaped"] is True
+        assert "ValueError: bad batch" in event.attributes["exception.stacktrace"]
+
+
+def test_tensor_and_other_attribute_values_become_otel_values():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    step.set_attribute("loss", torch.tensor(0.25))
+    step.set_attribute("count", torch.tensor(7))
+    step.set_attribute("vec", torch.tensor([1.0, 2.0]))
+    step.set_attribute("tags", ["a", "b"])
+    step.set_attribute("obj", object())
+    with step.phase("forward") as fwd:
+        fwd.set_attribute("grad_norm", torch.tensor(2.0))
+    step._finish(None)
+    forward, root = _builder().build(step)
+    assert root.attributes["loss"] == 0.25 and isinstance(root.attributes["loss"], float)
+    assert root.attributes["count"] == 7 and isinstance(root.attributes["count"], int)
+    assert isinstance(root.attributes["vec"], str)
+    assert tuple(root.attributes["tags"]) == ("a", "b")
+    assert isinstance(root.attributes["obj"], str)
+    assert forward.attributes["grad_norm"] == 2.0
+
+
+def _root_with(attrs: dict, env: dict | None = None, monkeypatch=None) -> ReadableSpan:
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    for key, value in attrs.items():
+        step.set_attribute(key, value)
+    step._finish(None)
+    return _builder().build(step)[-1]
+
+
+def test_a_large_tensor_becomes_a_short_summary_and_warns_once_per_key(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for _ in range(3):
+            root = _root_with({"weights": torch.zeros(1000), "one": torch.ones(1, 1)})
+    assert root.attributes["weights"] == "tensor(dtype=torch.float32, shape=(1000,))"
+    assert root.attributes["one"] == 1.0  # one element: its number
+    warned = [r for r in caplog.records if "'weights'" in r.getMessage()]
+    assert len(warned) == 1
+
+
+def test_dicts_and_odd_objects_become_bounded_strings():
+    class Chatty:
+        def __repr__(self) -> str:
+            return "chatty" * 10_000
+
+    root = _root_with({"cfg": {f"k{i}": list(range(100)) for i in range(100)}, "odd": Chatty()})
+    assert isinstance(root.attributes["cfg"], str) and len(root.attributes["cfg"]) < 2000
+    assert root.attributes["cfg"].startswith("{'k0': [0, 1, 2")
+    assert isinstance(root.attributes["odd"], str) and len(root.attributes["odd"]) <= 4096
+
+
+def test_without_limits_in_the_env_a_default_cap_applies_to_user_values(caplog):
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        root = _root_with({"note": "x" * 100_000, "ids": list(range(5000)), "ok": "short"})
+    assert root.attributes["note"] == "x" * DEFAULT_VALUE_LENGTH
+    assert len(root.attributes["ids"]) == MAX_SEQUENCE_ITEMS
+    assert root.attributes["ok"] == "short"
+    assert len([r for r in caplog.records if "'note'" in r.getMessage()]) == 1
+
+
+def test_otel_value_length_limits_are_honoured_span_specific_first(monkeypatch):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "10")
+    root = _root_with({"note": "abcdefghijklmnop", "tags": ["0123456789xyz", "a"]})
+    assert root.attributes["note"] == "abcdefghij"
+    assert list(root.attributes["tags"]) == ["0123456789", "a"]
+    assert root.attributes["train.run.id"] == "run-s"  # the contract's values are short anyway
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4")
+    assert _root_with({"note": "abcdefgh"}).attributes["note"] == "abcd"
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "100000")
+    assert _root_with({"note": "y" * 50_000}).attributes["note"] == "y" * 50_000
+
+
+def test_the_count_limit_drops_the_oldest_user_attributes_never_the_contract(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_ATTRIBUTE_COUNT_LIMIT", "12")
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        root = _root_with({f"u{i}": i for i in range(20)})
+    contract = {k for k in root.attributes if k.startswith("train.")}
+    assert {"train.run.id", "train.step", "train.rank", "train.slow"} <= contract
+    users = [k for k in root.attributes if not k.startswith("train.")]
+    assert len(root.attributes) == 12
+    assert users == [f"u{i}" for i in range(20 - len(users), 20)]  # the newest kept
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "200")  # span-specific wins
+    assert len(_root_with({f"u{i}": i for i in range(150)}).attributes) == 150 + len(contract)
+    assert len([r for r in caplog.records if "attributes" in r.getMessage()]) == 1
+
+
+def test_numbers_that_do_not_fit_and_bytes_are_kept_exportable():
+    root = _root_with({"big": 1 << 70, "raw": b"\x00" * 10_000, "np": 3})
+    assert root.attributes["big"] == str(1 << 70)
+    assert root.attributes["raw"] == b"\x00" * DEFAULT_VALUE_LENGTH
+
+
+def test_set_attribute_keeps_a_detached_tensor_and_does_not_read_it():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    loss = torch.tensor(1.0, requires_grad=True) * 3
+    step.set_attribute("loss", loss)
+    kept = step.attrs["loss"]
+    assert isinstance(kept, torch.Tensor)
+    assert not kept.requires_grad
+
+
+def test_a_monitor_record_is_one_root_span_with_kind_monitor():
+    rec = Recorder(10, DropCounter(), None)
+    rec.next_index = 5
+    with MonitorRecord(rec, "snapshot") as mon:
+        mon.set_attribute("path", "/ckpt")
+    (span,) = _builder().build(rec.queue.popleft())
+    assert span.name == "snapshot" and span.parent is None
+    assert span.attributes["train.phase"] == "snapshot"
+    assert span.attributes["train.phase.kind"] == "monitor"
+    assert span.attributes["train.step"] == 4
+    assert span.attributes["path"] == "/ckpt"
+    assert span.context.trace_id not in {step_trace_id("run-s", i) for i in range(10)}
+
+
+def test_span_ids_drawn_early_for_user_spans_are_kept():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 2, None)
+    with step.phase("forward"):
+        step.span_ids = {-1: 0xAAA, 0: 0xBBB}
+        step.trace_id = 0xCCC
+    step._finish(None)
+    forward, root = _builder().build(step)
+    assert (root.context.span_id, forward.context.span_id) == (0xAAA, 0xBBB)
+    assert root.context.trace_id == forward.context.trace_id == 0xCCC
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+def _worker(rec: Recorder, procs, drops: DropCounter) -> SpanBuildWorker:
+    return SpanBuildWorker(rec, _builder(), procs, drops, SelfCostMeter(), 0.01)
+
+
+def test_the_worker_feeds_every_processor_in_order():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    calls: list[str] = []
+
+    class Tag(SpanProcessor):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def on_end(self, span: ReadableSpan) -> None:
+            calls.append(f"{self.tag}:{span.name}")
+
+    _step(rec)
+    worker = _worker(rec, [Tag("a"), Tag("b")], drops)
+    assert worker.drain() == 1
+    assert calls[:2] == ["a:attention", "b:attention"]
+    assert calls[-1] == "b:train.step"
+    assert worker.spans_built == 4
+
+
+def test_a_failing_processor_does_not_stop_the_others_and_warns_rate_limited(caplog):
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+
+    class Boom(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            raise RuntimeError("processor bug")
+
+    good = Collect()
+    for i in range(3):
+        _step(rec, index=i)
+    worker = _worker(rec, [Boom(), good], drops)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        worker.drain()
+    assert len(good.spans) == 12
+    warnings = [r for r in caplog.records if "processor" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_record_that_cannot_be_built_is_counted_not_raised(caplog):
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    _step(rec, index=0)
+    bad = _step(rec, index=1)
+    good = Collect()
+    worker = SpanBuildWorker(rec, _builder(), [good], drops, SelfCostMeter(), 0.01)
+    bad.span_ids = "not a dict"  # makes building fail
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        worker.drain()
+    assert drops.counts().get("build_error", 0) >= 1
+    assert [s.name for s in good.spans].count("train.step") == 1
+
+
+def test_the_background_thread_drains_the_queue():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    good = Collect()
+    worker = _worker(rec, [good], drops)
+    worker.start()
+    try:
+        _step(rec)
+        tick = threading.Event()
+        for _ in range(200):
+            if len(good.spans) == 4:
+                break
+            tick.wait(0.01)
+        assert len(good.spans) == 4
+    finally:
+        worker.stop(1.0)
+
+
+def test_stop_counts_what_could_not_be_built_in_time():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    for i in range(3):
+        _step(rec, index=i)
+    worker = _worker(rec, [Collect()], drops)  # never started: stop drains inline
+    worker.stop(0.0)
+    assert drops.counts() == {"shutdown_timeout": 12}
+    assert not rec.queue
+
+
+def test_stop_builds_what_is_queued_when_there_is_time():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    good = Collect()
+    worker = _worker(rec, [good], drops)
+    worker.start()
+    worker.paused = True
+    for i in range(3):
+        _step(rec, index=i)
+    worker.stop(2.0)
+    assert len(good.spans) == 12
+    assert drops.total == 0
+
+
+class _RacyQueue(deque):
+    """A deque on which another thread pops the last record right after a `while q` check."""
+
+    armed = False
+
+    def __len__(self) -> int:
+        n = deque.__len__(self)
+        if self.armed and n:
+            self.armed = False
+            while deque.__len__(self):
+                self.popleft()  # what a concurrent drain() on another thread does
+        return n
+
+
+def test_drain_survives_a_concurrent_drain_emptying_the_queue():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    _step(rec)
+    racy = _RacyQueue(rec.queue)
+    racy.armed = True
+    rec.queue = racy
+    worker = _worker(rec, [Collect()], drops)
+    worker.drain()  # must not raise
+
+
+def test_an_empty_attribute_key_is_refused_at_the_call():
+    rec = Recorder(10, DropCounter(), None)
+    step = Step(rec, 0, None)
+    with pytest.raises(ValueError, match="non-empty string"):
+        step.set_attribute("", 1.0)
+    with step.phase("forward") as fwd:
+        with pytest.raises(ValueError, match="non-empty string"):
+            fwd.set_attribute("", 1.0)
+        with pytest.raises(ValueError, match="non-empty string"):
+            fwd.set_attribute(None, 1.0)  # type: ignore[arg-type]
+    step._finish(None)
+    with MonitorRecord(rec, "snapshot") as mon, pytest.raises(ValueError, match="''"):
+        mon.set_attribute("", "x")

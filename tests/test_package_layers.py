@@ -1,0 +1,197 @@
+"""The package's shape: imports point down the layers of docs/architecture.md, never in a circle.
+
+The import graph is read from the source (AST), not by importing: an import inside a function
+counts as much as one at the top, and ``if TYPE_CHECKING:`` imports count too, since a type
+that points up is still a dependency a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "otel_train"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+# Lowest first. A module may import from its own layer's package or from any layer below it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("common", ("otel_train.version", "otel_train.common")),
+    ("recording", ("otel_train.recording",)),
+    ("records", ("otel_train.records",)),
+    ("derived", ("otel_train.derived",)),
+    ("export", ("otel_train.export",)),
+    ("rundir", ("otel_train.rundir",)),
+    ("pipeline", ("otel_train.pipeline",)),
+    ("api", ("otel_train", "otel_train.run", "otel_train.process_hooks")),
+    ("integrations", ("otel_train.integrations",)),
+    ("cli", ("otel_train.cli",)),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _layer(module: str) -> int:
+    """The layer of a module: the longest prefix that names one."""
+    best, best_len = -1, -1
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            exact = prefix == "otel_train"  # the top package's own modules only
+            hit = (module == prefix or (not exact and module.startswith(prefix + "."))
+                   or (exact and module == "otel_train"))
+            if hit and len(prefix) > best_len:
+                best, best_len = rank, len(prefix)
+    if best < 0:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS and to "
+                             "docs/architecture.md")
+    return best
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """(imported otel_train module, line) for every import in a module's source."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("otel_train"):
+                    yield _existing(alias.name, modules), node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("otel_train"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield (sub if sub in modules else _existing(target, modules)), node.lineno
+
+
+def _existing(name: str, modules: dict[str, Path]) -> str:
+    """The module a dotted name lives in (an extension module counts as its package)."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    modules = _modules()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        deps = graph.setdefault(name, {})
+        for dep, line in _imports(name, path, modules):
+            if dep != name:
+                deps.setdefault(dep, line)
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    for name in _modules():
+        _layer(name)
+
+
+def _upward(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import that points to a layer above its module's own."""
+    return [
+        f"{src}:{line} ({LAYERS[_layer(src)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
+        for src, deps in sorted(graph.items()) for dep, line in deps.items()
+        # The top package re-exports the public API from every layer: that is its job.
+        if src != "otel_train" and _layer(dep) > _layer(src)
+    ]
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = _upward(_graph())
+    assert not upward, "imports that point up:\n" + "\n".join(upward)
+
+
+def _without_top_package(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    # The top package re-exports every layer's public names; an import of it from below is
+    # an upward import (caught above), so it is left out of the cycle search.
+    return {k: {d: n for d, n in v.items() if d != "otel_train"}
+            for k, v in graph.items() if k != "otel_train"}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycles(_without_top_package(_graph())) == []
+
+
+def test_the_architecture_page_names_the_layers_and_every_subpackage_in_order() -> None:
+    text = ARCHITECTURE.read_text()
+    match = re.search(r"<!-- layers -->(.*?)<!-- /layers -->", text, re.S)
+    assert match, "docs/architecture.md has no <!-- layers --> block"
+    listed = re.findall(r"`otel_train/([a-z_/]*)`", match.group(1))
+    packages = sorted(
+        str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE)
+    assert sorted(set(listed)) == packages, "the layers block and the folder tree differ"
+    # ... and in the order of LAYERS, lowest first.
+    order = [name for name, _ in LAYERS if name not in ("api",)]
+    first_seen = [p.split("/")[0] for p in listed]
+    ranks = [order.index(p) for p in dict.fromkeys(first_seen)]
+    assert ranks == sorted(ranks), f"the layers block is out of order: {first_seen}"
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle() -> None:
+    graph = _graph()
+    graph["otel_train.records.span_rows"] = {"otel_train.export.otlp.encoding": 48}
+    graph["otel_train.export.otlp.encoding"] = {"otel_train.records.span_rows": 1}
+    assert any("records.span_rows:48 (records) imports otel_train.export.otlp.encoding (export)"
+               in line for line in _upward(graph))
+    assert ["otel_train.export.otlp.encoding", "otel_train.records.span_rows"] in _cycles(
+        _without_top_package(graph))
+
+
+def test_relative_and_function_level_imports_are_read() -> None:
+    modules = _modules()
+    name = "otel_train.cli.main"
+    deps = {dep for dep, _ in _imports(name, modules[name], modules)}
+    # cli/main.py imports the demo and the report inside its command functions.
+    assert {"otel_train.cli.demo", "otel_train.rundir.report"} <= deps
