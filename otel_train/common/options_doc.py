@@ -122,7 +122,8 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "preference are honoured", "`OTEL_METRICS_EXPORTER`, else `prometheus`"),
     # -- spans and export
     "exporter": OptionDoc(
-        "export", "`otlp`, `jsonl` (the span file: OTLP JSON lines), `console`, `none`",
+        "export", "`otlp`, `jsonl` (the span file: OTLP JSON lines), `console`, `none`; "
+        "`auto`: as unset",
         "`OTEL_TRACES_EXPORTER`, else `otlp` if an endpoint is set, else `jsonl`"),
     "otlp_endpoint": OptionDoc("export", "OTLP endpoint", "`OTEL_EXPORTER_OTLP_ENDPOINT`"),
     "otlp_protocol": OptionDoc("export", "`grpc` or `http/protobuf` (the OTLP default)",
@@ -194,7 +195,7 @@ ENV_FORMS: dict[str, str] = {
     "str": "string",
     "optional_str": "string or `none`",
     "names": "comma-separated names",
-    "choice": "one of the names",
+    "choice": "one of the names under *meaning*",
     "port": "port, `none` or `default`",
 }
 
