@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup prometheus chromium test demo bench
+.PHONY: setup prometheus chromium test demo bench docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,3 +40,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_hooks.py
 	$(BIN)/python benchmarks/bench_shutdown.py --skip-sdk
 	$(BIN)/python benchmarks/bench_report.py
+
+# docs/options.md is generated from RunOptions (tests/common/test_options_doc.py checks it).
+docs:
+	$(BIN)/python -m otel_train.common.options_doc > docs/options.md
