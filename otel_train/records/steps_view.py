@@ -195,11 +195,6 @@ class StepAssembler:
             "evict", "otel-train: a trace's root span never arrived; its phases were left out "
             "of the derived metrics (%d incomplete trace(s) so far)", self.evicted_traces)
 
-    @property
-    def pending_traces(self) -> int:
-        """Traces waiting for their root span."""
-        return len(self._pending)
-
 
 def count_monitoring(view: StepView) -> None:
     """Fill ``view.operations`` / ``monitor_ns`` with the top-level monitor phases."""
