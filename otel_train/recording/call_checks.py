@@ -2,8 +2,8 @@
 
 Misuse (a phase outside a step, nested steps, a phase on an ended step, a bad attribute
 key) raises here, at the call, where the user can fix it: in the background it could only
-be dropped with a warning. Both twins of the hot path (``recorder.py`` with the C
-accelerator, ``pure_twin.py``) raise the same errors.
+be dropped with a warning. Both twins of the hot path (the C accelerator and
+``pure_twin.py``) raise the same errors.
 """
 
 from __future__ import annotations

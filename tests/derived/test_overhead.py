@@ -20,7 +20,7 @@ def test_overhead_ratio_counts_only_top_level_monitor_phases() -> None:
     feed(ov, step_spans(0, phases, 100))
     snap = ov.snapshot()
     assert snap.cumulative_ratio == pytest.approx(40 / 60)  # 40 ms over 60 ms of training
-    assert snap.wall_share == pytest.approx(0.40)  # the old meaning, under its own name
+    assert snap.wall_share == pytest.approx(0.40)  # monitoring / wall, under its own name
     assert set(snap.operations) == {"eval"}
     assert snap.operations["eval"].share == pytest.approx(40 / 60)
 
