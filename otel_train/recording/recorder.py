@@ -56,9 +56,10 @@ __all__ = ["ACCELERATED", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "Monit
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
 # frame or instance dict of their own: with steps 1 ms apart (cold caches, as in a real loop)
 # that is the larger part of what a 7-span step costs beyond six empty ``with`` blocks
-# (docs/benchmarks.md). The pure-Python twins (``pure_twin.py``) are the reference, run where
-# it was not built or with OTEL_TRAIN_PURE_PYTHON=1; the tests run against both. The choice
-# is made here, as this module loads (benchmarks/bench_accelerator.py loads it twice more).
+# (benchmarks/bench_accelerator.py measures both twins). The pure-Python twins
+# (``pure_twin.py``) are the reference, run where it was not built or with
+# OTEL_TRAIN_PURE_PYTHON=1; the tests run against both. The choice is made here, as this
+# module loads (the benchmark loads it twice more, once on each twin).
 _recorder_c: Any
 if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
     try:
