@@ -1,8 +1,8 @@
 """Builds the optional C accelerator of the hot path (otel_train/recording/_recorder_c*.c).
 
 Everything else is in pyproject.toml. Where no C compiler (or no Python headers) is found,
-the build goes on without it and otel-train runs its pure-Python twin (recorder.py):
-``optional=True``.
+the build goes on without it and otel-train runs its pure-Python twin
+(otel_train/recording/pure_twin.py): ``optional=True``.
 """
 
 from setuptools import Extension, setup

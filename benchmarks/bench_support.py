@@ -127,7 +127,7 @@ class ReceiverProcess:
     """tests/otlp_receivers.py's real OTLP/HTTP receiver, in its own process.
 
     It parses every request in full but keeps only the span count (``keep_spans=False``):
-    decoding each span into Python records cost ~210 µs per 7-span step on the MLP loop,
+    decoding each span into Python records costs ~210 µs per 7-span step on the MLP loop,
     twice the exporter process, on the same two cores as the loop it measures, which a
     collector (elsewhere, or in Go) does not cost the training machine.
     """

@@ -125,28 +125,33 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
                 opt.zero_grad(set_to_none=True)
             step.set_attribute("train.loss", loss)  # read in the background, no sync here
             if eval_every and step.index % eval_every == 0:
-                model.eval()
-                with step.monitor("inference"):
-                    seed_ids = torch.zeros((1, 1), dtype=torch.long)
-                    out = model.generate(seed_ids, sample_tokens)
-                    sample = "".join(chars[i] for i in out[0].tolist())
-                with step.monitor("val_loss"):
-                    val = itertools.islice(_batches(val_data, block, batch, seed + 1),
-                                           val_batches)
-                    with torch.no_grad():
-                        losses = [model(vx, vy)[1].item()
-                                  for vx, vy in step.iter_data(val, loader="val")]
-                model.train()
-                val_loss = sum(losses) / len(losses)
-                step.set_attribute("train.val_loss", val_loss)
-                if run.options.console:
-                    print(f"[demo] step {step.index}: val loss {val_loss:.3f} "
-                          f"(ppl {math.exp(val_loss):.1f}) sample: {sample[:40]!r}")
+                val = itertools.islice(_batches(val_data, block, batch, seed + 1), val_batches)
+                _evaluate(run, step, model, chars, val, sample_tokens)
         costs = run.costs()
     if want_report:
         from otel_train.rundir.report import write_report_at_shutdown
         write_report_at_shutdown(run.status_dir, time_limit_seconds=None)
     return costs
+
+
+def _evaluate(run: Any, step: Any, model: Any, chars: list[str], val: Any,
+              sample_tokens: int) -> None:
+    """The demo's monitoring: a generated sample and the validation loss, each timed."""
+    import torch
+
+    model.eval()
+    with step.monitor("inference"):
+        seed_ids = torch.zeros((1, 1), dtype=torch.long)
+        out = model.generate(seed_ids, sample_tokens)
+        sample = "".join(chars[i] for i in out[0].tolist())
+    with step.monitor("val_loss"), torch.no_grad():
+        losses = [model(vx, vy)[1].item() for vx, vy in step.iter_data(val, loader="val")]
+    model.train()
+    val_loss = sum(losses) / len(losses)
+    step.set_attribute("train.val_loss", val_loss)
+    if run.options.console:
+        print(f"[demo] step {step.index}: val loss {val_loss:.3f} "
+              f"(ppl {math.exp(val_loss):.1f}) sample: {sample[:40]!r}")
 
 
 def _where_files_go(run: Any, want_report: bool) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Callable
 
 # Every reason the library counts (exported at 0 until they happen): ``record_queue_full``
 # (steps recorded faster than the background could build them), ``export_queue_full``
@@ -24,7 +22,6 @@ class DropCounter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
-        self._listeners: list[Callable[[str, int], None]] = []
 
     def add(self, reason: str, count: int = 1) -> None:
         """Count ``count`` spans dropped for ``reason``."""
@@ -32,19 +29,12 @@ class DropCounter:
             return
         with self._lock:
             self._counts[reason] = self._counts.get(reason, 0) + count
-            listeners = tuple(self._listeners)
-        for listener in listeners:
-            try:
-                listener(reason, count)
-            except Exception:  # a listener must never break the counting
-                logging.getLogger("otel_train").debug("drop listener failed", exc_info=True)
 
     def retract(self, reason: str, count: int) -> None:
         """Un-count spans counted for ``reason`` that turned out delivered after all.
 
-        Used once: spans in flight when shutdown gave up, whose export later succeeded. The
-        listeners (a Prometheus counter, which never decreases) are not told; by then the
-        metrics endpoint is closed and only ``counts()`` is read.
+        Used once: spans in flight when shutdown gave up, whose export later succeeded; by
+        then the metrics endpoint is closed and only ``counts()`` is read.
         """
         with self._lock:
             left = self._counts.get(reason, 0) - count
@@ -52,11 +42,6 @@ class DropCounter:
                 self._counts[reason] = left
             else:
                 self._counts.pop(reason, None)
-
-    def add_listener(self, listener: Callable[[str, int], None]) -> None:
-        """Call ``listener(reason, count)`` on every drop (e.g. to feed a Prometheus counter)."""
-        with self._lock:
-            self._listeners.append(listener)
 
     def counts(self) -> dict[str, int]:
         """A snapshot of the counts by reason."""

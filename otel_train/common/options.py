@@ -175,6 +175,15 @@ class RunOptions:
         raise ValueError(f"{self.where(name)}={getattr(self, name)!r}: {rule}")
 
     def _validate(self) -> None:
+        """Every option's rule, at set-up: a ValueError naming the first option that breaks one."""
+        self._validate_text_and_choices()
+        self._validate_ratios()
+        self._validate_integers()
+        self._validate_seconds()
+        self._validate_ranks()
+        self._validate_scale_out()
+
+    def _validate_text_and_choices(self) -> None:
         for name in ("service_name", "run_id", "status_dir", "spans_path", "otlp_endpoint"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
@@ -185,18 +194,6 @@ class RunOptions:
             self._fail("exporter", f"must be one of {', '.join(_EXPORTERS)} or None")
         if self.otlp_protocol is not None and self.otlp_protocol not in _PROTOCOLS:
             self._fail("otlp_protocol", f"must be one of {', '.join(_PROTOCOLS)} or None")
-        for name in ("budget", "critical"):
-            v = getattr(self, name)
-            if not _is_number(v) or not 0.0 < v < 1.0:
-                self._fail(name, "must be a ratio strictly between 0 and 1 (0.05 means 5%)")
-        v = self.export_max_request_bytes
-        if not isinstance(v, int) or isinstance(v, bool) or v < 65536:
-            self._fail("export_max_request_bytes", "must be an integer >= 65536 (bytes)")
-        if self.critical <= self.budget:
-            raise ValueError(
-                f"{self.where('critical')}={self.critical!r} must be greater than "
-                f"{self.where('budget')}={self.budget!r}"
-            )
         for name in ("console", "enabled"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "must be True or False")
@@ -204,23 +201,52 @@ class RunOptions:
             self._fail("report", "must be True, False or None (None: on with the console)")
         if self.spans_compression not in ("none", "gzip"):
             self._fail("spans_compression", "must be 'none' or 'gzip'")
+        ops = self.eval_operations
+        if isinstance(ops, str) or not isinstance(ops, (list, tuple, set, frozenset)) or not all(
+                isinstance(o, str) and o.strip() for o in ops):
+            self._fail("eval_operations",
+                       "must be a list of monitoring operation names (non-empty strings)")
+        object.__setattr__(self, "eval_operations", tuple(o.strip() for o in ops))
+
+    def _validate_ratios(self) -> None:
+        for name in ("budget", "critical"):
+            v = getattr(self, name)
+            if not _is_number(v) or not 0.0 < v < 1.0:
+                self._fail(name, "must be a ratio strictly between 0 and 1 (0.05 means 5%)")
+        if self.critical <= self.budget:
+            raise ValueError(
+                f"{self.where('critical')}={self.critical!r} must be greater than "
+                f"{self.where('budget')}={self.budget!r}"
+            )
+        share = self.console_breakdown_min_share
+        if not _is_number(share) or not 0.0 <= share <= 1.0:
+            self._fail("console_breakdown_min_share",
+                       "must be a ratio between 0 and 1 (0.05: monitoring >= 5% of the step)")
+
+    def _validate_integers(self) -> None:
+        v = self.export_max_request_bytes
+        if not _is_int(v) or v < 65536:
+            self._fail("export_max_request_bytes", "must be an integer >= 65536 (bytes)")
         v = self.spans_file_max_bytes
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not _is_int(v) or v < 1:
             self._fail("spans_file_max_bytes", "must be an integer >= 1")
         v = self.spans_total_max_bytes
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
-                              or v < self.spans_file_max_bytes):
+        if v is not None and (not _is_int(v) or v < self.spans_file_max_bytes):
             self._fail("spans_total_max_bytes", "must be None (no cap) or an integer >= "
                        f"spans_file_max_bytes ({self.spans_file_max_bytes})")
         for name in ("log_every", "recent_window_steps", "max_queued_steps", "max_queued_spans",
                      "export_batch_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not _is_int(v) or v < 1:
                 self._fail(name, "must be an integer >= 1")
         port = self.prometheus_port
         if port is not DEFAULT and port is not None:
-            if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            if not _is_int(port) or not 0 <= port <= 65535:
                 self._fail("prometheus_port", "must be None (off), 0 (a free port) or 1..65535")
+        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+            self._fail("warmup_steps", "must be an integer >= 0 (0: no warm-up)")
+
+    def _validate_seconds(self) -> None:
         for name in ("shutdown_timeout_seconds", "slow_operation_seconds",
                      "watchdog_interval_seconds", "gpu_sample_interval_seconds",
                      "export_interval_seconds", "slow_step_factor", "stall_min_seconds",
@@ -228,40 +254,28 @@ class RunOptions:
             v = getattr(self, name)
             if not _is_number(v) or not v > 0 or math.isinf(v):
                 self._fail(name, "must be a finite number > 0")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
-                or self.warmup_steps < 0:
-            self._fail("warmup_steps", "must be an integer >= 0 (0: no warm-up)")
         v = self.console_min_interval_seconds
         if not _is_number(v) or not v >= 0 or math.isinf(v):
             self._fail("console_min_interval_seconds",
                        "must be a finite number of seconds >= 0 (0: a line every log_every "
                        "steps)")
-        share = self.console_breakdown_min_share
-        if not _is_number(share) or not 0.0 <= share <= 1.0:
-            self._fail("console_breakdown_min_share",
-                       "must be a ratio between 0 and 1 (0.05: monitoring >= 5% of the step)")
-        ops = self.eval_operations
-        if isinstance(ops, str) or not isinstance(ops, (list, tuple, set, frozenset)) or not all(
-                isinstance(o, str) and o.strip() for o in ops):
-            self._fail("eval_operations",
-                       "must be a list of monitoring operation names (non-empty strings)")
-        object.__setattr__(self, "eval_operations", tuple(o.strip() for o in ops))
         if self.slow_step_factor <= 1.0:
             self._fail("slow_step_factor", "must be > 1 (a multiple of the rolling median)")
         for name in ("slow_step_seconds", "stall_seconds"):
             v = getattr(self, name)
             if v is not None and (not _is_number(v) or not v > 0):
                 self._fail(name, "must be a number > 0 or None")
+
+    def _validate_ranks(self) -> None:
         for name in ("rank", "world_size", "local_rank"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            if v is not None and (not _is_int(v) or v < 0):
                 self._fail(name, "must be an integer >= 0 or None")
         if self.world_size is not None and self.world_size < 1:
             self._fail("world_size", "must be >= 1")
         if (self.rank is not None and self.world_size is not None
                 and self.rank >= self.world_size):
             self._fail("rank", f"must be < world_size ({self.world_size})")
-        self._validate_scale_out()
 
     def _validate_scale_out(self) -> None:
         if self.metrics_exporter is not None:
@@ -275,7 +289,7 @@ class RunOptions:
             self._fail("sample_ratio", "must be a ratio from 0 to 1 (0.1 keeps 10% of the "
                        "ordinary steps) or None")
         v = self.sample_keep_first_steps
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        if not _is_int(v) or v < 0:
             self._fail("sample_keep_first_steps", "must be an integer >= 0")
         if self.trace_export not in _TRACE_EXPORT:
             self._fail("trace_export", f"must be one of {', '.join(_TRACE_EXPORT)}")
@@ -283,6 +297,10 @@ class RunOptions:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _parse_env(name: str, var: str, raw: str, default: Any) -> Any:

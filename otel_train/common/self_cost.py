@@ -24,7 +24,7 @@ class SelfCostMeter:
             self._background_ns += ns
 
     def add_hot_path_spans(self, spans: int) -> None:
-        """Account the estimated hot-path cost of ``span_builder`` recorded spans."""
+        """Account the estimated hot-path cost of ``spans`` recorded spans."""
         with self._lock:
             self._hot_path_ns += spans * self.hot_path_ns_per_span
 
@@ -34,8 +34,3 @@ class SelfCostMeter:
         with self._lock:
             return int(self._background_ns + self._hot_path_ns)
 
-    @property
-    def background_ns(self) -> int:
-        """Background CPU time so far."""
-        with self._lock:
-            return self._background_ns

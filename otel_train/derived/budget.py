@@ -159,7 +159,8 @@ class BudgetSpanProcessor(StepViewProcessor):
                 self._check_status()
                 return
         # Otherwise the steady ratio moves slowly: checked every few steps (a warning is at
-        # most that late); ~2.5 µs of the background less per step when every step monitors.
+        # most that late), which spares the background a check per step when every step
+        # monitors.
         self._unchecked += 1
         if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
             self._check_status()

@@ -1,6 +1,6 @@
 """What monitoring cost: ``run.costs()``, ``monitoring_costs.json``, and its table.
 
-The report (schema ``otel-train/monitoring-costs/v1``) speaks the language of hand-made cost trackers (so old ``jq`` one-liners keep working):
+The report (schema ``otel-train/monitoring-costs/v1``) speaks the language of hand-made cost trackers (so ``jq`` one-liners written for them work):
 ``total_percentage`` (monitoring over training time, monitoring excluded from training, in
 percent, everything counted) and ``budget_status`` at the top, and per operation under
 ``operations.<name>``: ``calls``, ``total_time``, ``mean_time``, ``max_time`` (seconds),

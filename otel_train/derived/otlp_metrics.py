@@ -65,7 +65,7 @@ METER_NAME = "otel_train"
 RUN_ID_ATTRIBUTE = "run_id"
 
 # Prometheus name -> (OpenTelemetry name, unit). Translating the right side back (see the
-# module docstring) gives the left side; tests/test_otlp_metrics.py checks every pair.
+# module docstring) gives the left side; tests/derived/test_otlp_metrics.py checks every pair.
 OTEL_NAMES: dict[str, tuple[str, str]] = {
     A.METRIC_STEP_DURATION: ("otel_train.step.duration", "s"),
     A.METRIC_PHASE_DURATION: ("otel_train.phase.duration", "s"),

@@ -86,7 +86,7 @@ class OverheadSnapshot:
     recent_steps: int
     instrumentation_ratio: float | None
     operations: dict[str, OperationCost] = field(default_factory=dict)
-    wall_share: float = 0.0  # monitoring / wall (the old meaning of the ratio)
+    wall_share: float = 0.0  # monitoring / wall (steps + monitoring between steps)
     recent_wall_share: float = 0.0
     steady_ratio: float = 0.0  # first calls and warm-up steps replaced by steady figures
     warmup_steps: int = 0  # warm-up steps seen so far (at most the option)
@@ -97,11 +97,6 @@ class OverheadSnapshot:
     def training_seconds(self) -> float:
         """Training time: wall time minus monitoring."""
         return max(0.0, self.wall_seconds - self.monitoring_seconds)
-
-    @property
-    def train_seconds_per_step(self) -> float:
-        """Mean training time per step, warm-up included."""
-        return self.training_seconds / self.steps if self.steps else 0.0
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -218,11 +213,6 @@ class OverheadSpanProcessor(StepViewProcessor):
         """
         with self._lock:
             return self._steady_ratio_locked(settled_only)
-
-    def steady_train_ns_per_step(self) -> float:
-        """Mean training time of the steps after warm-up (all steps while still warming up)."""
-        with self._lock:
-            return self._steady_train_per_step_locked()
 
     def _steady_train_per_step_locked(self) -> float:
         train = self._wall_ns - self._monitor_ns

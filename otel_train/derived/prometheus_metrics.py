@@ -255,6 +255,19 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
     # -- scrape -------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
         """All metric families, consistent with each other (one lock)."""
+        with self._lock:
+            step_families = self._step_families_locked()
+            last = dict(self._last_end_s)
+            gpu = dict(self._gpu)
+        yield from step_families
+        yield from self._progress_families(last)
+        yield from self._ratio_families()
+        yield from self._run_families()
+        yield self._drop_family()
+        yield from _gpu_families(gpu)
+
+    def _step_families_locked(self) -> list[Metric]:
+        """Step and phase histograms, step counters (the caller holds the lock)."""
         le = self._le
         step_h = HistogramMetricFamily(
             A.METRIC_STEP_DURATION, "Duration of training steps (root train.step spans).",
@@ -265,25 +278,26 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         steps_c = CounterMetricFamily(A.METRIC_STEPS, "Training steps completed.",
                                       labels=["rank"])
         slow_c = CounterMetricFamily(A.METRIC_SLOW_STEPS, "Steps flagged slow.", labels=["rank"])
+        for rank, h in self._steps.items():
+            step_h.add_metric([rank], _buckets(h, le), h.total)
+        for rank, by_phase in self._phases.items():
+            for (phase, kind, loader), h in by_phase.items():
+                phase_h.add_metric([str(phase), str(kind), loader or "", rank],
+                                   _buckets(h, le), h.total)
+        for rank, n in self._steps_total.items():
+            steps_c.add_metric([rank], n)
+        for rank, n in self._slow_total.items():
+            slow_c.add_metric([rank], n)
+        return [step_h, phase_h, steps_c, slow_c]
+
+    def _progress_families(self, last: dict[str, float]) -> Iterator[Metric]:
+        """When each rank's last step ended, and how long the current one has run."""
         last_g = GaugeMetricFamily(A.METRIC_LAST_STEP_TIMESTAMP,
                                    "Unix time the last step ended (0 before any).",
                                    labels=["rank"])
         prog_g = GaugeMetricFamily(A.METRIC_STEP_IN_PROGRESS,
                                    "Seconds the current step has been running (0 between steps).",
                                    labels=["rank"])
-        with self._lock:
-            for rank, h in self._steps.items():
-                step_h.add_metric([rank], _buckets(h, le), h.total)
-            for rank, by_phase in self._phases.items():
-                for (phase, kind, loader), h in by_phase.items():
-                    phase_h.add_metric([str(phase), str(kind), loader or "", rank],
-                                       _buckets(h, le), h.total)
-            for rank, n in self._steps_total.items():
-                steps_c.add_metric([rank], n)
-            for rank, n in self._slow_total.items():
-                slow_c.add_metric([rank], n)
-            last = dict(self._last_end_s)
-            gpu = dict(self._gpu)
         if self.progress is not None:
             in_progress, last_end = self.progress()
             last[self.rank] = max(last.get(self.rank, 0.0), last_end)
@@ -295,9 +309,11 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             last[self.rank] = 0.0
         for rank, ts in last.items():
             last_g.add_metric([rank], ts)
-        yield from (step_h, phase_h, steps_c, slow_c, last_g, prog_g)
-        yield from self._ratio_families()
-        yield from self._run_families()
+        yield last_g
+        yield prog_g
+
+    def _drop_family(self) -> Metric:
+        """Spans dropped, by reason."""
         drops = CounterMetricFamily(A.METRIC_SPANS_DROPPED,
                                     "Spans dropped (not exported), by reason.", labels=["reason"])
         if self.drops is not None:
@@ -306,17 +322,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             counts.update(self.drops.counts())
             for reason, n in sorted(counts.items()):
                 drops.add_metric([reason], n)
-        yield drops
-        util = GaugeMetricFamily(A.METRIC_GPU_UTILIZATION, "GPU utilization (0..1), by GPU.",
-                                 labels=["gpu"])
-        mem = GaugeMetricFamily(A.METRIC_GPU_MEMORY_USED, "GPU memory in use, bytes, by GPU.",
-                                labels=["gpu"])
-        for index, (u, used) in sorted(gpu.items()):
-            if u is not None:
-                util.add_metric([index], u)
-            mem.add_metric([index], float(used))
-        yield util
-        yield mem
+        return drops
 
     def _ratio_families(self) -> Iterator[Metric]:
         overhead = GaugeMetricFamily(
@@ -374,6 +380,20 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                                      labels=["run_id", "rank", "world_size"])
             info.add_metric([self.run_id, self.rank, str(self.world_size or 1)], 1.0)
             yield info
+
+
+def _gpu_families(gpu: dict[str, tuple[float | None, int]]) -> Iterator[Metric]:
+    """GPU utilization and memory, by GPU index."""
+    util = GaugeMetricFamily(A.METRIC_GPU_UTILIZATION, "GPU utilization (0..1), by GPU.",
+                             labels=["gpu"])
+    mem = GaugeMetricFamily(A.METRIC_GPU_MEMORY_USED, "GPU memory in use, bytes, by GPU.",
+                            labels=["gpu"])
+    for index, (u, used) in sorted(gpu.items()):
+        if u is not None:
+            util.add_metric([index], u)
+        mem.add_metric([index], float(used))
+    yield util
+    yield mem
 
 
 def _buckets(h: _Histogram, le: list[str]) -> list[tuple[Any, ...]]:

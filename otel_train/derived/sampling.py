@@ -100,11 +100,6 @@ def resolve_sample_ratio(options: RunOptions,
     return None if ratio >= 1.0 else ratio
 
 
-def ratio_keeps(trace_id: int, ratio: float) -> bool:
-    """The SDK's TraceIdRatioBased decision for ``trace_id`` (same on every rank)."""
-    return trace_id & _TRACE_ID_LOW_64 < TraceIdRatioBased.get_bound_for_rate(ratio)
-
-
 class StepTailSampler(SpanProcessor):
     """Holds each step's spans until its root; forwards kept steps to ``downstream``."""
 

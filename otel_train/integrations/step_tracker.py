@@ -213,10 +213,6 @@ class HookStepTracker:
         self.end_step()
 
     # -- phases of the open step ------------------------------------------------------------
-    def is_open(self, name: str) -> bool:
-        """True while phase ``name`` is open in the step."""
-        return name in self._open
-
     def open_phase(self, name: str, start_ns: int, kind: str = KIND_TRAIN,
                    attributes: dict[str, Any] | None = None) -> None:
         """Open phase ``name`` at ``start_ns``, inside the innermost open one."""

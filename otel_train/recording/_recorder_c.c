@@ -1,15 +1,15 @@
 /* otel_train.recording._recorder_c: the recorder's hot path in C, an optional accelerator.
  *
- * Three types, each the twin of pure Python in recorder.py, which stays the reference and
+ * Three types, each the twin of pure Python in pure_twin.py, which stays the reference and
  * runs wherever this module was not built (or OTEL_TRAIN_PURE_PYTHON=1 is set):
  *
- * - PhaseCore, the base of recorder.Phase (twin: _PurePhaseCore). __enter__ appends
+ * - PhaseCore, the base of recorder.Phase (twin: PurePhaseCore). __enter__ appends
  *   (phase, start_ns) to the current step's event list, __exit__ appends (end_ns, exception
  *   or None), with no Python frame per phase boundary.
- * - StepCore, the base of recorder.Step (twin: _PureStepCore). The fields every step has live
+ * - StepCore, the base of recorder.Step (twin: PureStepCore). The fields every step has live
  *   in C slots, and step.phase(name) / step.monitor(name) look the phase up in C, refusing
  *   once the step has ended (the twin shadows them with the tables' lookups instead).
- * - StepLoop, what Recorder.steps returns (twin: the generator Recorder._steps_python). Each
+ * - StepLoop, what Recorder.steps returns (twin: the generator step_loop). Each
  *   __next__ ends the previous step (unless the loop body ended it) and starts the next, the
  *   fetch timed as the data phase. Leaving the loop (break, an exception in its body) closes
  *   it: the step in progress ends and is held, as GeneratorExit does to the generator.
@@ -19,7 +19,7 @@
  * frames of __enter__/__exit__, the generator and the instance-dict stores of a new Step are
  * most of the difference (benchmarks/bench_hot_path.py). Everything else (the device modes,
  * the rare paths, the errors' messages) calls back into the Python objects, so both twins
- * share one behaviour; tests/test_recorder_c.py runs the hot-path tests against both and
+ * share one behaviour; tests/recording/test_recorder_c.py runs the hot-path tests against both and
  * compares their records.
  *
  * Timestamps equal time.perf_counter_ns(): on Linux both read CLOCK_MONOTONIC; elsewhere
@@ -39,7 +39,7 @@ PyObject *otr_perf_counter_ns, *otr_one, *otr_zero;
 /* ---- RecorderCore --------------------------------------------------------------------- */
 
 /* The recorder's fields that every step and phase boundary reads or writes, in C slots (the
- * base of recorder.Recorder; twin: _PureRecorderCore, plain attributes). The struct is in
+ * base of recorder.Recorder; twin: PureRecorderCore, plain attributes). The struct is in
  * _recorder_c.h: the phases and the step loop read its slots directly. */
 
 static PyObject *
@@ -131,7 +131,7 @@ PyTypeObject otr_RecorderCore_Type = {
 static struct PyModuleDef recorder_c_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "otel_train.recording._recorder_c",
-    .m_doc = "The recorder's hot path in C (optional; recorder.py holds its pure-Python twin).",
+    .m_doc = "The recorder's hot path in C (optional; pure_twin.py holds its pure-Python twin).",
     .m_size = -1,
 };
 

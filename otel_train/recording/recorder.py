@@ -2,12 +2,19 @@
 
 Nothing here creates OpenTelemetry SDK objects, nor even a record per phase. A step keeps one
 flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appends
-``(end_ns, exception_or_None)``; the background (``span_builder.py``) turns that stream into the
-span tree. A finished step goes to a bounded deque the background drains. Timestamps are
-``perf_counter_ns``; the builder converts them to epoch nanoseconds with one offset.
+``(end_ns, exception_or_None)``; the background (``records/step_records.py``) turns that
+stream into the span tree. A finished step goes to a bounded deque the background drains.
+Timestamps are ``perf_counter_ns``; the builder converts them to epoch nanoseconds with one
+offset.
 
 Device synchronization, when enabled (``device.py``), is an explicit call at every step and
 phase boundary (``SyncedPhase``): the one thing here that may wait on the device, by choice.
+
+This module picks the twin that runs (the C accelerator or ``pure_twin.py``) and builds
+``Phase``, ``Step`` and ``Recorder`` on it. Beside it: ``step_events.py`` reads an event list
+back, ``step_phase_events.py`` opens and closes phases by timestamps (integrations),
+``monitor_record.py`` times ``run.monitor`` between steps, ``call_checks.py`` holds the
+errors of misuse. The names the rest of the package uses are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,57 +27,39 @@ from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any
 
 from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
+from otel_train.recording import pure_twin
+from otel_train.recording.call_checks import (
+    bad_key_error,
+    detached,
+    ended_step_error,
+    nested_step_error,
+    outside_step_error,
+)
+from otel_train.recording.monitor_record import MonitorRecord
+from otel_train.recording.step_events import (
+    DecodedPhase,
+    PhaseEntry,
+    active_ordinal,
+    decode_events,
+    flat_events,
+)
+from otel_train.recording.step_phase_events import StepPhaseEvents
 
 if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
 
-_INT = {int}  # flat_events: the one type an end time has
-
-
-class _PurePhaseCore:
-    """A phase's hot path in pure Python: the twin of ``_recorder_c.PhaseCore``."""
-
-    __slots__ = ("_rec", "name", "kind", "loader")
-
-    def __init__(self, recorder: Recorder, name: str, kind: str, loader: str | None = None
-                 ) -> None:
-        self._rec = recorder
-        self.name = name
-        self.kind = kind
-        self.loader = loader
-
-    # ``_clock`` is bound as a default argument: a local, not a global lookup, on every use.
-    # Two appends beat one extend of a new tuple (~13% of a phase, measured); a reader of a
-    # live list may see half a pair, which decode_events allows for.
-    def __enter__(self, _clock: Callable[[], int] = perf_counter_ns) -> Phase:
-        ev = self._rec.ev  # the current step's event list, None between steps
-        if ev is None:
-            raise _outside(self.name)
-        ev.append(self)
-        ev.append(_clock())
-        return self  # type: ignore[return-value]
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any,
-                 _clock: Callable[[], int] = perf_counter_ns) -> bool:
-        now = _clock()
-        ev = self._rec.ev
-        if ev is None:
-            return False  # the step was ended inside this phase (e.g. by shutdown)
-        ev.append(now)
-        ev.append(exc)
-        if exc is not None:
-            step = self._rec.current
-            if step is not None and step.error is None:
-                step.error = exc
-        return False  # never swallow: the exception propagates unchanged
-
+__all__ = ["ACCELERATED", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
+           "Phase", "Recorder", "Step", "SyncedPhase", "calibrate_ns_per_phase",
+           "decode_events", "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
 # frame or instance dict of their own: with steps 1 ms apart (cold caches, as in a real loop)
-# that is the larger part of what a 7-span step costs beyond six empty ``with`` blocks. The
-# pure-Python twins here (_PurePhaseCore, _PureStepCore, _steps_python) are the reference,
-# run where it was not built or with OTEL_TRAIN_PURE_PYTHON=1; the tests run against both.
+# that is the larger part of what a 7-span step costs beyond six empty ``with`` blocks
+# (benchmarks/bench_accelerator.py measures both twins). The pure-Python twins
+# (``pure_twin.py``) are the reference, run where it was not built or with
+# OTEL_TRAIN_PURE_PYTHON=1; the tests run against both. The choice is made here, as this
+# module loads (the benchmark loads it twice more, once on each twin).
 _recorder_c: Any
 if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
     try:
@@ -87,12 +76,23 @@ else:
 #: True when the hot path runs in the C accelerator, False when in pure Python.
 ACCELERATED = _recorder_c is not None
 if TYPE_CHECKING:  # type checkers read the pure-Python twins: they define the same API
-    _PhaseCore = _PurePhaseCore
+    _PhaseCore = pure_twin.PurePhaseCore
+    _RecorderCore = pure_twin.PureRecorderCore
+    _StepCore = pure_twin.PureStepCore
+elif _recorder_c is not None:
+    _PhaseCore, _RecorderCore, _StepCore = (
+        _recorder_c.PhaseCore, _recorder_c.RecorderCore, _recorder_c.StepCore)
 else:
-    _PhaseCore = _recorder_c.PhaseCore if _recorder_c is not None else _PurePhaseCore
+    _PhaseCore, _RecorderCore, _StepCore = (
+        pure_twin.PurePhaseCore, pure_twin.PureRecorderCore, pure_twin.PureStepCore)
+# run.steps' loop: the C StepLoop or its twin, called alike.
+_step_loop: Any = _recorder_c.StepLoop if _recorder_c is not None else pure_twin.step_loop
+# The pure twin's running steps shadow phase/monitor with the tables' lookups (see
+# PureStepCore).
+_SHADOWED_LOOKUPS = _recorder_c is None
 
 
-class Phase(_PhaseCore):
+class Phase(_PhaseCore, PhaseEntry):
     """A timed phase; a reusable context manager (one per name, kind and loader).
 
     It carries no per-use state: entering appends ``(self, start_ns)`` to the current step's
@@ -107,13 +107,13 @@ class Phase(_PhaseCore):
 
     def _outside_error(self) -> RuntimeError:
         """The error of a phase opened outside a step (raised by the C twin too)."""
-        return _outside(self.name)
+        return outside_step_error(self.name)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the innermost open phase of the current step."""
         step = self._rec.current
         if step is None:
-            raise _outside(self.name)
+            raise outside_step_error(self.name)
         step._set_phase_attribute(key, value)
 
 
@@ -126,7 +126,7 @@ class SyncedPhase(Phase):
         rec = self._rec
         ev = rec.ev
         if ev is None:
-            raise _outside(self.name)
+            raise outside_step_error(self.name)
         rec.synchronize()  # explicit: drain device work from before this phase
         ev.extend((self, perf_counter_ns()))
         return self
@@ -150,7 +150,7 @@ class DeviceEventPhase(Phase):
         rec = self._rec
         step = rec.current
         if step is None:
-            raise _outside(self.name)
+            raise outside_step_error(self.name)
         ev = step.ev
         step.dev[len(ev)] = rec.make_event()  # type: ignore[index, misc]
         ev.extend((self, perf_counter_ns()))
@@ -164,79 +164,6 @@ class DeviceEventPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
-class DecodedPhase:
-    """One phase decoded from a step's event list (see :func:`decode_events`)."""
-
-    __slots__ = ("ordinal", "phase", "start_ns", "end_ns", "parent", "error", "start_pos",
-                 "end_pos")
-
-    def __init__(self, ordinal: int, phase: Phase, start_ns: int, end_ns: int, parent: int,
-                 error: BaseException | None, start_pos: int = -1, end_pos: int = -1
-                 ) -> None:
-        self.ordinal = ordinal  # position among the step's phases, in start order
-        self.phase = phase
-        self.start_ns = start_ns
-        self.end_ns = end_ns  # 0 while still open
-        self.parent = parent  # ordinal of the enclosing phase, -1 for the root
-        self.error = error
-        self.start_pos = start_pos  # positions of the boundaries in the step's event list
-        self.end_pos = end_pos
-
-    def __repr__(self) -> str:
-        return (f"DecodedPhase({self.ordinal}, {self.phase.name!r}, parent={self.parent}, "
-                f"{self.start_ns}..{self.end_ns})")
-
-
-def decode_events(ev: list[Any]) -> list[DecodedPhase]:
-    """Turn a step's flat event list into phases (start order); safe on a live list."""
-    out: list[DecodedPhase] = []
-    stack: list[DecodedPhase] = []
-    n = len(ev) - (len(ev) & 1)  # a concurrent reader may see half an event pair
-    for i in range(0, n, 2):
-        a = ev[i]
-        if isinstance(a, Phase):
-            ph = DecodedPhase(len(out), a, ev[i + 1], 0, stack[-1].ordinal if stack else -1,
-                            None, i)
-            out.append(ph)
-            stack.append(ph)
-        elif stack:
-            ph = stack.pop()
-            ph.end_ns = a
-            ph.error = ev[i + 1]
-            ph.end_pos = i
-    return out
-
-
-def flat_events(ev: list[Any]) -> tuple[list[Phase], list[int], list[int]] | None:
-    """(phases, start_ns, end_ns) of a step whose phases ran one after another and none
-    failed, by slices (no per-event Python loop); None for any other list (nested, failed,
-    left open, or a live one): decode_events reads every list.
-    """
-    # Flat: each entry (phase, start) is followed by its exit (end, None), so phases sit at
-    # positions 0 mod 4 only, int end times at 2 mod 4 and no exception at 3 mod 4.
-    if len(ev) & 3:
-        return None
-    opens, ends = ev[0::4], ev[2::4]
-    if opens and (any(ev[3::4]) or set(map(type, ends)) != _INT
-                  or int in set(map(type, opens))):
-        return None
-    return opens, ev[1::4], ends
-
-
-def _active_ordinal(ev: list[Any]) -> tuple[int, int]:
-    """(ordinal of the innermost open phase or -1, number of phases started)."""
-    stack: list[int] = []
-    count = 0
-    n = len(ev) - (len(ev) & 1)
-    for i in range(0, n, 2):
-        if isinstance(ev[i], Phase):
-            stack.append(count)
-            count += 1
-        elif stack:
-            stack.pop()
-    return (stack[-1] if stack else -1), count
-
-
 class _PhaseTable(dict):  # type: ignore[type-arg]
     """name -> reusable Phase of one kind; a missing name creates its Phase on first use."""
 
@@ -247,18 +174,6 @@ class _PhaseTable(dict):  # type: ignore[type-arg]
 
     def __missing__(self, name: str) -> Phase:
         return self._recorder.phase(name, self._kind)
-
-
-class _PureRecorderCore:
-    """The recorder's hot fields as plain attributes: the twin of ``_recorder_c.RecorderCore``
-    (which keeps them in C slots that the C phases and step loop read directly)."""
-
-
-if TYPE_CHECKING:
-    _RecorderCore = _PureRecorderCore
-else:
-    _RecorderCore = (_recorder_c.RecorderCore if _recorder_c is not None
-                     else _PureRecorderCore)
 
 
 class Recorder(_RecorderCore):
@@ -315,7 +230,7 @@ class Recorder(_RecorderCore):
         """Start the next step (it becomes ``current``); steps never nest."""
         cur = self.current
         if cur is not None and not cur.end_ns:
-            raise _nested(cur)
+            raise nested_step_error(cur)
         if index is None:
             index = self.next_index
         self.next_index = index + 1
@@ -367,92 +282,10 @@ class Recorder(_RecorderCore):
 
         Leaving the loop (``break``, an exception in its body) ends the step in progress and
         holds it (see ``held``). The C accelerator's ``StepLoop`` when built, else the
-        generator :meth:`_steps_python`; the two behave alike.
+        generator ``pure_twin.step_loop``; the two behave alike.
         """
-        if _recorder_c is not None:
-            return _recorder_c.StepLoop(  # type: ignore[no-any-return]
-                self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, _nested)
-        return self._steps_python(iterable, loader)
-
-    def _steps_python(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
-        """The pure-Python twin of ``_recorder_c.StepLoop``.
-
-        A step starts and ends here inline, as ``Step.__init__`` and ``finish_step`` would
-        (which still end it on the exceptional paths): no Python call of their own per step.
-        With each step after 1 ms of other work (cold caches, as in a real loop) that takes
-        5-7% off a 7-span step's hot path: ~1.55 -> ~1.47x the floor of six empty ``with``
-        blocks (module copies A/B, paired rounds); 4% with warm caches.
-        """
-        plain = self.plain
-        sync = self.synchronize  # the step's start already synchronized: data starts clean
-        finish = self.finish_step
-        data = self.phase(PHASE_DATA, KIND_TRAIN)  # its loader is the step's
-        new_step = Step.__new__
-        train_lookup, monitor_lookup = self.phase_lookup, self.monitor_lookup
-        it = iter(iterable)
-        while True:
-            if self.held is not None:
-                self.release_held()
-            if self.closed:
-                return
-            cur = self.current
-            if cur is not None and not cur.end_ns:
-                raise _nested(cur)
-            step = new_step(Step)  # the stores of Step.__init__, without its call
-            step.index = index = self.next_index
-            self.next_index = index + 1
-            step.loader = loader
-            step._recorder = self
-            step.phase = train_lookup  # type: ignore[method-assign, assignment]
-            step.monitor = monitor_lookup  # type: ignore[method-assign, assignment]
-            if not plain:
-                self.device_step_start(step)
-            step.start_ns = t = perf_counter_ns()
-            step.ev = ev = [data, t]  # the data phase opens with the step
-            self.current = step
-            self.ev = ev
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.current = self.ev = None  # no batch, no step
-                self.next_index = index
-                return
-            except BaseException as exc:
-                ev.append(perf_counter_ns())
-                ev.append(exc)
-                finish(step, exc)
-                raise
-            if sync is not None:
-                sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
-            ev.append(perf_counter_ns())
-            ev.append(None)
-            step.batch = batch
-            try:
-                yield step
-            except GeneratorExit:
-                # The loop was left: by ``break`` or by an exception in its body. Hold the
-                # step until the next event so Run.__exit__ can still mark it failed.
-                finish(step, None, True)
-                raise
-            except BaseException as exc:
-                finish(step, exc)
-                raise
-            if step.end_ns:
-                continue  # ended in the body (step.end(), or the run's shutdown)
-            # finish_step's usual path, inline.
-            if not plain:
-                self.device_step_end(step)
-            step.end_ns = end = perf_counter_ns()
-            del step.phase, step.monitor  # back to the methods that refuse an ended step
-            step.batch = None  # the background must never keep a batch (or its memory)
-            if self.current is step:
-                self.current = self.ev = None
-            self.last_step_end_ns = end
-            queue = self.queue  # read per step: a forked child's run swaps it out
-            if len(queue) < self.max_queued:
-                queue.append(step)
-            else:
-                self.drops.add("record_queue_full", step.span_count())
+        return _step_loop(  # type: ignore[no-any-return]
+            self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error)
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
@@ -509,42 +342,7 @@ class Recorder(_RecorderCore):
         return step.index, step.start_ns, None, step.start_ns
 
 
-class _PureStepCore:
-    """A step's fields and phase lookups in pure Python: the twin of ``_recorder_c.StepCore``.
-
-    While a step runs, its ``phase`` / ``monitor`` are shadowed by the bound ``__getitem__``
-    of the recorder's tables (a lookup done in C, no Python frame per phase); when it ends
-    they fall back to the methods here, which refuse. The C twin checks ``end_ns`` in C.
-    """
-
-    _recorder: Recorder
-    # Defaults live on the class: a step sets only what every step has.
-    batch: Any = None
-    error: BaseException | None = None
-    end_ns: int = 0
-
-    def phase(self, name: str) -> Phase:
-        """A training phase (forward, backward, optimizer, or your own name)."""
-        if self.end_ns:
-            raise _ended(self, name)  # type: ignore[arg-type]
-        return self._recorder.train_phases[name]  # type: ignore[no-any-return]
-
-    def monitor(self, name: str) -> Phase:
-        """A monitoring phase (inference, val_loss, ...): counts toward monitoring overhead."""
-        if self.end_ns:
-            raise _ended(self, name)  # type: ignore[arg-type]
-        return self._recorder.monitor_phases[name]  # type: ignore[no-any-return]
-
-
-if TYPE_CHECKING:
-    _StepCore = _PureStepCore
-else:
-    _StepCore = _recorder_c.StepCore if _recorder_c is not None else _PureStepCore
-# The pure twin's running steps shadow phase/monitor with the tables' lookups (see above).
-_SHADOWED_LOOKUPS = _recorder_c is None
-
-
-class Step(_StepCore):
+class Step(_StepCore, StepPhaseEvents):
     """One training step: the root span ``train.step`` and its phases.
 
     ``step.batch`` holds what the data phase fetched; it is released when the step ends so
@@ -585,7 +383,7 @@ class Step(_StepCore):
 
     def _ended_error(self, name: str) -> RuntimeError:
         """The error of a phase opened on this ended step (raised by the C twin too)."""
-        return _ended(self, name)
+        return ended_step_error(self, name)
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
@@ -593,11 +391,11 @@ class Step(_StepCore):
         A tensor is kept (detached) and read in the background, not with ``.item()`` here.
         """
         if type(key) is not str or not key:
-            raise _bad_key(key)
+            raise bad_key_error(key)
         attrs = self.attrs
         if attrs is None:
             attrs = self.attrs = {}
-        attrs[key] = _detach(value)
+        attrs[key] = detached(value)
 
     def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
         """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.
@@ -606,7 +404,7 @@ class Step(_StepCore):
         ``for vb in step.iter_data(val_loader, loader="val"):``.
         """
         if self.end_ns:
-            raise _ended(self, f"{PHASE_DATA}[{loader}]")
+            raise ended_step_error(self, f"{PHASE_DATA}[{loader}]")
         phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
         sync = self._recorder.synchronize
         ev = self.ev
@@ -635,49 +433,6 @@ class Step(_StepCore):
             ev.append(None)
             yield item
 
-    # -- phases from events (integrations: hooks and callbacks split a with-block) -------
-    def open_phase(self, name: str, kind: str = KIND_TRAIN, start_ns: int | None = None,
-                   loader: str | None = None, attributes: dict[str, Any] | None = None
-                   ) -> None:
-        """Open a phase at ``start_ns`` (a ``perf_counter_ns`` value; default now).
-
-        It nests inside the innermost open phase, exactly like a ``with`` block; close it
-        with :meth:`close_phase`. Use :meth:`Run.timestamp_ns` for boundary timestamps that
-        honour ``device_sync``.
-        """
-        if self.end_ns:
-            raise _ended(self, name)
-        ev = self.ev
-        if attributes:
-            self._attrs_for_next_phase(attributes)
-        ev.append(self._recorder.phase(name, kind, loader))
-        ev.append(perf_counter_ns() if start_ns is None else start_ns)
-
-    def close_phase(self, end_ns: int | None = None, error: BaseException | None = None
-                    ) -> None:
-        """Close the innermost open phase at ``end_ns`` (default now), failed if ``error``."""
-        ev = self.ev
-        ev.append(perf_counter_ns() if end_ns is None else end_ns)
-        ev.append(error)
-        if error is not None and self.error is None:
-            self.error = error
-
-    def record_phase(self, name: str, start_ns: int, end_ns: int, kind: str = KIND_TRAIN,
-                     loader: str | None = None, attributes: dict[str, Any] | None = None
-                     ) -> None:
-        """Record a finished phase (``perf_counter_ns`` times) inside the innermost open one."""
-        if self.end_ns:
-            raise _ended(self, name)
-        if attributes:
-            self._attrs_for_next_phase(attributes)
-        self.ev.extend((self._recorder.phase(name, kind, loader), start_ns, end_ns, None))
-
-    def _attrs_for_next_phase(self, attributes: dict[str, Any]) -> None:
-        ordinal = sum(1 for e in self.ev if isinstance(e, Phase))
-        if self.phase_attrs is None:
-            self.phase_attrs = {}
-        self.phase_attrs[ordinal] = {k: _detach(v) for k, v in attributes.items()}
-
     # -- lifecycle and background helpers -----------------------------------------------
     def span_count(self) -> int:
         """Spans this step will produce (root + phases)."""
@@ -685,16 +440,16 @@ class Step(_StepCore):
 
     def _set_phase_attribute(self, key: str, value: Any) -> None:
         if type(key) is not str or not key:
-            raise _bad_key(key)
-        ordinal, _ = _active_ordinal(self.ev)
+            raise bad_key_error(key)
+        ordinal, _ = active_ordinal(self.ev)
         if ordinal < 0:
             raise RuntimeError(f"set_attribute({key!r}): no phase is open in step {self.index}")
         if self.phase_attrs is None:
             self.phase_attrs = {}
-        self.phase_attrs.setdefault(ordinal, {})[key] = _detach(value)
+        self.phase_attrs.setdefault(ordinal, {})[key] = detached(value)
 
     def _active_span_ordinal(self) -> int:
-        return _active_ordinal(self.ev)[0]
+        return active_ordinal(self.ev)[0]
 
     def _finish(self, error: BaseException | None, hold: bool = False) -> None:
         self._recorder.finish_step(self, error, hold)
@@ -712,99 +467,6 @@ class Step(_StepCore):
 
     def __repr__(self) -> str:
         return f"<Step {self.index}{' ended' if self.end_ns else ''}>"
-
-
-class MonitorRecord:
-    """Monitoring work done outside any step (``run.monitor``): one root span."""
-
-    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
-                 "span_id", "_recorder")
-
-    def __init__(self, recorder: Recorder, name: str) -> None:
-        self.name = name
-        self.after_step = recorder.next_index - 1
-        self.error: BaseException | None = None
-        self.attrs: dict[str, Any] | None = None
-        self.start_ns = 0
-        self.end_ns = 0
-        self.trace_id = 0  # drawn when a user span inside asks for it, else when built
-        self.span_id = 0
-        self._recorder = recorder
-
-    def start(self, start_ns: int | None = None) -> MonitorRecord:
-        """Start timing, at ``start_ns`` (``perf_counter_ns``) if the start was seen earlier."""
-        if start_ns is None:
-            sync = self._recorder.synchronize
-            if sync is not None:
-                sync()  # explicit: measure only this operation's device work
-            start_ns = perf_counter_ns()
-        self.start_ns = start_ns
-        self._recorder.open_record = self
-        return self
-
-    def end(self, end_ns: int | None = None, error: BaseException | None = None) -> None:
-        """Stop timing (at ``end_ns`` if given) and hand the span to the background."""
-        if self.end_ns:
-            return
-        if end_ns is None:
-            sync = self._recorder.synchronize
-            if sync is not None:
-                sync()  # explicit: this operation's device work counts in this operation
-            end_ns = perf_counter_ns()
-        self.end_ns = end_ns
-        self.error = error
-        rec = self._recorder
-        if rec.open_record is self:
-            rec.open_record = None
-        rec.submit(self)
-
-    def __enter__(self) -> MonitorRecord:
-        return self.start()
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.end(error=exc)
-        return False
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on this operation's span."""
-        if type(key) is not str or not key:
-            raise _bad_key(key)
-        if self.attrs is None:
-            self.attrs = {}
-        self.attrs[key] = _detach(value)
-
-    def span_count(self) -> int:
-        """One span."""
-        return 1
-
-
-def _bad_key(key: Any) -> ValueError:
-    # Refused at the call: in the background the value could only be dropped with a warning.
-    return ValueError(f"set_attribute: the key must be a non-empty string, got {key!r}")
-
-
-def _outside(name: str) -> RuntimeError:
-    return RuntimeError(
-        f"phase {name!r} opened outside a step: open phases inside "
-        "`for step in run.steps(...)` or `with run.step() as step:`")
-
-
-def _nested(step: Step) -> RuntimeError:
-    return RuntimeError(
-        f"step {step.index} is still in progress: steps do not nest (end it first)")
-
-
-def _ended(step: Step, name: str) -> RuntimeError:
-    return RuntimeError(
-        f"phase {name!r} opened on step {step.index}, which has already ended; "
-        "open phases inside the step's loop body, and time work after the loop (a final "
-        f"eval) with run.monitor({name!r}) instead")
-
-
-def _detach(value: Any) -> Any:
-    # Tensors: keep a detached reference (no graph, no sync); the builder reads the value.
-    detach = getattr(value, "detach", None)
-    return detach() if detach is not None else value
 
 
 def calibrate_ns_per_phase(rounds: int = 200) -> float:

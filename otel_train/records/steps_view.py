@@ -195,11 +195,6 @@ class StepAssembler:
             "evict", "otel-train: a trace's root span never arrived; its phases were left out "
             "of the derived metrics (%d incomplete trace(s) so far)", self.evicted_traces)
 
-    @property
-    def pending_traces(self) -> int:
-        """Traces waiting for their root span."""
-        return len(self._pending)
-
 
 def count_monitoring(view: StepView) -> None:
     """Fill ``view.operations`` / ``monitor_ns`` with the top-level monitor phases."""
@@ -325,8 +320,8 @@ class SharedStepSpanProcessor(SpanProcessor):
     def on_views(self, views: Sequence[StepView]) -> None:
         """Views built elsewhere, a frame of them at once: each processor takes them all,
         in order, before the next processor does. Each processor's state then stays in the
-        caches through the frame: 15-25% less CPU than view by view (11.4 against 15.3 µs
-        per 6-phase step offline; benchmarks/bench_processors.py prints both). A processor
+        caches through the frame, for less CPU than view by view
+        (benchmarks/bench_processors.py prints both). A processor
         sees what the ones before it made of the whole frame: ``train.slow`` is marked on
         every view first, and the budget and the console read the overhead as of the
         frame's end (the frame's lines and warnings come out together either way).

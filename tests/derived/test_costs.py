@@ -175,7 +175,7 @@ def test_the_field_notes_hung_setup_is_10_9_percent_and_critical(scale: float) -
     assert data["total_percentage"] == pytest.approx(100 * 381 / 3500, abs=1e-3)  # 10.9%
     assert data["steady_percentage"] == pytest.approx(100 * 381 / 3500, abs=1e-3)
     assert data["budget_status"] == "critical"
-    assert data["wall_share"] == pytest.approx(381 / 3881)  # 9.8%: what the old ratio said
+    assert data["wall_share"] == pytest.approx(381 / 3881)  # 9.8%: monitoring over wall time
     evo = data["operations"]["evolution_snapshot"]
     assert (evo["calls"], evo["first_seconds"]) == (2, pytest.approx(180 * scale))
     assert evo["total_time"] == pytest.approx(360 * scale)

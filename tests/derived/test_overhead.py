@@ -20,7 +20,7 @@ def test_overhead_ratio_counts_only_top_level_monitor_phases() -> None:
     feed(ov, step_spans(0, phases, 100))
     snap = ov.snapshot()
     assert snap.cumulative_ratio == pytest.approx(40 / 60)  # 40 ms over 60 ms of training
-    assert snap.wall_share == pytest.approx(0.40)  # the old meaning, under its own name
+    assert snap.wall_share == pytest.approx(0.40)  # monitoring / wall, under its own name
     assert set(snap.operations) == {"eval"}
     assert snap.operations["eval"].share == pytest.approx(40 / 60)
 
@@ -96,7 +96,7 @@ def test_warm_up_steps_are_reported_apart_and_left_out_of_the_steady_training_ti
     assert snap.warmup_steps == 3
     assert snap.warmup_training_seconds == pytest.approx(3.0)
     assert snap.steady_train_seconds_per_step == pytest.approx((1.0 - 0.02) / 10)
-    assert snap.train_seconds_per_step == pytest.approx((4.0 - 0.02) / 13)
+    assert snap.training_seconds == pytest.approx(4.0 - 0.02)  # warm-up included
     # cumulative counts everything; steady state puts steady steps in place of warm-up ones
     assert snap.cumulative_ratio == pytest.approx(0.02 / 3.98)
     # inference every 5 steps at 10 ms, over 98 ms of steady training per step

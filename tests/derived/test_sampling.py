@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from otlp_receivers import GrpcOtlpReceiver
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,7 +25,6 @@ from otel_train.common.options import RunOptions
 from otel_train.derived.sampling import (
     SAMPLE_REASON,
     StepTailSampler,
-    ratio_keeps,
     resolve_sample_ratio,
 )
 from otel_train.common.trace_ids import SAMPLED
@@ -90,7 +90,7 @@ def test_two_ranks_keep_the_same_ordinary_steps_and_every_step_that_matters(
         roots = rx.spans("train.step")
     metrics = [json.loads(out.strip().splitlines()[-1])["metrics"] for out, _ in outs]
 
-    expected = {s for s in range(10, 200) if ratio_keeps(step_trace_id("sampled-run", s), 0.1)}
+    expected = {s for s in range(10, 200) if _sdk_keeps(step_trace_id("sampled-run", s), 0.1)}
     assert 5 <= len(expected) <= 40  # about 10% of 190
     kept: dict[int, dict[int, str]] = defaultdict(dict)
     slow_kept: dict[int, set[int]] = defaultdict(set)
@@ -144,12 +144,21 @@ def test_sample_ratio_comes_from_the_option_or_the_standard_sampler_variables():
         RunOptions.resolve(environ={}, sample_ratio=1.5)
 
 
+def _sdk_keeps(trace_id: int, ratio: float) -> bool:
+    """The OpenTelemetry SDK's own TraceIdRatioBased decision."""
+    sdk = TraceIdRatioBased(ratio)
+    return sdk.should_sample(None, trace_id, "x").decision.is_sampled()
+
+
 def test_the_ratio_rule_is_the_sdks_traceidratio_rule():
-    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-    sdk = TraceIdRatioBased(0.1)
+    out = _Collect()
+    sampler = StepTailSampler(0.1, keep_first_steps=0, downstream=out)  # type: ignore[arg-type]
     for step in range(500):
-        tid = step_trace_id("r", step)
-        assert ratio_keeps(tid, 0.1) == sdk.should_sample(None, tid, "x").decision.is_sampled()
+        for span in _step(step_trace_id("r", step), step):
+            sampler.on_end(span)
+    kept = {s.attributes[A.STEP] for s in out.spans if s.name == A.STEP_SPAN_NAME}
+    assert kept == {s for s in range(500) if _sdk_keeps(step_trace_id("r", s), 0.1)}
+    assert 20 <= len(kept) <= 80  # about 10% of 500
 
 
 class _Collect:

@@ -20,7 +20,7 @@ from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
 
 from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN
 from otel_train.common.drop_counter import DropCounter
-from otel_train.recording.recorder import Phase, Recorder, Step, decode_events
+from otel_train.recording.recorder import Phase, Recorder, Step
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,41 +32,6 @@ def test_phases_are_reused_per_name_kind_and_loader():
     assert rec.phase("forward", KIND_TRAIN) is rec.phase("forward", KIND_TRAIN)
     assert rec.phase("forward", KIND_TRAIN) is not rec.phase("forward", KIND_MONITOR)
     assert rec.phase("data", KIND_TRAIN, "a") is not rec.phase("data", KIND_TRAIN, "b")
-
-
-def test_decode_events_rebuilds_the_phase_tree_in_start_order():
-    rec = Recorder(10, DropCounter(), None)
-    step = Step(rec, 0, None)
-    with step.phase("forward"):
-        with step.phase("attention"):
-            pass
-        with step.phase("mlp"):
-            pass
-    with step.phase("backward"):
-        pass
-    step._finish(None)
-    phases = decode_events(step.ev)
-    assert [(p.phase.name, p.parent) for p in phases] == [
-        ("forward", -1), ("attention", 0), ("mlp", 0), ("backward", -1)]
-    for p in phases:
-        assert step.start_ns <= p.start_ns <= p.end_ns <= step.end_ns
-        assert p.error is None
-    assert step.span_count() == 5
-    assert list(rec.queue) == [step]
-
-
-def test_decode_events_is_safe_on_a_live_list_with_half_an_event():
-    rec = Recorder(10, DropCounter(), None)
-    step = Step(rec, 0, None)
-    phase = step.phase("forward")
-    phase.__enter__()
-    live = list(step.ev) + [123]  # a reader saw the end timestamp but not its pair
-    (ph,) = decode_events(live)
-    assert ph.phase.name == "forward" and ph.end_ns == 0
-    assert rec.in_progress()[2] == "forward"
-    phase.__exit__(None, None, None)
-    step._finish(None)
-    assert rec.in_progress() is None
 
 
 def test_a_full_record_queue_counts_the_dropped_spans():

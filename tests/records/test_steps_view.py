@@ -83,11 +83,15 @@ def test_spans_without_contract_attributes_are_ignored() -> None:
 def test_incomplete_traces_are_bounded_and_the_evictions_counted() -> None:
     views: list[StepView] = []
     asm = StepAssembler(views.append, max_pending_traces=4)
-    for i in range(10):
-        asm.add(step_spans(i, [("forward", "train", 0, 5)], 10)[0])  # children only
-    assert asm.pending_traces == 4
+    steps = [step_spans(i, [("forward", "train", 0, 5)], 10) for i in range(10)]
+    for child, _root in steps:
+        asm.add(child)  # children only
     assert asm.evicted_traces == 6
     assert views == []
+    for _child, root in steps:
+        asm.add(root)
+    # The 4 newest traces were still held: their steps come whole, the evicted ones bare.
+    assert [len(v.phases) for v in views] == [0] * 6 + [1] * 4
 
 
 def test_spans_from_an_sdk_tracer_that_follows_the_contract_are_assembled() -> None:

@@ -1,0 +1,84 @@
+"""Monitoring work done outside any step (``run.monitor``): one root span of its own.
+
+A ``MonitorRecord`` times one operation between steps (a final evaluation, a checkpoint)
+and goes to the same queue as the steps when it ends; its span nests nothing but the user
+spans opened inside it.
+
+Usage::
+
+    with run.monitor("final_eval") as op:   # returns a MonitorRecord
+        op.set_attribute("eval.examples", 100)
+        evaluate()
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any
+
+from otel_train.recording.call_checks import bad_key_error, detached
+
+
+class MonitorRecord:
+    """Monitoring work done outside any step (``run.monitor``): one root span."""
+
+    __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
+                 "span_id", "_recorder")
+
+    def __init__(self, recorder: Any, name: str) -> None:
+        self.name = name
+        self.after_step = recorder.next_index - 1
+        self.error: BaseException | None = None
+        self.attrs: dict[str, Any] | None = None
+        self.start_ns = 0
+        self.end_ns = 0
+        self.trace_id = 0  # drawn when a user span inside asks for it, else when built
+        self.span_id = 0
+        # The run's Recorder (recorder.py imports this module, so it is not named here).
+        self._recorder = recorder
+
+    def start(self, start_ns: int | None = None) -> MonitorRecord:
+        """Start timing, at ``start_ns`` (``perf_counter_ns``) if the start was seen earlier."""
+        if start_ns is None:
+            sync = self._recorder.synchronize
+            if sync is not None:
+                sync()  # explicit: measure only this operation's device work
+            start_ns = perf_counter_ns()
+        self.start_ns = start_ns
+        self._recorder.open_record = self
+        return self
+
+    def end(self, end_ns: int | None = None, error: BaseException | None = None) -> None:
+        """Stop timing (at ``end_ns`` if given) and hand the span to the background."""
+        if self.end_ns:
+            return
+        if end_ns is None:
+            sync = self._recorder.synchronize
+            if sync is not None:
+                sync()  # explicit: this operation's device work counts in this operation
+            end_ns = perf_counter_ns()
+        self.end_ns = end_ns
+        self.error = error
+        rec = self._recorder
+        if rec.open_record is self:
+            rec.open_record = None
+        rec.submit(self)
+
+    def __enter__(self) -> MonitorRecord:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.end(error=exc)
+        return False
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set an attribute on this operation's span."""
+        if type(key) is not str or not key:
+            raise bad_key_error(key)
+        if self.attrs is None:
+            self.attrs = {}
+        self.attrs[key] = detached(value)
+
+    def span_count(self) -> int:
+        """One span."""
+        return 1
