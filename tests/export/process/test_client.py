@@ -261,11 +261,10 @@ def test_a_killed_child_is_counted_and_export_falls_back_to_the_training_process
 
 _NEVER_READY_AT_EXIT = textwrap.dedent("""
     import sys
-    from otel_train.export.process import client as export_process
+    from otel_train.export.process.lifecycle import ClientLifecycle
     # A machine too slow to start the exporter process before this short run ends: the
-    # child never reports ready, so the shutdown at interpreter exit takes over.
-    export_process.ExportProcessClient._ready = property(lambda self: False,
-                                                         lambda self, value: None)
+    # client never leaves STARTING, so the shutdown at interpreter exit takes over.
+    ClientLifecycle.child_ready = lambda self: False
     import otel_train
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
                                otlp_protocol=sys.argv[2], prometheus_port=None, console=False,
@@ -330,7 +329,7 @@ def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
             run._telemetry.worker.drain()
         dropped = run.drops.counts().get("export_queue_full", 0)
         assert dropped > 0
-        assert client._outbox_spans <= 300 + 50 * 4 + 10  # bound + the newest frame
+        assert client._outbox.spans <= 300 + 50 * 4 + 10  # bound + the newest frame
     finally:
         os.kill(client.pid, signal.SIGCONT)
     run.shutdown(timeout=10)
@@ -602,9 +601,9 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
         run = start_test_run(tmp_path)
         client = run._telemetry.export
         end = time.monotonic() + 10
-        while not client._feed_here and time.monotonic() < end:
+        while client.derives_metrics and time.monotonic() < end:
             time.sleep(0.05)
-        assert client._feed_here and not client.derives_metrics
+        assert not client.derives_metrics
         _train(run, 20)
         assert run.costs()["steps"] == 20
         run.shutdown(timeout=10)
