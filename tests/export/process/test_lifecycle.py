@@ -7,7 +7,11 @@ import logging
 
 import pytest
 
-from otel_train.export.process.lifecycle import LEGAL_MOVES, ClientLifecycle, ClientState
+from otel_train.export.process.lifecycle import (
+    LEGAL_MOVES,
+    ClientLifecycle,
+    ClientState,
+)
 
 S = ClientState
 # A legal path from STARTING to each state.
