@@ -3,13 +3,14 @@
 ::
 
     STARTING --child_ready--> READY --child_final--> FINAL
-        |                       |                      |
-        +------take_over--------+                      |
-        |          |                                   |
-        |      TAKEN_OVER                              |
-        +----------+-----------close-------------------+--> CLOSED
+        |                       |
+        +-------take_over-------+
+                    |
+                    v
+                TAKEN_OVER
 
-    fork: from every state to FORKED (a forked training process's inert copy)
+    STARTING, READY, FINAL, TAKEN_OVER --close--> CLOSED
+    every state --fork--> FORKED (a forked training process's inert copy)
 
 - STARTING: the child runs but has not reported yet; frames wait in this process.
 - READY: the child reported once (its exporter is made); frames go down the pipe.
