@@ -75,10 +75,9 @@ _NO_THREADS_AT_EXIT = textwrap.dedent("""
             raise RuntimeError("can't create new thread at interpreter shutdown")
         return start(self)
     threading.Thread.start = refuse
-    from otel_train.export.process import client as export_process
+    from otel_train.export.process.lifecycle import ClientLifecycle
     if sys.argv[4] == "never-ready":  # the exporter process is not up before the run ends
-        export_process.ExportProcessClient._ready = property(lambda self: False,
-                                                             lambda self, value: None)
+        ClientLifecycle.child_ready = lambda self: False  # its ready report never lands
     import otel_train
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
                                otlp_protocol=sys.argv[2], prometheus_port=None,

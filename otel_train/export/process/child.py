@@ -1,14 +1,15 @@
 """The exporter process: span records in, spans exported, counts and log records out.
 
-Started by ``export_process.ExportProcessClient`` as ``python -I -c`` with two pipe ends.
-The first frame is its configuration (the export plan, resource, scope, run constants and
-bounds); then frames of span records and user span rows, ``flush`` and ``stop``. It feeds
-the records to ``BoundedBatchSpanProcessor`` with the planned exporter: for OTLP each record
-is encoded straight to its Span messages as it arrives (``_Encoder.record``, the bytes its
-rows would give), for the span file its rows (span_rows.py) are, exactly as the training
-process would. It reports its export and drop counts every 0.25 s and its log records as
-they come, and leaves when told to stop, when the pipe closes, or when the training process
-is gone.
+Started by ``client.ExportProcessClient`` (launch.py) as ``python -I -c`` with two pipe
+ends, SIGINT and SIGTERM ignored. The first frame is its configuration (the export plan,
+resource, scope, run constants and bounds); then frames of span records and user span rows,
+``derive``, ``gpu``, ``flush``, ``sync`` and ``stop``. It feeds the records to
+``BoundedBatchSpanProcessor`` with the planned exporter: for OTLP each record is encoded
+straight to its Span messages as it arrives (``_Encoder.record``, the bytes its rows would
+give), for the span file its rows (span_rows.py) are, exactly as the training process would.
+It reports its export and drop counts every ``STATS_INTERVAL_SECONDS`` and its log records as
+they come (reports.py reads them), and leaves when told to stop, when the pipe closes, or
+when the training process is gone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 import marshal
 import os
 import pickle
-import signal
 import sys
 import threading
 import time
@@ -27,15 +27,20 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.drop_counter import DropCounter
-from otel_train.export.process.pipe import STATS_INTERVAL_SECONDS, FrameReader, frame, write_all
+from otel_train.export.process.pipe import (
+    STATS_INTERVAL_SECONDS,
+    FrameReader,
+    frame,
+    write_all,
+)
 from otel_train.records.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
 _ORPHAN_CHECK_SECONDS = 0.5
 _ORPHAN_FLUSH_SECONDS = 3.0  # the training process died: what the child may still send
 # The derived metrics' state goes up once a second (a flush, a sync and the stop send it at
-# once): Prometheus scrapes every 15 s or so, and an exchange costs both processes ~0.35 ms
-# of CPU (export, marshal, load), ~1 µs per step at 4 a second and 1 ms steps.
+# once): Prometheus scrapes every 15 s or so, and each exchange costs both processes CPU
+# (export, marshal, load), so it goes at a scrape's pace rather than with every count report.
 _STATE_INTERVAL_SECONDS = 1.0
 
 
@@ -113,23 +118,22 @@ class _Child:
     """The exporter process: rows in, spans exported, counts out."""
 
     def __init__(self, writer: _StatWriter, config: dict[str, Any]) -> None:
-        from otel_train.export.stage import BoundedBatchSpanProcessor
         from otel_train.export.exporters import create_exporter
+        from otel_train.export.stage import BoundedBatchSpanProcessor
 
         self.send = writer.send
         self.drops = DropCounter()
         attrs, schema = config["resource"]
-        self.factory = RowSpanFactory(Resource(attrs, schema),
-                                      InstrumentationScope(*config["scope"]),
-                                      config["run_constants"])
+        factory = RowSpanFactory(Resource(attrs, schema), InstrumentationScope(*config["scope"]),
+                                 config["run_constants"])
         self.export = BoundedBatchSpanProcessor(
             create_exporter(config["plan"]), self.drops, config["max_queue"], config["batch"],
             config["interval"])
         # The OTLP exporters encode each record straight to its spans' bytes, the span file
-        # its rows: no ReadableSpan is made here (~20 µs per 7-span step).
-        self.export.use_rows(self.factory)
+        # its rows: no ReadableSpan is made here, the costliest object of the span path.
+        self.export.use_rows(factory)
         self.parent_pid = config["parent_pid"]
-        self._last: Any = None
+        self._last_counts: Any = None  # the counts last sent
         self._done = threading.Event()
         self._writer = writer
         # The derived metrics, when the training process hands them over ("derive").
@@ -177,9 +181,9 @@ class _Child:
         sampled_out = self.sampler.sampled_out_spans if self.sampler is not None else 0
         now = (self.export.exported, self.export.export_failures, self.drops.counts(),
                sampled_out)
-        if kind == "stats" and now == self._last:
+        if kind == "stats" and now == self._last_counts:
             return
-        self._last = now
+        self._last_counts = now
         self.send((kind, *now), block)
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
@@ -208,6 +212,33 @@ class _Child:
         self.export.shutdown(timeout_seconds)
         self.stats("final", block=True)
 
+    def handle(self, msg: tuple[Any, ...]) -> bool:
+        """One frame from the training process; False once it said stop."""
+        kind = msg[0]
+        if kind == "spans":
+            self.spans(msg[1], msg[2], msg[3])
+        elif kind == "flush":
+            self.send_state()
+            ok = self.export.force_flush(int(msg[2] * 1000))
+            self.stats(block=True)
+            self.send(("flushed", msg[1], ok), block=True)
+        elif kind == "sync":  # run.costs(): the chain's state now, nothing exported
+            self.send_state()
+            self.send(("flushed", msg[1], True), block=True)
+        elif kind == "derive":
+            try:
+                self.derive(msg[1])
+            except Exception as exc:
+                self.chain = self.shared = None
+                self.send(("derive_failed", repr(exc)), block=True)
+        elif kind == "gpu":
+            if self.chain is not None:
+                self.chain.gpu_steps.add_round(tuple(msg[1]))
+        elif kind == "stop":
+            self.stop(msg[1])
+            return False
+        return True
+
     def watch(self) -> None:
         """Counts every 0.25 s, the derived state every second; if the training process is
         gone, flush briefly and exit."""
@@ -225,11 +256,7 @@ class _Child:
 
 
 def child_main(cmd_fd: int, stat_fd: int) -> None:
-    """Entry point of the exporter process (``python -c`` from ExportProcessClient)."""
-    # The launcher's SIGINT/SIGTERM are for the training process; its shutdown flushes
-    # through us, and we leave when the pipe closes or the training process is gone.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Entry point of the exporter process (launch.py's ``python -I -c``)."""
     reader = FrameReader(cmd_fd)
     raw = reader.read_one()
     if raw is None:
@@ -254,28 +281,6 @@ def child_main(cmd_fd: int, stat_fd: int) -> None:
         if raw is None:  # the training process closed the pipe without a stop (it died)
             child.stop(_ORPHAN_FLUSH_SECONDS)
             break
-        msg = marshal.loads(raw)
-        kind = msg[0]
-        if kind == "spans":
-            child.spans(msg[1], msg[2], msg[3])
-        elif kind == "flush":
-            child.send_state()
-            ok = child.export.force_flush(int(msg[2] * 1000))
-            child.stats(block=True)
-            child.send(("flushed", msg[1], ok), block=True)
-        elif kind == "sync":  # run.costs(): the chain's state now, nothing exported
-            child.send_state()
-            child.send(("flushed", msg[1], True), block=True)
-        elif kind == "derive":
-            try:
-                child.derive(msg[1])
-            except Exception as exc:
-                child.chain = child.shared = None
-                writer.send(("derive_failed", repr(exc)), block=True)
-        elif kind == "gpu":
-            if child.chain is not None:
-                child.chain.gpu_steps.add_round(tuple(msg[1]))
-        elif kind == "stop":
-            child.stop(msg[1])
+        if not child.handle(marshal.loads(raw)):
             break
     os._exit(0)  # skip interpreter teardown: everything is flushed and reported

@@ -26,7 +26,6 @@ class FrameReader:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._buf = bytearray()
-        self.eof = False
 
     def read_available(self) -> list[bytes]:
         """Every whole frame readable now without blocking (fd must be non-blocking)."""
@@ -35,11 +34,9 @@ class FrameReader:
                 chunk = os.read(self.fd, _READ_CHUNK)
             except BlockingIOError:
                 break
-            except OSError:
-                self.eof = True
+            except OSError:  # closed, or the child is gone
                 break
             if not chunk:
-                self.eof = True
                 break
             self._buf += chunk
         return self._frames()
@@ -55,7 +52,6 @@ class FrameReader:
             except InterruptedError:
                 continue
             if not chunk:
-                self.eof = True
                 return None
             self._buf += chunk
 
@@ -75,6 +71,7 @@ class FrameReader:
 
 
 def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (on a blocking descriptor)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

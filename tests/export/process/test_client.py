@@ -22,9 +22,9 @@ from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F4
 
 import otel_train
 from otel_train.common.drop_counter import DropCounter
+from otel_train.common.sdk_config import ExportPlan
 from otel_train.export.process.client import ExportProcessClient
 from otel_train.export.span_file import OtlpJsonFileSpanExporter
-from otel_train.common.sdk_config import ExportPlan
 from otel_train.records.span_rows import record_span_count, rows_from_record
 
 pytestmark = pytest.mark.timeout(60)
@@ -261,11 +261,10 @@ def test_a_killed_child_is_counted_and_export_falls_back_to_the_training_process
 
 _NEVER_READY_AT_EXIT = textwrap.dedent("""
     import sys
-    from otel_train.export.process import client as export_process
+    from otel_train.export.process.lifecycle import ClientLifecycle
     # A machine too slow to start the exporter process before this short run ends: the
-    # child never reports ready, so the shutdown at interpreter exit takes over.
-    export_process.ExportProcessClient._ready = property(lambda self: False,
-                                                         lambda self, value: None)
+    # client never leaves STARTING, so the shutdown at interpreter exit takes over.
+    ClientLifecycle.child_ready = lambda self: False
     import otel_train
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=sys.argv[1],
                                otlp_protocol=sys.argv[2], prometheus_port=None, console=False,
@@ -330,7 +329,7 @@ def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
             run._telemetry.worker.drain()
         dropped = run.drops.counts().get("export_queue_full", 0)
         assert dropped > 0
-        assert client._outbox_spans <= 300 + 50 * 4 + 10  # bound + the newest frame
+        assert client._outbox.spans <= 300 + 50 * 4 + 10  # bound + the newest frame
     finally:
         os.kill(client.pid, signal.SIGCONT)
     run.shutdown(timeout=10)
@@ -602,11 +601,98 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
         run = start_test_run(tmp_path)
         client = run._telemetry.export
         end = time.monotonic() + 10
-        while not client._feed_here and time.monotonic() < end:
+        while client.derives_metrics and time.monotonic() < end:
             time.sleep(0.05)
-        assert client._feed_here and not client.derives_metrics
+        assert not client.derives_metrics
         _train(run, 20)
         assert run.costs()["steps"] == 20
         run.shutdown(timeout=10)
     assert any("could not run the derived metrics" in r.getMessage() for r in caplog.records)
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 20 * 4 + 4  # export unharmed
+
+
+# -- the lifecycle of a real client (lifecycle.py) -----------------------------------------------
+def test_the_client_moves_from_starting_to_ready_on_the_childs_first_report_and_closes(
+        tmp_path: Path) -> None:
+    from otel_train.export.process.client import ClientState
+
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    assert client.state in (ClientState.STARTING, ClientState.READY)
+    _train(run, 3)
+    assert run.flush(timeout_seconds=10)
+    assert client.state is ClientState.READY
+    run.shutdown(timeout=10)
+    assert client.state is ClientState.CLOSED
+    assert client._lifecycle.refused_moves == 0
+    client.shutdown(1.0)  # a second shutdown is a no-op, not an illegal move
+    assert client.force_flush(1000) and client._lifecycle.refused_moves == 0
+
+
+def test_a_killed_child_moves_the_client_to_taken_over_then_closed(tmp_path: Path) -> None:
+    from otel_train.export.process.client import ClientState
+
+    run = start_test_run(tmp_path, export_interval_seconds=0.05)
+    client = run._telemetry.export
+    assert run.flush(timeout_seconds=10)
+    os.kill(client.pid, signal.SIGKILL)
+    assert _wait_gone(client.pid, 5)
+    _train(run, 3)
+    run._telemetry.worker.drain()
+    assert client.state is ClientState.TAKEN_OVER
+    assert run.flush(timeout_seconds=10)  # through the in-process stage
+    run.shutdown(timeout=10)
+    assert client.state is ClientState.CLOSED
+    assert client._lifecycle.refused_moves == 0
+    steps = [s for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"]
+    assert len(steps) == 3
+
+
+def test_an_illegal_move_asked_of_a_live_client_is_logged_and_export_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from otel_train.export.process.client import ClientState
+
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    assert run.flush(timeout_seconds=10)
+    with caplog.at_level("WARNING", logger="otel_train"):
+        assert not client._lifecycle.child_ready()  # READY -> READY: not in the table
+    assert client.state is ClientState.READY
+    assert any("refused to move from READY to READY" in r.getMessage() for r in caplog.records)
+    _train(run, 4)
+    run.shutdown(timeout=10)
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 4 * 4 + 1
+
+
+_FORKED_COPY = textwrap.dedent("""
+    import os, sys
+    import otel_train
+    from otel_train.export.process.client import ClientState
+    run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
+                               prometheus_port=None, console=False, status_dir=sys.argv[1])
+    for step in run.steps(range(3)):
+        with step.phase("forward"):
+            pass
+    client = run._telemetry.export
+    pid = os.fork()
+    if pid == 0:  # the forked copy: inert, whatever its parent's state
+        ok = client.state is ClientState.FORKED and not client.derives_metrics
+        client.send_record(("never",), 1)
+        ok = ok and client._recs == [] and not client._outbox.frames
+        client.end_drain(); client.shutdown(1.0)
+        ok = ok and client.force_flush(1000) and client._lifecycle.refused_moves == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    print("FORK-EXIT", os.waitstatus_to_exitcode(status), flush=True)
+    run.shutdown(timeout=10)
+    print("PARENT", client.state.name, flush=True)
+""")
+
+
+def test_a_forked_copy_of_the_client_is_forked_and_inert_and_the_parent_exports(
+        tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _FORKED_COPY, str(tmp_path)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FORK-EXIT 0" in proc.stdout and "PARENT CLOSED" in proc.stdout, proc.stdout
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 3 * 3

@@ -1,0 +1,74 @@
+"""The exporter process's CPU: a Prometheus counter and the figures ``run.costs()`` reports.
+
+It holds no GIL of the training process, but it is the library's cost all the same.
+
+Usage::
+
+    registry.register(ExporterProcessCpuCollector(client, rank))
+    process_cpu_seconds(client.pid)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+
+METRIC_EXPORTER_CPU = "otel_train_exporter_process_cpu_seconds_total"
+
+
+class ExporterProcessHandle(Protocol):
+    """What the collector reads of the client."""
+
+    @property
+    def pid(self) -> int | None:
+        """The exporter process's pid."""
+
+    @property
+    def startup_cpu_seconds(self) -> float | None:
+        """Its CPU until it was ready."""
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ExporterProcessCpuCollector:
+    """Prometheus collector: the exporter process's CPU seconds, labelled by rank."""
+
+    def __init__(self, client: ExporterProcessHandle, rank: Any) -> None:
+        self._client = client
+        self._rank = str(rank)
+        self._last = 0.0
+
+    def startup_cpu_seconds(self) -> float | None:
+        """Of that, the CPU its start-up took (interpreter, imports, the exporter)."""
+        return self._client.startup_cpu_seconds
+
+    def cpu_seconds(self) -> float | None:
+        """The exporter process's CPU seconds so far (its last reading once it has exited),
+        or None if it was never readable."""
+        pid = self._client.pid
+        seconds = process_cpu_seconds(pid) if pid is not None else None
+        if seconds is None and not self._last:
+            return None
+        self._last = max(self._last, seconds or 0.0)
+        return self._last
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family while the exporter process is (or was) readable."""
+        if self.cpu_seconds() is None:
+            return
+        fam = CounterMetricFamily(
+            METRIC_EXPORTER_CPU, "CPU time of otel-train's exporter process (span building, "
+            "encoding and sending, out of the training process's GIL).", labels=["rank"])
+        fam.add_metric([self._rank], self._last)
+        yield fam

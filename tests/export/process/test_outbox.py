@@ -1,0 +1,74 @@
+"""Frames waiting for the exporter process's pipe: bounded in spans, written without blocking,
+handed back whole at a take-over. Real pipes."""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.export.process.outbox import Outbox
+from otel_train.export.process.pipe import FrameReader
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    yield r, w
+    os.close(r)
+    os.close(w)
+
+
+def _outbox(max_queued_spans: int, drops: DropCounter) -> Outbox:
+    return Outbox(max_queued_spans, drops, RateLimitedLogger(logging.getLogger("test")))
+
+
+def _spans(i: int) -> bytes:
+    return marshal.dumps(("spans", [("rec", i)], [], 0))
+
+
+def test_past_the_bound_the_oldest_whole_frames_are_dropped_and_the_newest_stays() -> None:
+    drops = DropCounter()
+    outbox = _outbox(10, drops)
+    for i in range(4):
+        outbox.queue(_spans(i), 4)
+    outbox.queue(marshal.dumps(("flush", 1, 1.0)), 0)  # a control frame evicts nothing
+    outbox.queue(_spans(9), 30)  # alone over the bound: it stays all the same
+    assert drops.counts() == {"export_queue_full": 16}
+    left, cut = outbox.take_unsent()
+    assert [recs for recs, _ in left] == [[], [("rec", 9)]] and cut == 0
+    assert outbox.spans == 0 and not outbox.frames
+
+
+def test_frames_go_whole_into_the_pipe_and_count_as_sent(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    outbox = _outbox(100, DropCounter())
+    outbox.queue(_spans(1), 3)
+    outbox.queue(_spans(2), 5)
+    assert outbox.write_to(w) is True
+    assert outbox.sent_spans == 8 and outbox.spans == 0
+    frames = FrameReader(r).read_available()
+    assert [marshal.loads(f)[1] for f in frames] == [[("rec", 1)], [("rec", 2)]]
+
+
+def test_a_full_pipe_keeps_the_rest_and_a_frame_cut_half_way_is_never_dropped(
+        pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    drops = DropCounter()
+    outbox = _outbox(10, drops)
+    big = marshal.dumps(("spans", [("rec", "x" * 200_000)], [], 0))  # more than a pipe holds
+    outbox.queue(big, 6)
+    assert outbox.write_to(w) is False  # part of it went in
+    outbox.queue(_spans(2), 6)
+    outbox.queue(_spans(3), 6)  # over the bound: the half-written frame is not the victim
+    assert drops.counts() == {"export_queue_full": 6}
+    left, cut = outbox.take_unsent()
+    assert cut == 6  # the half-written frame: lost with the pipe at a take-over
+    assert [recs for recs, _ in left] == [[("rec", 3)]]
