@@ -494,11 +494,12 @@ class ExportProcessClient(SpanProcessor):
             self._wait(time.monotonic() + max(0.0, deadline - time.monotonic()) * 0.6,
                        lambda empty: self._ready)
             if not self._ready:
-                with self._io_lock:
-                    _log.info("otel-train: the exporter process did not start in time; "
-                              "exporting the last spans from the training process")
-                    self._proc.kill()
-                    self._take_over()
+                if not self._took_over:  # (taken over already if it died meanwhile)
+                    with self._io_lock:
+                        _log.info("otel-train: the exporter process did not start in time; "
+                                  "exporting the last spans from the training process")
+                        self._proc.kill()
+                        self._take_over()
                 self._closed = True
                 if self._fallback is not None:  # None: it could not be made (counted)
                     self._fallback.shutdown(max(0.0, deadline - time.monotonic()))
