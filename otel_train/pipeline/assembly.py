@@ -219,7 +219,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                 else build_resource(options.service_name, resource_attributes(identity)))
     # With tail sampling every step is built sampled and the sampler decides after the
     # metrics; the SDK then follows its parent.
-    sampler = ParentBased(ALWAYS_ON) if plan.sdk_sampler_follows_tail else sdk_sampler
+    sampler = ParentBased(ALWAYS_ON) if plan.tail_sampler else sdk_sampler
     builder = StepRecordBuilder(identity, resource,
                                 InstrumentationScope(INSTRUMENTATION_SCOPE, __version__),
                                 device.synced, device.device_type, sampling_function(sampler),

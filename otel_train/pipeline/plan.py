@@ -79,8 +79,9 @@ class PipelinePlan:
     export: ExportPlan
     provider_mode: str
     metrics_where: str | None  # HERE, THERE, or None (a disabled run)
-    tail_sampler: bool  # the step tail sampler decides what is exported
-    sdk_sampler_follows_tail: bool  # the SDK sampler becomes parent-based always-on
+    # The step tail sampler decides what is exported; the SDK sampler then follows its
+    # parent (always on), so every step reaches the decision.
+    tail_sampler: bool
     otlp_metrics: bool
     console: bool
     joins_application: bool  # the application's processors get our spans too
@@ -120,7 +121,7 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
                                             "names otlp)" if otlp_metrics else "off"))
     return PipelinePlan(
         route=route, export=export, provider_mode=env.provider_mode, metrics_where=where,
-        tail_sampler=tail, sdk_sampler_follows_tail=tail, otlp_metrics=otlp_metrics,
+        tail_sampler=tail, otlp_metrics=otlp_metrics,
         console=options.console, joins_application=joins_app, app_exporter=app_exporter,
         user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons))
 
@@ -128,7 +129,7 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
 def _disabled_plan(env: PipelineEnvironment) -> PipelinePlan:
     return PipelinePlan(
         route=ROUTE_NONE, export=ExportPlan("none"), provider_mode=MODE_DISABLED,
-        metrics_where=None, tail_sampler=False, sdk_sampler_follows_tail=False,
+        metrics_where=None, tail_sampler=False,
         otlp_metrics=False, console=False, joins_application=False, app_exporter=False,
         user_spans="not recorded",
         reasons=(f"disabled by {env.disabled_by}: no thread, socket or file; the API still "

@@ -36,7 +36,7 @@ _log = logging.getLogger("otel_train")
 _SAMPLED_FLAGS = int(_SAMPLED)
 _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
-_STEP, _PHASE, _PHASE_KIND = A.STEP, A.PHASE, A.PHASE_KIND
+_STEP = A.STEP
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
 

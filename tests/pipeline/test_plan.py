@@ -92,7 +92,6 @@ def test_each_setting_gives_its_route_metrics_placement_and_processors(case):
     plan = _plan(env, **options)
     assert (plan.route, plan.metrics_where, plan.tail_sampler, plan.otlp_metrics,
             plan.joins_application) == (route, where, tail, otlp_metrics, joins)
-    assert plan.sdk_sampler_follows_tail == tail
     assert plan.console == options.get("console", True)
 
 
