@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             rows_made = thread_time_ns() - t0
             spans = builder.factory.spans(rows)
             t2 = thread_time_ns()
-            encoder.request(spans)  # what otel-train's OTLP exporters do per batch of spans
+            encoder.request_rows(rows, builder.factory.resource, builder.factory.scope,
+                                 builder.run_constants)  # rows straight to a request
             t3 = thread_time_ns()
             encode_spans(spans).SerializeToString()  # the SDK's encoder, for comparison
             t4 = thread_time_ns()
@@ -184,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             # as it arrives, then joined into the request on the export thread.
             consts = builder.run_constants
             encoded = [span for rec in records for span in records_encoder.record(rec, consts)]
-            records_encoder.request_rows(encoded, builder.factory.resource,
-                                         builder.factory.scope, consts)
+            records_encoder.request(encoded, builder.factory.resource, builder.factory.scope)
             rec_encode += thread_time_ns() - t5
             make_spans_t0 = thread_time_ns()
             builder.factory.spans(rows)

@@ -29,8 +29,11 @@ from otel_train.export.otlp.http_sender import LEAN_TRANSPORT_ENV, lean_transpor
 from otel_train.export.otlp.transport import ExportOutcome, SingleAttemptHttpSpanExporter  # noqa: E402
 
 
-def _batch(n: int) -> list:
-    """``n`` spans shaped like a step's phase spans (the attributes otel-train sets)."""
+def _batch(n: int, exporter: SingleAttemptHttpSpanExporter) -> list:
+    """``n`` spans shaped like a step's phase spans (the attributes otel-train sets), as the
+    export stage queues them for ``exporter``."""
+    from otel_train.records.span_rows import RowSpanFactory, row_from_span
+
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
@@ -46,7 +49,10 @@ def _batch(n: int) -> list:
                 "train.step": i, "train.phase": "forward", "train.phase.kind": "train",
                 "run.id": "20261123-120000-abcdef", "rank": 0, "world_size": 1}):
             pass
-    return list(memory.get_finished_spans())
+    spans = list(memory.get_finished_spans())
+    items = exporter.span_items(RowSpanFactory(spans[0].resource,
+                                               spans[0].instrumentation_scope, {}))
+    return [items.from_row(row_from_span(span)) for span in spans]
 
 
 def _exporter(endpoint: str, lean: bool, reuse: bool) -> SingleAttemptHttpSpanExporter:
@@ -74,14 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     receiver = ReceiverProcess()
     try:
-        spans = _batch(args.spans)
         configs = {
             "requests, thread per request (before)": _exporter(receiver.endpoint, False, False),
             "requests, reused threads": _exporter(receiver.endpoint, False, True),
             "urllib3, thread per request": _exporter(receiver.endpoint, True, False),
             "urllib3, reused threads (now)": _exporter(receiver.endpoint, True, True),
         }
-        body = next(iter(configs.values())).encode(spans)
+        first = next(iter(configs.values()))
+        spans = _batch(args.spans, first)
+        body = first.encode(spans)
         cpu: dict[str, list[float]] = {name: [] for name in configs}
         sent = 0
         for r in range(args.rounds):

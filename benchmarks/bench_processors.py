@@ -34,8 +34,8 @@ from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
 from otel_train.recording.recorder import Recorder, Step
 from otel_train.common.self_cost import SelfCostMeter
-from otel_train.records.step_records import StepSpanBuilder, epoch_offset_ns
-from otel_train.records.span_rows import view_from_record
+from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
+from otel_train.records.span_rows import record_span_count, view_from_record
 from otel_train.records.steps_view import SharedStepSpanProcessor
 
 
@@ -74,13 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     hot_ns = (thread_time_ns() - t0) / n
     steps = list(rec.queue)
 
-    builder = StepSpanBuilder(ident, Resource.create({}), InstrumentationScope("bench"),
-                              False, "cpu", lambda t: True, epoch_offset_ns())
-    built = [builder.build(s) for s in steps]
-    spans_per_step = sum(len(b) for b in built) / n
+    builder = StepRecordBuilder(ident, Resource.create({}), InstrumentationScope("bench"),
+                                False, "cpu", lambda t: True, epoch_offset_ns())
+    records = [builder.record(s) for s in steps]
+    spans_per_step = sum(map(record_span_count, records)) / n
 
     rows: list[tuple[str, float]] = [("hot path: record one step (training thread)", hot_ns)]
-    build_ns = min(_loop(builder, steps, ()) for _ in range(args.rounds))
+    build_ns = min(_loop(builder, steps) for _ in range(args.rounds))
     with tempfile.TemporaryDirectory() as tmp:
         for label, console, prometheus in (
             ("processors + metrics (console off)", False, 0),
@@ -92,12 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                                    SelfCostMeter())
             if pipe.console is not None:
                 pipe.console._stream = io.StringIO()  # measure formatting, not the terminal
-            procs = pipe.processors
-            # As the span worker does: build spans, then feed them, a few steps at a time
-            # (warm in cache, as in a run). Only the feeding is timed, per chunk of steps (a
-            # thread-CPU clock read is a syscall: too costly to bracket every step). On a
-            # shared machine the median chunk is the figure; the mean is printed beside it.
-            per_chunk = _feed_chunks(builder, steps, procs, chunk=50)
+            # As the span worker does: the views of a chunk of span records, fed at once.
+            # Only the feeding is timed, per chunk of steps (a thread-CPU clock read is a
+            # syscall: too costly to bracket every step). On a shared machine the median
+            # chunk is the figure; the mean is printed beside it.
+            per_chunk = _feed_chunks(records, pipe.shared, chunk=50)
             per_chunk.sort()
             rows.append((label + " [median]", per_chunk[len(per_chunk) // 2]))
             rows.append((label + " [mean]", sum(per_chunk) / len(per_chunk)))
@@ -107,11 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("  one scrape (collect all families; not per step)", scrape_ns))
             assert body
             pipe.shutdown(0.5)
-    rows.append(("span building (span_builder.py, for reference)", build_ns / n))
+    rows.append(("span records (step_records.py, for reference)", build_ns / n))
     # The record path (the exporter process's): the views of a frame of span records, fed
     # view by view to every processor, or a frame at a time (each processor takes the whole
     # frame in turn: SharedStepSpanProcessor.on_views). Interleaved rounds, medians.
-    records = [builder.record(s) for s in steps]
     settings = chain_settings(RunOptions.resolve(environ={}, console=False), ident)
     by_view, by_frame = [], []
     for _ in range(max(3, args.rounds * 3)):
@@ -132,17 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _feed_chunks(builder: StepSpanBuilder, steps: list[Step], procs: Any,
+def _feed_chunks(records: list[Any], shared: SharedStepSpanProcessor,
                  chunk: int) -> list[float]:
-    """Thread CPU ns per step of feeding ``procs``, one figure per chunk of steps."""
+    """Thread CPU ns per step of feeding the views of ``records`` to the processors, one
+    figure per chunk of steps."""
     out: list[float] = []
-    for i in range(0, len(steps) - chunk + 1, chunk):
-        built = [builder.build(r) for r in steps[i:i + chunk]]
+    for i in range(0, len(records) - chunk + 1, chunk):
         t0 = thread_time_ns()
-        for spans in built:
-            for span in spans:
-                for proc in procs:
-                    proc.on_end(span)
+        shared.on_views([view_from_record(r, 0) for r in records[i:i + chunk]])
         out.append((thread_time_ns() - t0) / chunk)
     return out
 
@@ -165,13 +160,11 @@ def _feed_frames(settings: dict[str, Any], records: list[Any], frame_at_a_time: 
     return (thread_time_ns() - t0) / len(records)
 
 
-def _loop(builder: StepSpanBuilder, steps: list[Step], procs: Any) -> int:
-    """Thread CPU ns to build every step's spans and feed them to ``procs``."""
+def _loop(builder: StepRecordBuilder, steps: list[Step]) -> int:
+    """Thread CPU ns to make every step's span record."""
     t0 = thread_time_ns()
     for record in steps:
-        for span in builder.build(record):
-            for proc in procs:
-                proc.on_end(span)
+        builder.record(record)
     return thread_time_ns() - t0
 
 

@@ -76,28 +76,33 @@ def encoding_cost() -> None:
     import otel_train
     from otel_train.export.otlp.encoding import _Encoder
     from otel_train.export.span_file import OtlpJsonEncoder
+    from otel_train.records.span_rows import rows_from_record
 
     d = Path(tempfile.mkdtemp(prefix="otel-train-bench-"))
     with otel_train.start_run(prometheus_port=None, console=False, status_dir=str(d),
                               exporter="none", report=False) as run:
         run._telemetry.worker.paused = True
         _train(run, 200)
-        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
+        builder = run._telemetry.builder
+        spans = [row for r in list(run._recorder.queue)
+                 for row in rows_from_record(builder.record(r))]
         run._telemetry.worker.paused = False
     steps = 200
     ours, fast = OtlpJsonEncoder(), _Encoder()
-    ours.request(spans)
-    fast.request(spans)
+    f = builder.factory
+    args = (f.resource, f.scope, f.run_constants)
+    ours.request_rows(spans, *args)
+    fast.request_rows(spans, *args)
     totals = {"direct": 0, "direct+gzip": 0, "proto+json_format": 0}
     for _ in range(3):  # interleaved
         t0 = time.thread_time_ns()
-        ours.request(spans).encode()
+        ours.request_rows(spans, *args).encode()
         t1 = time.thread_time_ns()
         gz = zlib.compressobj(6, zlib.DEFLATED, 31)
-        gz.compress(ours.request(spans).encode())
+        gz.compress(ours.request_rows(spans, *args).encode())
         gz.flush(zlib.Z_SYNC_FLUSH)
         t2 = time.thread_time_ns()
-        msg = ExportTraceServiceRequest.FromString(fast.request(spans))
+        msg = ExportTraceServiceRequest.FromString(fast.request_rows(spans, *args))
         json.dumps(json_format.MessageToDict(msg))  # (ids would still need hex conversion)
         t3 = time.thread_time_ns()
         totals["direct"] += t1 - t0
@@ -121,8 +126,11 @@ def generate(run_dir: Path, steps: int) -> float:
         _train(run, 2)  # step 0 has an eval, step 1 does not
         records = list(run._recorder.queue)
         from otel_train.export.span_file import OtlpJsonEncoder
-        enc = OtlpJsonEncoder()
-        lines = [json.loads(enc.request(run._telemetry.builder.build(r))) for r in records]
+        from otel_train.records.span_rows import rows_from_record
+        enc, f = OtlpJsonEncoder(), run._telemetry.builder.factory
+        lines = [json.loads(enc.request_rows(rows_from_record(run._telemetry.builder.record(r)),
+                                             f.resource, f.scope, f.run_constants))
+                 for r in records]
         run._telemetry.worker.paused = False
     templates = []
     head = None

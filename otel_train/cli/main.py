@@ -7,6 +7,7 @@ Usage::
     otel-train costs                              # the latest run under otel-train-runs/
     otel-train report otel-train-runs/<run>/      # one self-contained HTML page, opens offline
     otel-train export otel-train-runs/<run>/ --format chrome-trace   # for Perfetto
+    otel-train plan [--exporter otlp ...]         # what a run started here would do, and why
     otel-train version                            # and whether the hot path runs in C
 """
 
@@ -106,6 +107,8 @@ def _version(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``otel-train`` console script."""
     from otel_train.cli.demo import add_arguments
+    from otel_train.cli.plan import add_arguments as add_plan_arguments
+    from otel_train.cli.plan import print_plan
 
     ap = argparse.ArgumentParser(prog="otel-train", description=(
         "Every PyTorch training step as an OpenTelemetry trace; monitoring overhead as "
@@ -135,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", default=None,
                         help="where to write it (default RUN_DIR/trace.json)")
     export.set_defaults(func=_export)
+    plan = sub.add_parser("plan", help="print what a run started here would do (the route "
+                          "its spans take, where the metrics run, sampling) and why; options "
+                          "from these flags, then OTEL_TRAIN_*")
+    add_plan_arguments(plan)
+    plan.set_defaults(func=print_plan)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_version)
     args = ap.parse_args(argv)

@@ -1,4 +1,8 @@
-"""The SpanExporter an export plan names: OTLP (one attempt per call), the span file, console.
+"""The exporter an export plan names: OTLP (one attempt per call), the span file, console.
+
+OTLP and the span file encode span records and rows themselves (``span_items.SpanItemExporter``);
+the console exporter is the SDK's, a plain ``SpanExporter`` that the export stage feeds SDK
+spans made at export time (``span_items.ReadableSpanEdge``).
 
 Usage::
 
@@ -16,10 +20,12 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from otel_train.common.rate_limited_log import warn_once
 from otel_train.common.sdk_config import ExportPlan, _header_names_and_values, url_secrets
+from otel_train.export.span_items import SpanItemExporter
 
 
-def create_exporter(plan: ExportPlan, env: Mapping[str, str] | None = None) -> SpanExporter | None:
-    """The SpanExporter for ``plan`` (None for 'none').
+def create_exporter(plan: ExportPlan, env: Mapping[str, str] | None = None
+                    ) -> SpanItemExporter | SpanExporter | None:
+    """The exporter for ``plan`` (None for 'none').
 
     OTLP exporters make one attempt per call (export/otlp/transport.py): retrying, backoff and
     probing belong to ``BoundedBatchSpanProcessor``, which never blocks on them.
@@ -34,8 +40,8 @@ def create_exporter(plan: ExportPlan, env: Mapping[str, str] | None = None) -> S
         kwargs: dict[str, Any] = {"timeout": plan.timeout_seconds,
                                   "max_request_bytes": plan.max_request_bytes,
                                   "secrets": secrets}
-        # The SDK's exporters read every OTEL_EXPORTER_OTLP_* setting themselves; the
-        # protobuf encoding is replaced by a 4-5x cheaper one (export/otlp/encoding.py).
+        # The SDK's exporters read every OTEL_EXPORTER_OTLP_* setting themselves; the spans
+        # are encoded by otel-train's own encoder (export/otlp/encoding.py), from records.
         if plan.protocol == "grpc":
             if plan.endpoint:
                 kwargs["endpoint"] = _grpc_endpoint(plan.endpoint)

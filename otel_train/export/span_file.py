@@ -17,6 +17,8 @@ stream (``.jsonl.gz``), flushed at each line so a run in progress can be read.
 Usage::
 
     exporter = OtlpJsonFileSpanExporter("run/spans.jsonl", max_file_bytes=256 << 20)
+    items = exporter.span_items(factory)            # what the export stage queues
+    exporter.export(items.from_record(rec))
 
 ``otel_train.rundir.span_files`` reads these files back.
 """
@@ -33,22 +35,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_train.export.otlp.encoding import row_scope, row_status
 from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.export.encode_cache import ForeignScope, IdentityCache, KeyValueCache, by_scope
+from otel_train.records.span_rows import RowSpanFactory, row_scope, rows_from_record
 
 _log = logging.getLogger("otel_train")
 DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024
 COMPRESSIONS = ("none", "gzip")
 _SPAN_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3,
               SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_STATUS_CODES = frozenset(c.value for c in StatusCode)
+_ERROR = StatusCode.ERROR.value
 _FLAGS_LOCAL = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, as the OTLP exporters set it
 _FLAGS_REMOTE = 0x300
-_MAX_CACHED = 8192
-_SCALARS = frozenset((str, bool, int, float))
 _ROW_KIND = {k.value: n for k, n in _SPAN_KIND.items()}  # a row's SpanKind value -> OTLP
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -81,53 +83,39 @@ def _key_value(key: str, value: Any) -> str:
     return '{"key":' + _dumps(key) + ',"value":' + _any_value(value) + "}"
 
 
+class ScopedSpanText(ForeignScope, str):
+    """A span's JSON text, of a user span's own scope."""
+
+
 class OtlpJsonEncoder:
-    """Spans -> one OTLP/JSON ``ExportTraceServiceRequest`` line; caches repeated attributes."""
+    """Span rows -> OTLP/JSON span text -> one ``ExportTraceServiceRequest`` line; caches
+    repeated attributes."""
 
     def __init__(self) -> None:
-        self._kv: dict[tuple[str, type, Any], str] = {}
-        self._resources: dict[int, tuple[Any, str]] = {}
-        self._scopes: dict[int, tuple[Any, str]] = {}
+        self._kv: KeyValueCache[str] = KeyValueCache(_key_value)
+        self._resources: IdentityCache[str] = IdentityCache()
+        self._scopes: IdentityCache[str] = IdentityCache()
+        self._last_constants: tuple[Mapping[str, Any], str] | None = None
 
     def attributes(self, attrs: Mapping[str, Any] | None) -> str:
         """A JSON array of KeyValue (without the brackets)."""
         if not attrs:
             return ""
-        cache = self._kv
-        out = []
-        for key, value in attrs.items():
-            t = type(value)
-            if t in _SCALARS:
-                ck = (key, t, value)
-                kv = cache.get(ck)
-                if kv is None:
-                    kv = _key_value(key, value)
-                    if len(cache) >= _MAX_CACHED:
-                        cache.clear()
-                    cache[ck] = kv
-            else:
-                try:
-                    kv = _key_value(key, value)
-                except Exception as exc:  # the SDK logs and skips such an attribute too
-                    _log.debug("otel-train: cannot encode attribute %s: %r", key, exc)
-                    continue
-            out.append(kv)
-        return ",".join(out)
+        return ",".join(self._kv.encode(attrs.items()))
 
     def _resource(self, resource: Any) -> str:
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:
-            return hit[1]
+        return self._resources.get(resource, self._resource_text)
+
+    def _resource_text(self, resource: Any) -> str:
         text = '"resource":{"attributes":[' + self.attributes(resource.attributes) + "]}"
         if resource.schema_url:
             text += ',"schemaUrl":' + _dumps(resource.schema_url)
-        self._resources[id(resource)] = (resource, text)
         return text
 
     def _scope(self, scope: Any) -> str:
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
+        return self._scopes.get(scope, self._scope_text)
+
+    def _scope_text(self, scope: Any) -> str:
         parts = []
         if scope is not None:
             if scope.name:
@@ -139,72 +127,45 @@ class OtlpJsonEncoder:
         text = '"scope":{' + ",".join(parts) + "}"
         if scope is not None and scope.schema_url:
             text += ',"schemaUrl":' + _dumps(scope.schema_url)
-        self._scopes[id(scope)] = (scope, text)
         return text
 
-    def span(self, span: ReadableSpan) -> str:
-        """One Span object as JSON text."""
-        ctx = span.context
-        parent = span.parent
-        parts = ['{"traceId":"%032x","spanId":"%016x"' % (ctx.trace_id, ctx.span_id)]
-        state = ctx.trace_state
-        if state:
-            parts.append(',"traceState":' + _dumps(",".join(f"{k}={v}" for k, v in state.items())))
-        if parent is not None:
-            parts.append(',"parentSpanId":"%016x"' % parent.span_id)
-        parts.append(',"flags":%d' % (_FLAGS_REMOTE if parent is not None and parent.is_remote
-                                      else _FLAGS_LOCAL))
-        parts.append(',"name":' + _dumps(span.name or ""))
-        parts.append(',"kind":%d' % _SPAN_KIND[span.kind])
-        parts.append(',"startTimeUnixNano":"%d","endTimeUnixNano":"%d"'
-                     % (span.start_time or 0, span.end_time or 0))
-        if span.attributes:
-            parts.append(',"attributes":[' + self.attributes(span.attributes) + "]")
-        # Our spans hold plain dicts (never truncated); the SDK's dropped_* checks cost.
-        plain = type(getattr(span, "_attributes", None)) is dict
-        if not plain and span.dropped_attributes:
-            parts.append(',"droppedAttributesCount":%d' % span.dropped_attributes)
-        if span.events:
-            parts.append(',"events":[' + ",".join(map(self._event, span.events)) + "]")
-        if not plain and span.dropped_events:
-            parts.append(',"droppedEventsCount":%d' % span.dropped_events)
-        if span.links:
-            parts.append(',"links":[' + ",".join(map(self._link, span.links)) + "]")
-        if not plain and span.dropped_links:
-            parts.append(',"droppedLinksCount":%d' % span.dropped_links)
-        parts.append(self._status(span.status))
-        return "".join(parts)
-
-    def _event(self, event: Any) -> str:
-        ev = '{"timeUnixNano":"%d","name":%s' % (event.timestamp or 0, _dumps(event.name))
-        if event.attributes:
-            ev += ',"attributes":[' + self.attributes(event.attributes) + "]"
-        if event.dropped_attributes:
-            ev += ',"droppedAttributesCount":%d' % event.dropped_attributes
+    def _event(self, name: str, time_ns: int, attrs: Mapping[str, Any] | None) -> str:
+        ev = '{"timeUnixNano":"%d","name":%s' % (time_ns or 0, _dumps(name))
+        if attrs:
+            ev += ',"attributes":[' + self.attributes(attrs) + "]"
         return ev + "}"
 
-    def _link(self, link: Any) -> str:
-        lc = link.context
-        lk = '{"traceId":"%032x","spanId":"%016x"' % (lc.trace_id, lc.span_id)
-        if link.attributes:
-            lk += ',"attributes":[' + self.attributes(link.attributes) + "]"
-        if link.dropped_attributes:
-            lk += ',"droppedAttributesCount":%d' % link.dropped_attributes
-        return lk + ',"flags":%d}' % (_FLAGS_REMOTE if lc.is_remote else _FLAGS_LOCAL)
+    def _link(self, trace_id: int, span_id: int, attrs: Mapping[str, Any] | None) -> str:
+        """A link of a row: its context is remote, as the row factory makes it."""
+        lk = '{"traceId":"%032x","spanId":"%016x"' % (trace_id, span_id)
+        if attrs:
+            lk += ',"attributes":[' + self.attributes(attrs) + "]"
+        return lk + ',"flags":%d}' % _FLAGS_REMOTE
 
-    def _status(self, status: Any) -> str:
-        """The span's closing ``status`` member (and the span's closing brace)."""
+    @staticmethod
+    def _status(status: tuple[int, str | None] | None) -> str:
+        """The span's closing ``status`` member (and the span's closing brace), as the SDK's
+        ``Status`` keeps a row's: an unknown code is UNSET; only an ERROR keeps its text."""
         st = []
         if status is not None:
-            if status.description:
-                st.append('"message":' + _dumps(status.description))
-            if status.status_code.value:
-                st.append('"code":%d' % status.status_code.value)
+            code, description = status
+            if description and code == _ERROR:
+                st.append('"message":' + _dumps(description))
+            if code and code in _STATUS_CODES:
+                st.append('"code":%d' % code)
         return ',"status":{' + ",".join(st) + "}}"
 
-    def row(self, row: tuple[Any, ...], constants: Mapping[str, Any], block: str) -> str:
-        """One Span object as JSON text from a span row (span_rows.py): the same text as
-        ``span(RowSpanFactory.span(row))``, with no span made."""
+    def _constants_block(self, constants: Mapping[str, Any]) -> str:
+        """The run's constant attributes as one piece of JSON text, kept for the last mapping
+        seen (a run hands the same one every time; its values never change)."""
+        last = self._last_constants
+        if last is None or last[0] is not constants:
+            last = self._last_constants = (constants, self.attributes(constants))
+        return last[1]
+
+    def row(self, row: tuple[Any, ...], constants: Mapping[str, Any]) -> str:
+        """One Span object as JSON text from a span row (span_rows.py): the text the SDK
+        span ``RowSpanFactory.span(row)`` has in the OTLP/JSON mapping."""
         (name, trace_id, span_id, _flags, parent_id, remote, start, end, attrs, status,
          events, kind, scope, links) = row
         parts = ['{"traceId":"%032x","spanId":"%016x"' % (trace_id, span_id)]
@@ -214,60 +175,67 @@ class OtlpJsonEncoder:
         parts.append(',"name":' + _dumps(name or ""))
         parts.append(',"kind":%d' % _ROW_KIND.get(kind, 1))
         parts.append(',"startTimeUnixNano":"%d","endTimeUnixNano":"%d"' % (start, end))
-        if scope is None:  # otel-train's own span: the run's constants first
-            if attrs and not constants.keys().isdisjoint(attrs):
-                merged = dict(constants)
-                merged.update(attrs)
-                text = self.attributes(merged)
-            elif attrs:
-                own = self.attributes(attrs)
-                text = block + "," + own if block and own else block or own
-            else:
-                text = block
-            if text:
-                parts.append(',"attributes":[' + text + "]")
-        elif attrs:
-            parts.append(',"attributes":[' + self.attributes(attrs) + "]")
-        # Events, links and statuses are rare (failures, user spans): made as the factory
-        # makes them, then written by the span path's own code.
+        text = self._row_attributes(attrs, scope, constants)
+        if text:
+            parts.append(',"attributes":[' + text + "]")
         if events:
             parts.append(',"events":[' + ",".join(
-                self._event(Event(n, a, timestamp=t)) for n, t, a in events) + "]")
+                self._event(n, t, a) for n, t, a in events) + "]")
         if links:
             parts.append(',"links":[' + ",".join(
-                self._link(Link(SpanContext(t, sid, True, TraceFlags(f)), a))
-                for t, sid, f, a in links) + "]")
-        parts.append(',"status":{}}' if status is None else self._status(row_status(status)))
+                self._link(t, sid, a) for t, sid, _f, a in links) + "]")
+        parts.append(self._status(status))
         return "".join(parts)
 
-    def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,
-                     constants: Mapping[str, Any]) -> str:
-        """One line from span rows: the same text as ``request`` of the rows' spans
-        (``RowSpanFactory(resource, scope, constants)``)."""
-        block = self.attributes(constants)
-        by_scope: dict[Any, list[str]] = {}
-        encode = self.row
-        for row in rows:
-            by_scope.setdefault(row[12], []).append(encode(row, constants, block))
+    def _row_attributes(self, attrs: Mapping[str, Any], scope: Any,
+                        constants: Mapping[str, Any]) -> str:
+        """A row's attributes; otel-train's own spans (no scope) carry the run's constants
+        first, a row's own value taking a constant's place."""
+        if scope is not None:
+            return self.attributes(attrs)
+        if attrs and not constants.keys().isdisjoint(attrs):
+            merged = dict(constants)
+            merged.update(attrs)
+            return self.attributes(merged)
+        block = self._constants_block(constants)
+        own = self.attributes(attrs)
+        return block + "," + own if block and own else block or own
+
+    def row_text(self, row: tuple[Any, ...], constants: Mapping[str, Any]) -> str:
+        """One row as a span's JSON text for :meth:`request`; a :class:`ScopedSpanText`
+        when the row has a scope of its own."""
+        return ScopedSpanText.tagged(self.row(row, constants), row[12])
+
+    def request(self, texts: Sequence[str], resource: Any, scope: Any) -> str:
+        """One line: spans' JSON texts (:meth:`row_text`), otel-train's under ``scope``, the
+        others under their own."""
         scopes = ",".join(
             "{" + self._scope(scope if key is None else row_scope(key)) + ',"spans":['
-            + ",".join(encoded) + "]}" for key, encoded in by_scope.items())
+            + ",".join(group) + "]}" for key, group in by_scope(texts).items())
         return ('{"resourceSpans":[{' + self._resource(resource) + ',"scopeSpans":[' + scopes
                 + "]}]}")
 
-    def request(self, spans: Sequence[ReadableSpan]) -> str:
-        """One line: the spans grouped by resource, then by scope."""
-        groups: dict[int, tuple[Any, dict[int, tuple[Any, list[str]]]]] = {}
-        for span in spans:
-            scope = span.instrumentation_scope or None
-            by_scope = groups.setdefault(id(span.resource), (span.resource, {}))[1]
-            by_scope.setdefault(id(scope), (scope, []))[1].append(self.span(span))
-        out = []
-        for resource, by_scope in groups.values():
-            scopes = ",".join("{" + self._scope(scope) + ',"spans":[' + ",".join(encoded) + "]}"
-                              for scope, encoded in by_scope.values())
-            out.append("{" + self._resource(resource) + ',"scopeSpans":[' + scopes + "]}")
-        return '{"resourceSpans":[' + ",".join(out) + "]}"
+    def request_rows(self, rows: Sequence[tuple[Any, ...]], resource: Any, scope: Any,
+                     constants: Mapping[str, Any]) -> str:
+        """One line from span rows."""
+        return self.request([self.row_text(row, constants) for row in rows], resource, scope)
+
+
+class JsonSpanTexts:
+    """The span file's queue items: each span's JSON text, made where records arrive."""
+
+    def __init__(self, run_constants: Mapping[str, Any]) -> None:
+        self._encoder = OtlpJsonEncoder()
+        self._constants = dict(run_constants)
+
+    def from_record(self, rec: tuple[Any, ...]) -> list[str]:
+        """The JSON texts of one record's spans (its rows')."""
+        row_text, constants = self._encoder.row_text, self._constants
+        return [row_text(row, constants) for row in rows_from_record(rec)]
+
+    def from_row(self, row: tuple[Any, ...]) -> str:
+        """One span row's JSON text."""
+        return self._encoder.row_text(row, self._constants)
 
 
 def _split_name(path: Path) -> tuple[str, str]:
@@ -293,7 +261,7 @@ def rotated_files(path: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-class OtlpJsonFileSpanExporter(SpanExporter):
+class OtlpJsonFileSpanExporter:
     """Writes span batches as OTLP/JSON lines to rotating, size-capped (optionally gzip) files."""
 
     def __init__(self, path: str | os.PathLike[str], max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
@@ -320,7 +288,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         self.removed_spans = 0
         self._stem, self._suffix = _split_name(path)
         self._encoder = OtlpJsonEncoder()
-        self._rows: tuple[Any, Any, dict[str, Any]] | None = None
+        self._factory: RowSpanFactory | None = None
         self._lock = threading.Lock()
         self._warn = RateLimitedLogger(_log)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,20 +322,19 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         self._files[-1][1] = os.path.getsize(self._files[-1][0])
         self._file = None
 
-    def use_rows(self, resource: Any, scope: Any, run_constants: Mapping[str, Any]) -> None:
-        """Take span rows (span_rows.py) as well as spans: rows are written as the same
-        text their ``RowSpanFactory(resource, scope, run_constants)`` spans would give, with
-        no span made (the exporter process's path)."""
-        self._rows = (resource, scope, dict(run_constants))
+    def span_items(self, factory: RowSpanFactory) -> JsonSpanTexts:
+        """What the stage queues: each span's JSON text, joined into a line as it is."""
+        self._factory = factory
+        return JsonSpanTexts(factory.run_constants)
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        """Append one line (an ExportTraceServiceRequest) holding ``spans``; rotate if due."""
-        if not spans:
+    def export(self, texts: Sequence[str]) -> SpanExportResult:
+        """Append one line (an ExportTraceServiceRequest) holding the spans' JSON texts;
+        rotate if due."""
+        if not texts:
             return SpanExportResult.SUCCESS
-        if self._rows is not None and type(spans[0]) is tuple:
-            line = self._encoder.request_rows(spans, *self._rows)
-        else:
-            line = self._encoder.request(spans)
+        if self._factory is None:
+            raise RuntimeError("span_items() was not called: nothing says what the items are")
+        line = self._encoder.request(texts, self._factory.resource, self._factory.scope)
         data = (line + "\n").encode("utf-8")
         with self._lock:
             if self._file is None:
@@ -379,7 +346,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
             self._file.flush()
             current = self._files[-1]
             current[1] += len(data)
-            current[2] += len(spans)
+            current[2] += len(texts)
             if current[1] >= self.max_file_bytes:
                 self._rotate()
         return SpanExportResult.SUCCESS

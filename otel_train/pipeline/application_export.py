@@ -1,33 +1,72 @@
-"""When the application already has an SDK TracerProvider: our own export stage, its endpoint.
+"""When the application already has an SDK TracerProvider: where its spans go, and the edge
+into its pipeline.
 
 Under ``opentelemetry-instrument`` (or any app that installs a TracerProvider with an OTLP
-exporter), otel-train's spans used to join the application's pipeline: usually the SDK's
-``BatchSpanProcessor``, which does not say how many spans it dropped, encodes with the SDK's
-slower encoder and, at 1,000 ranks, competes with the application's own spans in one queue.
-With ``trace_export="own"`` (the default) otel-train keeps its bounded, drop-counting,
-fast-encoding export stage and sends to **where the application sends**: the endpoint,
-headers, TLS settings, timeout and compression of the application's OTLP span exporter,
-found among its provider's span processors. When the application exports somewhere else
-(console, in-memory, a vendor exporter) or nothing is found, the spans join its pipeline as
-before; ``trace_export="application"`` always does.
+exporter) otel-train has two ways to send its spans. With ``trace_export="own"`` (the default)
+it keeps its bounded, drop-counting export stage and sends to **where the application
+sends**: the endpoint, headers, TLS settings, timeout and compression of the application's
+OTLP span exporter, found among its provider's span processors
+(:func:`exporter_like_application`). When the application exports somewhere else (console,
+in-memory, a vendor exporter), nothing is found, or ``trace_export="application"``, the spans
+join the application's own pipeline (:class:`ApplicationProviderSink`): there, and only there,
+otel-train's span records become SDK ``ReadableSpan``s, since the application's processors
+take nothing else.
 
 Usage::
 
     found = exporter_like_application(provider)   # (exporter, "OTLP grpc -> host:4317") | None
+    sink = ApplicationProviderSink(provider, factory)
+    sink.on_records(records)                       # from the span worker
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_train.export.otlp.encoding import make_grpc_exporter, make_http_exporter
+from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.export.otlp.transport import (
+    SingleAttemptGrpcSpanExporter,
+    SingleAttemptHttpSpanExporter,
+)
+from otel_train.records.span_rows import C_FLAGS, RowSpanFactory, rows_from_record
 
 _log = logging.getLogger("otel_train")
+
+
+class ApplicationProviderSink:
+    """The edge into an application's TracerProvider: each sampled span record's rows become
+    ``ReadableSpan``s and go to the provider's span processors."""
+
+    def __init__(self, provider: TracerProvider, factory: RowSpanFactory) -> None:
+        self._target = getattr(provider, "_active_span_processor", None)
+        self._factory = factory
+        self._warn = RateLimitedLogger(_log)
+
+    def on_records(self, records: Sequence[tuple[Any, ...]],
+                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+        """Hand the records' spans (and rows) on, in the order they ended; never raises."""
+        target = self._target
+        if target is None:
+            return
+        for rec in records:
+            if rec[C_FLAGS] & 1:  # unsampled: it fed the metrics only
+                self._hand_on(target, rows_from_record(rec))
+        self._hand_on(target, rows)
+
+    def close(self) -> None:
+        """Nothing is held here."""
+
+    def _hand_on(self, target: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+        for span in self._factory.spans(rows):
+            try:
+                target.on_end(span)
+            except Exception as exc:  # the application's processor must never stop the flow
+                self._warn.warning("app-proc", "otel-train: the application's span "
+                                   "processor failed: %r", exc)
 
 
 def _processors(provider: TracerProvider) -> Iterator[Any]:
@@ -61,8 +100,8 @@ def application_otlp_exporter(provider: TracerProvider) -> Any:
     return None
 
 
-def exporter_like_application(provider: TracerProvider) -> tuple[SpanExporter, str] | None:
-    """Our fast-encoding OTLP exporter aimed where the application's exporter sends.
+def exporter_like_application(provider: TracerProvider) -> tuple[Any, str] | None:
+    """otel-train's single-attempt OTLP exporter aimed where the application's exporter sends.
 
     Returns None (the caller falls back to the application's pipeline) when the application
     has no OTLP span exporter, or its settings cannot be read on this SDK version.
@@ -72,24 +111,16 @@ def exporter_like_application(provider: TracerProvider) -> tuple[SpanExporter, s
         return None
     try:
         if ".grpc." in type(app).__module__:
-            exporter = make_grpc_exporter(
+            exporter: Any = SingleAttemptGrpcSpanExporter(
                 endpoint=app._endpoint, insecure=app._insecure, credentials=app._credentials,
                 headers=app._headers, timeout=app._timeout, compression=app._compression)
             return exporter, f"OTLP grpc -> {app._endpoint} (the application's exporter)"
-        exporter = make_http_exporter(endpoint=app._endpoint,
-                                      compression=app._compression or None)
-        # The application's HTTP client carries its headers, TLS, session and timeout. Shared,
-        # so our shutdown must not close it under the application.
-        exporter._client = app._client
-        exporter.shutdown = _mark_shut_down(exporter)  # type: ignore[method-assign]
+        exporter = SingleAttemptHttpSpanExporter(endpoint=app._endpoint,
+                                                 compression=app._compression or None)
+        # The application's HTTP client carries its headers, TLS, session and timeout.
+        exporter.share_client(app._client)
         return exporter, f"OTLP http/protobuf -> {app._endpoint} (the application's exporter)"
-    except Exception as exc:  # private fields moved in another SDK version: old behaviour
+    except Exception as exc:  # private fields moved in another SDK version
         _log.info("otel-train: could not reuse the application's OTLP exporter settings "
                   "(%r); spans join the application's pipeline", exc)
         return None
-
-
-def _mark_shut_down(exporter: Any) -> Any:
-    def shutdown() -> None:
-        exporter._shutdown = True  # stop sending; the shared client stays open
-    return shutdown

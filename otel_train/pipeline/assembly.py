@@ -1,16 +1,19 @@
-"""One assembly step: everything between a run's recorder and the wire.
+"""One assembly step: everything between a run's recorder and the wire, as its plan says.
 
-``assemble_telemetry`` chooses the TracerProvider (otel-train's run-scoped one, or the
-application's own), the resource, the sampler and the exporter, builds the derived-metrics
-stage and the export stage, and wires the background span worker to them. ``Run`` holds the
-public API only and talks to the ``RunTelemetry`` this returns.
+``assemble_telemetry`` gathers the environment (``environment.py``), asks ``plan.py`` for the
+plan (the route, where the derived metrics run, which processors exist, the export target,
+and why) and builds exactly that: the TracerProvider for user spans, the derived-metrics
+stage, the export (the exporter process's client, or the in-process stage), the sink the span
+worker hands records to, and the worker. ``Run`` holds the public API only and talks to the
+``RunTelemetry`` this returns.
 
 Data flow (see docs/architecture.md)::
 
-    Recorder.queue --SpanBuildWorker--> StepSpanBuilder -> ReadableSpans
-        -> DerivedMetricsStage.processors (slow steps, GPU, overhead, budget, Prometheus, console)
-        -> BoundedBatchSpanProcessor -> exporter (OTLP gRPC/HTTP, span file, console)
-        -> (application provider mode) the application's own span processors
+    Recorder.queue --SpanBuildWorker--> StepRecordBuilder -> span records
+        -> DerivedMetricsStage.shared.on_views (slow steps, GPU, overhead, budget, Prometheus,
+           console; in the exporter process when the plan says so)
+        -> the route's sink: ProcessSink (ExportProcessClient) | StageSink
+           (BoundedBatchSpanProcessor) | ApplicationProviderSink (the application's processors)
 
 Usage::
 
@@ -29,78 +32,76 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train.pipeline.application_export import exporter_like_application
 from otel_train.common.attributes import INSTRUMENTATION_SCOPE
-from otel_train.derived.stage import DerivedMetricsStage
-from otel_train.recording.device import DeviceTiming
 from otel_train.common.drop_counter import DropCounter
-from otel_train.export.stage import BoundedBatchSpanProcessor
-from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
-from otel_train.pipeline.global_provider import RunScopedTracerProvider, global_provider_for_run
 from otel_train.common.identity import RunIdentity, resource_attributes
 from otel_train.common.options import RunOptions
-from otel_train.recording.recorder import Recorder
-from otel_train.export.exporters import create_exporter
-from otel_train.common.sdk_config import (
-    ExportPlan,
-    build_resource,
-    build_sampler,
-    plan_export,
-    sdk_disabled,
-)
+from otel_train.common.sdk_config import ExportPlan, build_resource
 from otel_train.common.self_cost import SelfCostMeter
+from otel_train.derived.stage import DerivedMetricsStage
+from otel_train.export.exporters import create_exporter
+from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
+from otel_train.export.stage import BoundedBatchSpanProcessor
+from otel_train.pipeline.application_export import (
+    ApplicationProviderSink,
+    exporter_like_application,
+)
+from otel_train.pipeline.environment import (
+    disabled_reason,
+    gather_environment,
+    sampling_function,
+)
+from otel_train.pipeline.global_provider import RunScopedTracerProvider, global_provider_for_run
+from otel_train.pipeline.plan import (
+    MODE_APP,
+    MODE_DISABLED,
+    MODE_OURS,
+    ROUTE_PROCESS,
+    ROUTE_STAGE,
+    THERE,
+    PipelineEnvironment,
+    PipelinePlan,
+    plan_pipeline,
+    process_failed,
+)
+from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
 from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
+from otel_train.pipeline.user_spans import UserSpanRows
+from otel_train.recording.device import DeviceTiming
+from otel_train.recording.recorder import Recorder
 from otel_train.records.step_records import (
-    StepSpanBuilder,
+    StepRecordBuilder,
     epoch_offset_ns,
-    run_constant_attributes,
 )
 from otel_train.version import __version__
 
+__all__ = ["DisabledTelemetry", "RunTelemetry", "assemble_telemetry", "disabled_reason"]
+
 _log = logging.getLogger("otel_train")
-
-# provider modes
-MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provider
-MODE_APP = "app"  # the application installed an SDK TracerProvider: our spans join its pipeline
-MODE_FOREIGN = "foreign"  # some other API-level provider: left alone, we export on our own
-MODE_DISABLED = "disabled"  # OTEL_SDK_DISABLED
-_PROCESS_KINDS = ("otlp", "jsonl")  # exporters the exporter process makes from the plan
 _COSTS_SYNC_SECONDS = 2.0  # run.costs() waits this long at most for the exporter process
-
-
-class ApplicationProviderSink(SpanProcessor):
-    """Hands our built spans to an application's TracerProvider pipeline."""
-
-    def __init__(self, provider: TracerProvider) -> None:
-        self._target = getattr(provider, "_active_span_processor", None)
-
-    def on_end(self, span: Any) -> None:
-        """Forward one finished span."""
-        if self._target is not None:
-            self._target.on_end(span)
 
 
 class RunTelemetry:
     """The assembled pipeline of one run: provider, derived metrics, export, span worker."""
 
-    def __init__(self, *, export_plan: ExportPlan, provider_mode: str, resource: Any,
-                 sampler: Sampler, is_sampled: Any, global_provider: RunScopedTracerProvider | None,
-                 sdk_provider: TracerProvider | None,
-                 export: BoundedBatchSpanProcessor | None, derived: DerivedMetricsStage,
-                 builder: StepSpanBuilder, worker: SpanBuildWorker) -> None:
-        self.export_plan = export_plan
-        self.provider_mode = provider_mode
-        self.resource = resource
+    def __init__(self, *, plan: PipelinePlan, sampler: Sampler,
+                 global_provider: RunScopedTracerProvider | None,
+                 sdk_provider: TracerProvider | None, export: Any,
+                 derived: DerivedMetricsStage, builder: StepRecordBuilder,
+                 worker: SpanBuildWorker) -> None:
+        self.plan = plan
+        self.export_plan = plan.export
+        self.provider_mode = plan.provider_mode
+        self.resource = builder.factory.resource
         self.sampler = sampler
-        self.is_sampled = is_sampled  # trace id -> sampled? (the proxy span asks too)
+        self.is_sampled = builder.is_sampled  # trace id -> sampled? (the proxy span asks too)
         self.global_provider = global_provider
         self.sdk_provider = sdk_provider
-        self.export = export
+        self.export = export  # the export stage or the exporter process's client, or None
         self.derived = derived
         self.builder = builder
         self.worker = worker
@@ -204,65 +205,29 @@ class DisabledTelemetry:
         """Nothing was inherited."""
 
 
-def disabled_reason(options: RunOptions) -> str | None:
-    """Why this run records nothing (``enabled=False`` or ``OTEL_SDK_DISABLED``), or None."""
-    if not options.enabled:
-        return options.where("enabled") + "=False"
-    if sdk_disabled():
-        return "OTEL_SDK_DISABLED=true"
-    return None
-
-
 def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: Path,
                        recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
                        device: DeviceTiming) -> RunTelemetry:
-    """Build (not start) the whole telemetry pipeline of a run from its options."""
-    plan = plan_export(options, status_dir, identity.rank, identity.world_size)
+    """Build (not start) the whole telemetry pipeline of a run, as its plan says."""
     mode, provider = global_provider_for_run()
-    if mode == MODE_APP:
-        resource = provider.resource
-        sampler: Sampler = provider.sampler
-    else:
-        # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py)
-        resource = build_resource(options.service_name, resource_attributes(identity))
-        sampler = build_sampler()
-
-    exporter = None
-    own_exporter = False  # the exporter is made from the plan (so the child can make it too)
-    joins_app = mode == MODE_APP  # our spans go into the application's own processors
-    if mode != MODE_APP or options.sources.get("exporter"):
-        own_exporter = True
-    elif mode == MODE_APP:
-        plan = ExportPlan("application TracerProvider")
-        # Our bounded, counted, fast export stage to the application's endpoint instead
-        # (application_export.py); trace_export="application" keeps the old way.
-        found = exporter_like_application(provider) if options.trace_export == "own" else None
-        if found is not None:
-            exporter, where = found
-            plan, joins_app = ExportPlan(where), False
-    scope = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
-
-    def in_process_export(made: SpanExporter | None = None) -> BoundedBatchSpanProcessor:
-        return BoundedBatchSpanProcessor(
-            made or create_exporter(plan), drops, options.max_queued_spans,
-            options.export_batch_size, options.export_interval_seconds)
-
-    # The exporter process first: its CPU counter must be on the metrics registry before
-    # the derived-metrics stage mirrors the registry's families over OTLP.
-    export: Any = None
-    collectors: list[Any] = []
-    if own_exporter and options.export_process and plan.kind in _PROCESS_KINDS:
-        try:
-            export = ExportProcessClient(
-                plan, resource, scope,
-                run_constant_attributes(identity, device.synced, device.device_type), drops,
-                options.max_queued_spans, options.export_batch_size,
-                options.export_interval_seconds, fallback=in_process_export)
-            plan = dataclasses.replace(plan, process_pid=export.pid)
-            collectors.append(ExporterProcessCpuCollector(export, identity.rank))
-        except Exception as exc:
-            _log.warning("otel-train: could not start the exporter process (%r); exporting "
-                         "from the training process", exc)
+    environment, sdk_sampler = gather_environment(options, mode, provider, status_dir,
+                                                  identity.rank, identity.world_size)
+    plan = plan_pipeline(options, environment)
+    # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py); an
+    # application's provider brings its own resource.
+    resource = (provider.resource if mode == MODE_APP
+                else build_resource(options.service_name, resource_attributes(identity)))
+    # With tail sampling every step is built sampled and the sampler decides after the
+    # metrics; the SDK then follows its parent.
+    sampler = ParentBased(ALWAYS_ON) if plan.tail_sampler else sdk_sampler
+    builder = StepRecordBuilder(identity, resource,
+                                InstrumentationScope(INSTRUMENTATION_SCOPE, __version__),
+                                device.synced, device.device_type, sampling_function(sampler),
+                                epoch_offset_ns())
+    # The exporter process first: its CPU counter must be on the metrics registry before the
+    # derived-metrics stage mirrors the registry's families over OTLP.
+    export, collectors, plan = _build_export(plan, options, environment, provider, builder,
+                                             drops)
     try:
         derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
                                       self_cost, collectors=collectors)
@@ -270,77 +235,95 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started
         raise
-    # Tail sampling (sampling.py) between the derived metrics and export: it applies the
-    # ratio itself, so every step is built sampled and the SDK follows its parent.
-    if derived.sampler is not None and (own_exporter and plan.kind != "none"
-                                        or exporter is not None):
-        sampler = ParentBased(ALWAYS_ON)
-    is_sampled = sampling_function(sampler)
-    builder = StepSpanBuilder(identity, resource, scope, device.synced, device.device_type,
-                              is_sampled, epoch_offset_ns())
-    if export is None and own_exporter:
-        exporter = create_exporter(plan)
-    if export is None and exporter is not None:
-        export = in_process_export(exporter)
-
-    # The derived metrics (and the tail sampler after them) run in the exporter process
-    # too, and this process keeps their state as a copy (derived_chain.py): the span worker
-    # then only builds records and hands them over. With metrics over OTLP or an SDK
-    # sampler that drops steps, they stay here (not moved yet).
-    derive_there = (not joins_app and isinstance(export, ExportProcessClient)
-                    and options.metrics_in_export_process and derived.otlp_metrics is None
-                    and is_sampled is _always_sampled)
-    export_stage: SpanProcessor | None = export
-    if derived.sampler is not None and export is not None and not derive_there:
-        derived.sampler.downstream = export
-        export_stage = derived.sampler  # user spans wait here for their step's decision
-    sdk_provider: TracerProvider | None = None
-    if mode == MODE_OURS:
-        # User spans opened with the OTel API go through this provider into our export.
-        sdk_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
-        if export_stage is not None:
-            sdk_provider.add_span_processor(export_stage)
-
-    # The row path (span_rows.py) when nothing downstream needs ReadableSpans made here:
-    # export runs in the exporter process, or nothing is exported.
-    route: RowRoute | None = None
-    if not joins_app and (export is None or isinstance(export, ExportProcessClient)):
-        route = RowRoute(derived.shared, derived.sampler if export is not None else None,
-                         export, identity.rank)
-        if derive_there:
-            # There, user spans wait for their step's decision in the exporter process too
-            # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps
-            # the counts it sends back.
-            derived.run_in_exporter_process(export)
-            route.metrics = route.sampler = None
-    sinks: list[SpanProcessor] = list(derived.processors)
-    if export_stage is not None:
-        sinks.append(export_stage)
-    if joins_app:
-        sinks.append(ApplicationProviderSink(provider))
-    worker = SpanBuildWorker(recorder, builder, sinks, drops, self_cost, route=route,
-                             export=export)
-    return RunTelemetry(
-        export_plan=plan, provider_mode=mode, resource=resource, sampler=sampler,
-        is_sampled=is_sampled,
-        global_provider=provider if mode == MODE_OURS else None, sdk_provider=sdk_provider,
-        export=export, derived=derived, builder=builder, worker=worker)
+    route = _row_route(plan, derived, export, provider, builder, drops)
+    sdk_provider = (_user_span_provider(resource, sampler, plan, route, export, derived)
+                    if mode == MODE_OURS else None)
+    worker = SpanBuildWorker(recorder, builder, route, drops, self_cost,
+                             export=export if isinstance(export, ExportProcessClient) else None)
+    return RunTelemetry(plan=plan, sampler=sampler,
+                        global_provider=provider if mode == MODE_OURS else None,
+                        sdk_provider=sdk_provider, export=export, derived=derived,
+                        builder=builder, worker=worker)
 
 
-def sampling_function(sampler: Sampler) -> Any:
-    """trace id -> sampled? Constant when the sampler always samples (the usual case)."""
-    if sampler is ALWAYS_ON or (isinstance(sampler, ParentBased)
-                                and getattr(sampler, "_root", None) is ALWAYS_ON):
-        return _always_sampled
+def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,
+                  provider: Any, builder: StepRecordBuilder, drops: DropCounter
+                  ) -> tuple[Any, list[Any], PipelinePlan]:
+    """The export the plan names (the client, the stage, or None), the metrics collectors it
+    brings, and the plan as built (the fallback's, should the exporter process not start)."""
+    factory = builder.factory
 
-    def is_sampled(trace_id: int) -> bool:
+    def in_process_stage(exporter: Any = None) -> BoundedBatchSpanProcessor:
+        return BoundedBatchSpanProcessor(
+            exporter or create_exporter(plan.export), drops, options.max_queued_spans,
+            options.export_batch_size, options.export_interval_seconds)
+
+    if plan.route == ROUTE_PROCESS:
         try:
-            return sampler.should_sample(None, trace_id, "train.step").decision.is_sampled()
-        except Exception:
-            return True
-    return is_sampled
+            client = ExportProcessClient(
+                plan.export, factory.resource, factory.scope, factory.run_constants, drops,
+                options.max_queued_spans, options.export_batch_size,
+                options.export_interval_seconds, fallback=in_process_stage)
+        except Exception as exc:
+            _log.warning("otel-train: could not start the exporter process (%r); exporting "
+                         "from the training process", exc)
+            plan = process_failed(options, environment, repr(exc))
+        else:
+            plan = dataclasses.replace(
+                plan, export=dataclasses.replace(plan.export, process_pid=client.pid))
+            return client, [ExporterProcessCpuCollector(client, builder.rank)], plan
+    if plan.route != ROUTE_STAGE:
+        return None, [], plan
+    exporter = None
+    if plan.app_exporter:
+        found = exporter_like_application(provider)
+        if found is None:  # its settings could not be read after all: planned without it
+            plan = plan_pipeline(options, dataclasses.replace(environment, app_exporter=None))
+            if plan.route != ROUTE_STAGE:
+                return None, [], plan
+        else:
+            exporter = found[0]
+    stage = in_process_stage(exporter)
+    stage.use_rows(factory)
+    return stage, [], plan
 
 
-def _always_sampled(trace_id: int) -> bool:
-    """Every step is sampled (ALWAYS_ON, or parent-based on it)."""
-    return True
+def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, export: Any, provider: Any,
+               builder: StepRecordBuilder, drops: DropCounter) -> RowRoute:
+    """Where the span worker's drains go: the metrics (here, unless the plan moves them to
+    the exporter process), then the route's sink(s)."""
+    metrics: Any = derived.shared
+    sampler = derived.sampler if plan.tail_sampler else None
+    sinks: list[RecordSink] = []
+    user_rows = None
+    if isinstance(export, ExportProcessClient):
+        if plan.metrics_where == THERE:
+            # There, user spans wait for their step's decision in the exporter process too
+            # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps the
+            # counts it sends back.
+            derived.run_in_exporter_process(export)
+            metrics = sampler = None
+        elif sampler is not None:
+            sampler.downstream = export  # user spans wait here for their step's decision
+        sinks.append(ProcessSink(export, sampler, drops))
+    elif export is not None:
+        user_rows = UserSpanRows(drops, derived.options.max_queued_spans)
+        sinks.append(StageSink(export, sampler))
+    if plan.joins_application:
+        sinks.append(ApplicationProviderSink(provider, builder.factory))
+    sink = sinks[0] if len(sinks) == 1 else FanOutSink(sinks) if sinks else None
+    return RowRoute(metrics, sink, builder.rank, user_rows)
+
+
+def _user_span_provider(resource: Any, sampler: Sampler, plan: PipelinePlan, route: RowRoute,
+                        export: Any, derived: DerivedMetricsStage) -> TracerProvider:
+    """The SDK provider behind otel-train's global one: user spans opened with the OTel API
+    go from it into the route (as rows at once, or to the exporter process's client)."""
+    sdk_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
+    if route.user_rows is not None:
+        sdk_provider.add_span_processor(route.user_rows)
+    elif isinstance(export, ExportProcessClient):
+        local_sampler = derived.sampler if (plan.tail_sampler
+                                            and plan.metrics_where != THERE) else None
+        sdk_provider.add_span_processor(local_sampler or export)
+    return sdk_provider

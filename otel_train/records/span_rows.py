@@ -1,15 +1,16 @@
-"""Span rows: a finished span as one flat tuple of plain values, the background's currency.
+"""Span rows: a finished span as one flat tuple of plain values, the one currency of spans.
 
-A ``ReadableSpan`` costs ~7 µs of GIL-holding CPU to make (its ``SpanContext``, ``Status``,
-bounded attributes...) and pickles slowly. The span builder writes each step as a *span
+Making a ``ReadableSpan`` holds the GIL for its ``SpanContext``, ``Status`` and bounded
+attributes, and it pickles slowly. The step record builder writes each step as a *span
 record* instead: a tuple of ints, strings and plain dicts, its phases decoded. Records feed the
-derived metrics directly (:func:`view_from_record` makes the ``StepView`` the processors read,
-no assembling), go down a pipe to the exporter process as ``marshal`` bytes
-(export_process.py), and become *rows* (one flat tuple per span, :func:`rows_from_record`)
-and then ``ReadableSpan``s (:class:`RowSpanFactory`) only where an SDK component needs them:
-in the exporter process, or in this process for an export thread or an application's own span
-processors. One record, the same spans whichever way it went (the phases' span ids are drawn
-where the rows are made).
+derived metrics directly (:func:`view_from_record` makes the ``StepView`` the processors read),
+go down a pipe to the exporter process as ``marshal`` bytes, and are encoded straight to OTLP
+or OTLP/JSON by the export stage. They become *rows* (one flat tuple per span,
+:func:`rows_from_record`), and rows become ``ReadableSpan``s (:class:`RowSpanFactory`), only
+at the edge where something outside otel-train needs SDK spans: an application's own span
+processors, or a plain SDK ``SpanExporter`` such as the console exporter. User spans opened
+with the OTel API come in the other way, made rows by :func:`row_from_span`. One record, the
+same spans whichever way it went (the phases' span ids are drawn where the rows are made).
 
 Layout (index constants ``R_*``)::
 
@@ -27,6 +28,7 @@ Layout (index constants ``R_*``)::
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 from collections.abc import Mapping, Sequence
@@ -46,26 +48,6 @@ from opentelemetry.trace import (
 
 from otel_train.common import attributes as A
 from otel_train.records.steps_view import StepView, count_monitoring
-
-class RunConstantAttributes(dict):  # type: ignore[type-arg]
-    """A span's attributes whose first items are the run's constants, as ``constants`` holds.
-
-    The span factory makes one subclass per run (:func:`run_attributes_type`) and builds every
-    span's attributes from it; the encoder writes those first items as one cached block of
-    bytes instead of one key/value at a time (the wire order stays the dict's order, so the
-    bytes are exactly the SDK's). Code that changes an attribute of a finished span replaces
-    the dict with a plain one (``steps_view.set_span_attribute``), so a changed constant can
-    never hide behind a cached block.
-    """
-
-    __slots__ = ()
-    constants: tuple[tuple[str, Any], ...] = ()
-
-
-def run_attributes_type(constants: Mapping[str, Any]) -> type[RunConstantAttributes]:
-    """A dict type for spans whose attributes start with ``constants`` (in that order)."""
-    return type("RunConstantAttributes", (RunConstantAttributes,),
-                {"__slots__": (), "constants": tuple(constants.items())})
 
 
 (R_NAME, R_TRACE, R_SPAN, R_FLAGS, R_PARENT, R_REMOTE, R_START, R_END, R_ATTRS, R_STATUS,
@@ -196,6 +178,13 @@ def rows_from_record(rec: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     return rows
 
 
+@functools.lru_cache(maxsize=256)
+def row_scope(scope: tuple[Any, ...]) -> InstrumentationScope:
+    """The InstrumentationScope of a user span row's ``(name, version, schema_url)``, one
+    object per scope (the encoders' scope caches go by identity)."""
+    return InstrumentationScope(*scope)
+
+
 class RowSpanFactory:
     """Rows -> ``ReadableSpan``s, sharing one Resource, scope and run-constant attributes."""
 
@@ -204,8 +193,6 @@ class RowSpanFactory:
         self.resource = resource
         self.scope = scope
         self._base = dict(run_constants)
-        self._attrs_type = run_attributes_type(self._base)
-        self._scopes: dict[tuple[Any, ...], InstrumentationScope] = {}
 
     @property
     def run_constants(self) -> dict[str, Any]:
@@ -217,19 +204,13 @@ class RowSpanFactory:
         (name, trace_id, span_id, flags, parent_id, remote, start, end, attrs, status, events,
          kind, scope, links) = row
         trace_flags = TraceFlags(flags)
-        if scope is None:
-            base = self._base
-            if base.keys().isdisjoint(attrs):
-                full = self._attrs_type(base)  # run constants first: one cached block
-            else:  # a row sets a constant's key: a plain dict, so its value is what is sent
-                full = dict(base)
+        if scope is None:  # otel-train's own span: the run's constants first
+            full = dict(self._base)
             full.update(attrs)
             attrs = full
             span_scope = self.scope
         else:
-            span_scope = self._scopes.get(scope)
-            if span_scope is None:
-                span_scope = self._scopes[scope] = InstrumentationScope(*scope)
+            span_scope = row_scope(scope)
         return ReadableSpan(
             name=name, context=SpanContext(trace_id, span_id, False, trace_flags),
             parent=SpanContext(trace_id, parent_id, bool(remote), trace_flags)

@@ -16,10 +16,10 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
-from span_samples import _records_and_rows, _sdk_spans, run_shaped_steps
+from span_samples import _records_and_rows
 from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
 
-from otel_train.export.span_file import OtlpJsonFileSpanExporter, rotated_files
+from otel_train.export.span_file import OtlpJsonEncoder, OtlpJsonFileSpanExporter, rotated_files
 from otel_train.rundir.span_files import read_otlp_json_lines, read_span_dicts, span_files
 
 
@@ -44,28 +44,35 @@ def _decode_line(line: dict) -> ExportTraceServiceRequest:
     return msg
 
 
-def _step_spans(tmp_path, steps: int = 3):
-    with start_test_run(tmp_path / "src") as run:
-        run._telemetry.worker.paused = True
-        run_shaped_steps(run, steps)
-        spans = [s for r in list(run._recorder.queue) for s in run._telemetry.builder.build(r)]
-        run._telemetry.worker.paused = False
-    return spans
+class _Spans:
+    """Span rows of steps of every shape and of user spans, with the run's row factory."""
+
+    def __init__(self, tmp_path) -> None:
+        self.rows, self.user_rows, self.factory = _records_and_rows(tmp_path / "src")
+
+    def texts(self, exporter: OtlpJsonFileSpanExporter, rows) -> list[str]:
+        """``rows`` as the export stage queues them for ``exporter``."""
+        items = exporter.span_items(self.factory)
+        return [items.from_row(row) for row in rows]
+
+    def line(self, rows) -> str:
+        """The line ``rows`` are written as."""
+        f = self.factory
+        return OtlpJsonEncoder().request_rows(rows, f.resource, f.scope, f.run_constants)
 
 
 def test_each_line_decodes_with_the_proto_json_mapping_to_what_the_sdk_encodes(tmp_path):
-    ours = _step_spans(tmp_path)
-    sdk = _sdk_spans()  # every span shape: links, events, remote parents, statuses, kinds
+    made = _Spans(tmp_path)
+    ours, user = made.rows, made.user_rows  # user: links, events, remote parents, statuses
     exporter = OtlpJsonFileSpanExporter(tmp_path / "spans.jsonl")
-    exporter.export(ours)
-    exporter.export(sdk)
-    exporter.export(ours + sdk)  # several resources and scopes in one line
+    for batch in (ours, user, ours + user):  # several scopes in one line
+        exporter.export(made.texts(exporter, batch))
     exporter.shutdown()
     lines = (tmp_path / "spans.jsonl").read_text().splitlines()
     assert len(lines) == 3
-    for line, spans in zip(lines, (ours, sdk, ours + sdk)):
+    for line, rows in zip(lines, (ours, user, ours + user)):
         decoded = _decode_line(json.loads(line))
-        assert decoded == encode_spans(spans)
+        assert decoded == encode_spans(made.factory.spans(rows))
         # And back: the proto re-serialised to JSON parses to the same message.
         again = ExportTraceServiceRequest()
         json_format.Parse(json_format.MessageToJson(decoded), again)
@@ -73,14 +80,14 @@ def test_each_line_decodes_with_the_proto_json_mapping_to_what_the_sdk_encodes(t
 
 
 def test_the_resource_is_written_once_per_line_not_once_per_span(tmp_path):
-    spans = _step_spans(tmp_path, steps=5)
+    made = _Spans(tmp_path)
     exporter = OtlpJsonFileSpanExporter(tmp_path / "spans.jsonl")
-    exporter.export(spans)
+    exporter.export(made.texts(exporter, made.rows))
     exporter.shutdown()
     (line,) = read_otlp_json_lines(tmp_path / "spans.jsonl")
     (rs,) = line["resourceSpans"]
     (ss,) = rs["scopeSpans"]
-    assert len(ss["spans"]) == len(spans) > 15
+    assert len(ss["spans"]) == len(made.rows) > 15
     assert (tmp_path / "spans.jsonl").read_text().count('"service.name"') == 1
     first = ss["spans"][0]
     assert len(first["traceId"]) == 32 and len(first["spanId"]) == 16  # hex, per OTLP/JSON
@@ -88,13 +95,14 @@ def test_the_resource_is_written_once_per_line_not_once_per_span(tmp_path):
 
 
 def test_files_rotate_at_the_size_and_the_oldest_are_removed_over_the_cap(tmp_path):
-    spans = _step_spans(tmp_path, steps=4)
-    one_line = len(OtlpJsonFileSpanExporter(tmp_path / "probe.jsonl")._encoder.request(spans))
+    made = _Spans(tmp_path)
+    spans = made.rows
+    one_line = len(made.line(spans))
     exporter = OtlpJsonFileSpanExporter(tmp_path / "run" / "spans.jsonl",
                                         max_file_bytes=one_line * 2,
                                         max_total_bytes=one_line * 5)
     for _ in range(12):
-        exporter.export(spans)
+        exporter.export(made.texts(exporter, spans))
     exporter.shutdown()
     files = rotated_files(tmp_path / "run" / "spans.jsonl")
     names = [p.name for p in files]
@@ -110,28 +118,29 @@ def test_files_rotate_at_the_size_and_the_oldest_are_removed_over_the_cap(tmp_pa
 
 
 def test_gzip_files_are_readable_while_being_written_and_after_a_restart(tmp_path):
-    spans = _step_spans(tmp_path)
+    made = _Spans(tmp_path)
+    spans = made.rows
     path = tmp_path / "spans.jsonl"
     exporter = OtlpJsonFileSpanExporter(path, compression="gzip")
     assert exporter.path.name == "spans.jsonl.gz"
-    exporter.export(spans)
+    exporter.export(made.texts(exporter, spans))
     # Not closed yet (a run in progress): the flushed line is already readable.
     assert len(read_span_dicts(exporter.path)) == len(spans)
     exporter.shutdown()
     again = OtlpJsonFileSpanExporter(path, compression="gzip")  # appends a gzip member
-    again.export(spans)
+    again.export(made.texts(again, spans))
     again.shutdown()
     assert len(read_span_dicts(exporter.path)) == 2 * len(spans)
     with gzip.open(exporter.path, "rt") as fh:  # a standard gzip reader agrees
         assert len(fh.read().splitlines()) == 2
-    assert os.path.getsize(exporter.path) * 4 < len(
-        exporter._encoder.request(spans).encode()) * 2
+    assert os.path.getsize(exporter.path) * 4 < len(made.line(spans).encode()) * 2
 
 
 def test_a_half_written_last_line_is_skipped(tmp_path):
-    spans = _step_spans(tmp_path)
+    made = _Spans(tmp_path)
+    spans = made.rows
     exporter = OtlpJsonFileSpanExporter(tmp_path / "spans.jsonl")
-    exporter.export(spans)
+    exporter.export(made.texts(exporter, spans))
     exporter.shutdown()
     with open(tmp_path / "spans.jsonl", "a") as fh:
         fh.write('{"resourceSpans":[{"resource":{"attr')  # the writer was killed here
@@ -163,12 +172,11 @@ def test_a_run_writes_its_spans_in_the_file_format_with_the_umask_for_every_file
 
 
 def test_the_fast_reader_agrees_with_the_json_parser_on_every_span(tmp_path):
-    from otel_train.export.span_file import OtlpJsonEncoder
     from otel_train.rundir.span_files import fast_span_fields, span_fields
 
-    ours = _step_spans(tmp_path)  # data spans, monitoring, an error, a float loss
-    enc = OtlpJsonEncoder()
-    line = enc.request(ours).encode()
+    made = _Spans(tmp_path)
+    ours = made.rows  # data spans, monitoring, an error, a float loss
+    line = made.line(ours).encode()
     fast = fast_span_fields(line)
     assert fast is not None and len(fast) == len(ours)
     slow = [span_fields(s) for rs in json.loads(line)["resourceSpans"]
@@ -180,28 +188,21 @@ def test_the_fast_reader_agrees_with_the_json_parser_on_every_span(tmp_path):
         assert f[5] == {k: v for k, v in s[5].items() if k in keys}
     assert any(f[5].get("error") for f in fast)
     # A line it cannot account for in full (links) goes to the JSON parser.
-    assert fast_span_fields(enc.request(_sdk_spans()).encode()) is None
+    assert fast_span_fields(made.line(made.user_rows).encode()) is None
 
 
 def test_span_rows_are_written_as_exactly_the_text_of_the_spans_made_from_them(tmp_path):
-
     from otel_train.common import attributes as A
-    from otel_train.export.span_file import OtlpJsonEncoder
 
     rows, user_rows, factory = _records_and_rows(tmp_path)
     odd = rows[0][:8] + (dict(rows[0][8], **{A.RANK: 9}),) + rows[0][9:]
     bare = rows[1][:8] + ({},) + rows[1][9:]  # no attributes of its own
     every = rows + user_rows + [odd, bare]
-    args = (factory.resource, factory.scope, factory.run_constants)
-    for batch in (rows, every, user_rows, [odd], [bare]):
-        want = OtlpJsonEncoder().request(factory.spans(batch))
-        assert OtlpJsonEncoder().request_rows(batch, *args) == want
-    # The exporter takes rows once told how to make them, and writes the same lines.
     exporter = OtlpJsonFileSpanExporter(tmp_path / "rows.jsonl")
-    exporter.use_rows(*args)
-    exporter.export(every)
-    exporter.export(factory.spans(every))
+    items = exporter.span_items(factory)
+    for batch in (rows, every, user_rows, [odd], [bare]):
+        exporter.export([items.from_row(row) for row in batch])
     exporter.shutdown()
-    first, second = (tmp_path / "rows.jsonl").read_text().splitlines()
-    assert first == second
-    assert _decode_line(json.loads(first)) == encode_spans(factory.spans(every))
+    lines = (tmp_path / "rows.jsonl").read_text().splitlines()
+    for line, batch in zip(lines, (rows, every, user_rows, [odd], [bare])):
+        assert _decode_line(json.loads(line)) == encode_spans(factory.spans(batch))

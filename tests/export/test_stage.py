@@ -141,17 +141,24 @@ def test_a_full_queue_drops_and_counts_with_one_warning(caplog):
     assert proc.exported == 6
 
 
-class EncodingRecording(Recording):
-    """An exporter that encodes span records ahead, as the OTLP exporters in the exporter
-    process do: two 'spans' per record, named after its step."""
+class _TwoPerRecord:
+    """Queue items of two 'spans' per record, named after its step."""
 
-    takes_records = True
-
-    def use_rows(self, resource, scope, run_constants) -> None:
-        pass
-
-    def encode_record(self, rec) -> list[bytes]:
+    @staticmethod
+    def from_record(rec) -> list[bytes]:
         return [f"{rec[0]}a".encode(), f"{rec[0]}b".encode()]
+
+    @staticmethod
+    def from_row(row) -> bytes:
+        return row[0].encode()
+
+
+class EncodingRecording(Recording):
+    """An exporter that encodes span records where they arrive, as the OTLP exporters do:
+    its items are bytes."""
+
+    def span_items(self, factory) -> _TwoPerRecord:
+        return _TwoPerRecord()
 
     def export(self, spans) -> SpanExportResult:
         self.entered.set()

@@ -1,16 +1,16 @@
-"""Span building off the hot path: StepSpanBuilder (records -> ReadableSpans) and the worker."""
+"""Off the hot path, StepRecordBuilder turns steps into span records that follow the contract
+(checked through the SDK spans the row factory makes of their rows, as an edge exporter
+would see them)."""
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from time import perf_counter_ns
 
 import pytest
 import torch
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
@@ -19,9 +19,8 @@ from otel_train.records.attribute_values import DEFAULT_VALUE_LENGTH, MAX_SEQUEN
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
-from otel_train.common.self_cost import SelfCostMeter
-from otel_train.pipeline.span_worker import SpanBuildWorker
-from otel_train.records.step_records import StepSpanBuilder, epoch_offset_ns
+from otel_train.records.span_rows import rows_from_record
+from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -30,9 +29,14 @@ RESOURCE = Resource.create({"service.name": "spans-test"})
 SCOPE = InstrumentationScope("otel_train", "0.1.0")
 
 
-def _builder(sampled: bool = True, synced: bool = False) -> StepSpanBuilder:
-    return StepSpanBuilder(IDENT, RESOURCE, SCOPE, synced, "cpu", lambda tid: sampled,
-                           epoch_offset_ns())
+def _builder(sampled: bool = True, synced: bool = False) -> StepRecordBuilder:
+    return StepRecordBuilder(IDENT, RESOURCE, SCOPE, synced, "cpu", lambda tid: sampled,
+                             epoch_offset_ns())
+
+
+def _spans(builder: StepRecordBuilder, record) -> list[ReadableSpan]:
+    """The SDK spans of one step's record, children first (the order spans end)."""
+    return builder.factory.spans(rows_from_record(builder.record(record)))
 
 
 def _step(rec: Recorder, index: int = 3, loader: str | None = "train") -> Step:
@@ -46,17 +50,9 @@ def _step(rec: Recorder, index: int = 3, loader: str | None = "train") -> Step:
     return step
 
 
-class Collect(SpanProcessor):
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self.spans.append(span)
-
-
 def test_a_step_becomes_a_root_and_one_child_per_phase_children_first():
     rec = Recorder(10, DropCounter(), None)
-    spans = _builder().build(_step(rec))
+    spans = _spans(_builder(), _step(rec))
     assert [s.name for s in spans] == ["attention", "forward", "inference", "train.step"]
     root = spans[-1]
     assert root.parent is None
@@ -72,7 +68,7 @@ def test_a_step_becomes_a_root_and_one_child_per_phase_children_first():
 
 def test_spans_carry_the_contract_attributes():
     rec = Recorder(10, DropCounter(), None)
-    spans = {s.name: s for s in _builder(synced=True).build(_step(rec))}
+    spans = {s.name: s for s in _spans(_builder(synced=True), _step(rec))}
     root = spans["train.step"]
     assert root.attributes["train.run.id"] == "run-s"
     assert root.attributes["train.step"] == 3
@@ -92,15 +88,15 @@ def test_span_times_are_the_recorded_times_on_the_epoch_clock():
     rec = Recorder(10, DropCounter(), None)
     step = _step(rec)
     off = epoch_offset_ns()
-    builder = StepSpanBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, off)
-    root = builder.build(step)[-1]
+    builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, off)
+    root = _spans(builder, step)[-1]
     assert root.start_time == step.start_ns + off
     assert root.end_time == step.end_ns + off
 
 
 def test_unsampled_steps_get_unsampled_span_contexts():
     rec = Recorder(10, DropCounter(), None)
-    spans = _builder(sampled=False).build(_step(rec))
+    spans = _spans(_builder(sampled=False), _step(rec))
     assert not any(s.context.trace_flags.sampled for s in spans)
 
 
@@ -168,7 +164,7 @@ def test_a_phase_left_open_ends_with_its_step():
     step = Step(rec, 0, None)
     step.phase("forward").__enter__()
     step._finish(None)  # e.g. shutdown while the phase was open
-    forward, root = _builder().build(step)
+    forward, root = _spans(_builder(), step)
     assert forward.end_time == root.end_time
 
 
@@ -179,7 +175,7 @@ def test_errors_become_error_status_and_an_exception_event():
         with step.phase("forward"):
             raise ValueError("bad batch")
     step._finish(None)
-    forward, root = _builder().build(step)
+    forward, root = _spans(_builder(), step)
     for span in (forward, root):
         assert span.status.status_code is StatusCode.ERROR
         assert span.status.description == "ValueError: bad batch"
@@ -202,7 +198,7 @@ def test_tensor_and_other_attribute_values_become_otel_values():
     with step.phase("forward") as fwd:
         fwd.set_attribute("grad_norm", torch.tensor(2.0))
     step._finish(None)
-    forward, root = _builder().build(step)
+    forward, root = _spans(_builder(), step)
     assert root.attributes["loss"] == 0.25 and isinstance(root.attributes["loss"], float)
     assert root.attributes["count"] == 7 and isinstance(root.attributes["count"], int)
     assert isinstance(root.attributes["vec"], str)
@@ -217,7 +213,7 @@ def _root_with(attrs: dict, env: dict | None = None, monkeypatch=None) -> Readab
     for key, value in attrs.items():
         step.set_attribute(key, value)
     step._finish(None)
-    return _builder().build(step)[-1]
+    return _spans(_builder(), step)[-1]
 
 
 def test_a_large_tensor_becomes_a_short_summary_and_warns_once_per_key(caplog):
@@ -297,7 +293,7 @@ def test_a_monitor_record_is_one_root_span_with_kind_monitor():
     rec.next_index = 5
     with MonitorRecord(rec, "snapshot") as mon:
         mon.set_attribute("path", "/ckpt")
-    (span,) = _builder().build(rec.queue.popleft())
+    (span,) = _spans(_builder(), rec.queue.popleft())
     assert span.name == "snapshot" and span.parent is None
     assert span.attributes["train.phase"] == "snapshot"
     assert span.attributes["train.phase.kind"] == "monitor"
@@ -313,136 +309,9 @@ def test_span_ids_drawn_early_for_user_spans_are_kept():
         step.span_ids = {-1: 0xAAA, 0: 0xBBB}
         step.trace_id = 0xCCC
     step._finish(None)
-    forward, root = _builder().build(step)
+    forward, root = _spans(_builder(), step)
     assert (root.context.span_id, forward.context.span_id) == (0xAAA, 0xBBB)
     assert root.context.trace_id == forward.context.trace_id == 0xCCC
-
-
-# -- the worker ------------------------------------------------------------------------------
-
-def _worker(rec: Recorder, procs, drops: DropCounter) -> SpanBuildWorker:
-    return SpanBuildWorker(rec, _builder(), procs, drops, SelfCostMeter(), 0.01)
-
-
-def test_the_worker_feeds_every_processor_in_order():
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    calls: list[str] = []
-
-    class Tag(SpanProcessor):
-        def __init__(self, tag: str) -> None:
-            self.tag = tag
-
-        def on_end(self, span: ReadableSpan) -> None:
-            calls.append(f"{self.tag}:{span.name}")
-
-    _step(rec)
-    worker = _worker(rec, [Tag("a"), Tag("b")], drops)
-    assert worker.drain() == 1
-    assert calls[:2] == ["a:attention", "b:attention"]
-    assert calls[-1] == "b:train.step"
-    assert worker.spans_built == 4
-
-
-def test_a_failing_processor_does_not_stop_the_others_and_warns_rate_limited(caplog):
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-
-    class Boom(SpanProcessor):
-        def on_end(self, span: ReadableSpan) -> None:
-            raise RuntimeError("processor bug")
-
-    good = Collect()
-    for i in range(3):
-        _step(rec, index=i)
-    worker = _worker(rec, [Boom(), good], drops)
-    with caplog.at_level(logging.WARNING, logger="otel_train"):
-        worker.drain()
-    assert len(good.spans) == 12
-    warnings = [r for r in caplog.records if "processor" in r.getMessage()]
-    assert len(warnings) == 1
-
-
-def test_a_record_that_cannot_be_built_is_counted_not_raised(caplog):
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    _step(rec, index=0)
-    bad = _step(rec, index=1)
-    good = Collect()
-    worker = SpanBuildWorker(rec, _builder(), [good], drops, SelfCostMeter(), 0.01)
-    bad.span_ids = "not a dict"  # makes building fail
-    with caplog.at_level(logging.WARNING, logger="otel_train"):
-        worker.drain()
-    assert drops.counts().get("build_error", 0) >= 1
-    assert [s.name for s in good.spans].count("train.step") == 1
-
-
-def test_the_background_thread_drains_the_queue():
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    good = Collect()
-    worker = _worker(rec, [good], drops)
-    worker.start()
-    try:
-        _step(rec)
-        tick = threading.Event()
-        for _ in range(200):
-            if len(good.spans) == 4:
-                break
-            tick.wait(0.01)
-        assert len(good.spans) == 4
-    finally:
-        worker.stop(1.0)
-
-
-def test_stop_counts_what_could_not_be_built_in_time():
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    for i in range(3):
-        _step(rec, index=i)
-    worker = _worker(rec, [Collect()], drops)  # never started: stop drains inline
-    worker.stop(0.0)
-    assert drops.counts() == {"shutdown_timeout": 12}
-    assert not rec.queue
-
-
-def test_stop_builds_what_is_queued_when_there_is_time():
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    good = Collect()
-    worker = _worker(rec, [good], drops)
-    worker.start()
-    worker.paused = True
-    for i in range(3):
-        _step(rec, index=i)
-    worker.stop(2.0)
-    assert len(good.spans) == 12
-    assert drops.total == 0
-
-
-class _RacyQueue(deque):
-    """A deque on which another thread pops the last record right after a `while q` check."""
-
-    armed = False
-
-    def __len__(self) -> int:
-        n = deque.__len__(self)
-        if self.armed and n:
-            self.armed = False
-            while deque.__len__(self):
-                self.popleft()  # what a concurrent drain() on another thread does
-        return n
-
-
-def test_drain_survives_a_concurrent_drain_emptying_the_queue():
-    drops = DropCounter()
-    rec = Recorder(10, drops, None)
-    _step(rec)
-    racy = _RacyQueue(rec.queue)
-    racy.armed = True
-    rec.queue = racy
-    worker = _worker(rec, [Collect()], drops)
-    worker.drain()  # must not raise
 
 
 def test_an_empty_attribute_key_is_refused_at_the_call():

@@ -2,18 +2,16 @@
 exactly as its requests transport would, and sender threads that are reused.
 
 The OTel HTTP exporter's client sends through a transport; the SDK ships two, ``requests``
-(its default) and ``urllib3``. Measured with ``benchmarks/bench_otlp_http.py`` (a 512-span
-request to a local receiver), one POST costs ~2.1 ms of CPU through ``requests`` on a thread
-of its own, ~1.0 ms through the urllib3 transport, and ~0.74 ms through urllib3 on a reused
-thread (``requests`` re-reads the proxy environment, merges settings, cookies and hooks on
-every call). The urllib3 transport is taken only where nothing ``requests`` adds
-applies: a plain ``http://`` endpoint (no TLS, so no question of which CA bundle) with no
-credentials in it (requests turns them into basic auth), no session or credential
-provider handed to the exporter, and no proxy in the environment.
+(its default) and ``urllib3``. A POST through ``requests`` costs the most CPU, since it
+re-reads the proxy environment and merges settings, cookies and hooks on every call
+(``benchmarks/bench_otlp_http.py`` measures each way). The urllib3 transport is taken only
+where nothing ``requests`` adds applies: a plain ``http://`` endpoint (no TLS, so no question
+of which CA bundle) with no credentials in it (requests turns them into basic auth), no
+session or credential provider handed to the exporter, and no proxy in the environment.
 
-A thread started per POST costs another ~0.25-0.4 ms. :class:`ReusedSenderThreads` keeps
-finished sender threads waiting for the next request a while; a request that hangs holds
-only its own thread, and the next one gets another, as a fresh thread would. (Not a
+Starting a thread per POST costs CPU too. :class:`ReusedSenderThreads` keeps finished sender
+threads waiting for the next request a while; a request that hangs holds only its own
+thread, and the next one gets another, as a fresh thread would. (Not a
 ``ThreadPoolExecutor``: its workers are joined at interpreter exit, so one request hanging on
 a collector would hold the exit, and a bounded pool would queue requests behind it.)
 

@@ -10,7 +10,7 @@ exporters that send once and say what happened:
 - :class:`ExportOutcome` ``SENT``, ``RETRY`` (not delivered, safe to send again),
   ``REJECTED`` (the collector refused it for good), ``UNKNOWN`` (timed out after it was sent:
   it may have arrived, so it is never sent twice), ``TOO_LARGE`` (over the receiver's limit).
-- ``start_send(spans, body, timeout_seconds)`` returns a :class:`PendingSend` the caller waits
+- ``start_send(items, body, timeout_seconds)`` returns a :class:`PendingSend` the caller waits
   on in slices, so a shutdown can give up on it at its own deadline (gRPC: the call is
   cancelled; HTTP: the request's daemon thread is left to finish or die with the process).
 - ``probe(timeout_seconds)``: a TCP connect to the endpoint's host and port, to notice within a
@@ -22,7 +22,9 @@ headers, compression, certificates, credential providers); only their send loop 
 Usage::
 
     exporter = SingleAttemptGrpcSpanExporter(endpoint="http://127.0.0.1:4317", timeout=10)
-    pending = exporter.start_send(spans, exporter.encode(spans), 10.0)
+    items = exporter.span_items(factory)          # what the export stage queues
+    batch = items.from_record(rec)
+    pending = exporter.start_send(batch, exporter.encode(batch), 10.0)
     outcome = pending.wait(10.0)        # None while still in flight
 """
 
@@ -37,12 +39,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_train.export.otlp.http_sender import ReusedSenderThreads, use_lean_http_transport
 from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES
-from otel_train.export.otlp.encoding import _Encoder, make_grpc_exporter, make_http_exporter
+from otel_train.export.otlp.encoding import OtlpSpanFields, _Encoder
+from otel_train.export.otlp.http_sender import ReusedSenderThreads, use_lean_http_transport
+from otel_train.export.span_items import SpanItems, SpanRowItems
+from otel_train.records.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
 _TRACE_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -129,8 +132,8 @@ def _probe_tcp(host: str | None, port: int | None, timeout_seconds: float) -> bo
         return False
 
 
-class _SingleAttemptBase(SpanExporter):
-    """Shared parts: encoding, size limit, probe target, blocking ``export``."""
+class _SingleAttemptBase:
+    """Shared parts: the queue items and their encoding, size limit, probe target."""
 
     def __init__(self, sdk_exporter: Any, timeout_seconds: float, max_request_bytes: int,
                  host: str | None, port: int | None, secrets: Sequence[str]) -> None:
@@ -140,11 +143,10 @@ class _SingleAttemptBase(SpanExporter):
         self.timeout_seconds = float(timeout_seconds)
         self.max_request_bytes = int(max_request_bytes)
         self._host, self._port = host, port
-        self._encoder = _Encoder()
-        self._record_encoder = _Encoder()  # records are encoded on another thread: own caches
+        self._encoder = _Encoder()  # requests are joined on the export thread: own caches
         self._closed = False
-        self._rows: tuple[Any, Any, dict[str, Any]] | None = None
-        self._sends_bytes = True  # every send carries the encoded body (not as_spans)
+        self._factory: RowSpanFactory | None = None
+        self._sends_bytes = True  # every send carries the encoded body (else SDK spans)
 
     def scrub(self, text: str) -> str:
         """``text`` with every known credential replaced by ``***``."""
@@ -152,37 +154,24 @@ class _SingleAttemptBase(SpanExporter):
             text = text.replace(secret, "***")
         return text
 
-    def use_rows(self, resource: Any, scope: Any, run_constants: dict[str, Any]) -> None:
-        """Take span rows (span_rows.py) as well as spans: rows are encoded straight to the
-        same bytes their ``RowSpanFactory(resource, scope, run_constants)`` spans would give,
-        with no span made (the exporter process's path)."""
-        self._rows = (resource, scope, dict(run_constants))
+    def span_items(self, factory: RowSpanFactory) -> SpanItems:
+        """What the stage queues: encoded spans, joined into a request as they are; span
+        rows where the send goes through the SDK exporter's own ``export`` (it takes SDK
+        spans, made from the rows at send time)."""
+        self._factory = factory
+        if self._sends_bytes:
+            return OtlpSpanFields(factory.run_constants)
+        return SpanRowItems()
 
-    @property
-    def takes_records(self) -> bool:
-        """Can span records be encoded ahead (:meth:`encode_record`) and sent as bytes?"""
-        return self._rows is not None and self._sends_bytes
-
-    def encode_record(self, rec: tuple[Any, ...]) -> list[bytes]:
-        """One span record's Span messages (the same bytes its rows encode to), for
-        :meth:`encode` to join into a request; called where records arrive, not on the
-        export thread."""
-        assert self._rows is not None
-        return self._record_encoder.record(rec, self._rows[2])
-
-    def encode(self, spans: Sequence[Any]) -> bytes:
-        """The request body (ExportTraceServiceRequest bytes) for ``spans`` (or rows and
-        spans encoded ahead by :meth:`encode_record`)."""
-        if self._rows is not None and spans and type(spans[0]) in (tuple, bytes):
-            return self._encoder.request_rows(spans, *self._rows)
-        return self._encoder.request(spans)
-
-    def as_spans(self, spans: Sequence[Any]) -> Sequence[Any]:
-        """``ReadableSpan``s of ``spans`` (rows made into spans), for the SDK's own path."""
-        if self._rows is None or not spans or type(spans[0]) is not tuple:
-            return spans
-        from otel_train.records.span_rows import RowSpanFactory
-        return RowSpanFactory(*self._rows).spans(spans)
+    def encode(self, items: Sequence[Any]) -> bytes:
+        """The request body (ExportTraceServiceRequest bytes) of a batch of items."""
+        factory = self._factory
+        if factory is None:
+            raise RuntimeError("span_items() was not called: nothing says what the items are")
+        if self._sends_bytes:
+            return self._encoder.request(items, factory.resource, factory.scope)
+        return self._encoder.request_rows(items, factory.resource, factory.scope,
+                                          factory.run_constants)
 
     def probe(self, timeout_seconds: float) -> bool | None:
         """Is the collector's port accepting connections? (None: cannot tell)."""
@@ -191,21 +180,10 @@ class _SingleAttemptBase(SpanExporter):
     def reconnect(self) -> None:
         """Drop cached connections after an outage (the next send connects afresh)."""
 
-    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+    def start_send(self, items: Sequence[Any], body: bytes,
                    timeout_seconds: float) -> PendingSend:
         """Send ``body`` once; returns at once with a handle to wait on."""
         raise NotImplementedError
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """One attempt, blocking up to the timeout (the plain SpanExporter API)."""
-        if self._closed:
-            return SpanExportResult.FAILURE
-        pending = self.start_send(spans, self.encode(spans), self.timeout_seconds)
-        outcome = pending.wait(self.timeout_seconds + 0.5)
-        if outcome is None:
-            pending.give_up(lambda _o: None, cancel=True)
-        return SpanExportResult.SUCCESS if outcome is ExportOutcome.SENT else (
-            SpanExportResult.FAILURE)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered here."""
@@ -218,7 +196,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
         sdk_kwargs.setdefault("channel_options", _GRPC_CHANNEL_OPTIONS)
-        sdk = make_grpc_exporter(**sdk_kwargs)
+        sdk = _sdk_grpc_exporter(**sdk_kwargs)
         target = str(getattr(sdk, "_endpoint", "") or "")
         host, port = _split_host_port(target, 4317)
         super().__init__(sdk, float(getattr(sdk, "_timeout", 10.0) or 10.0),
@@ -251,7 +229,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             except Exception:
                 _log.debug("closing the old gRPC channel failed", exc_info=True)
 
-    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+    def start_send(self, items: Sequence[Any], body: bytes,
                    timeout_seconds: float) -> PendingSend:
         """Start one Export call with a deadline of ``timeout_seconds``."""
         import grpc
@@ -329,6 +307,22 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             _log.debug("gRPC exporter shutdown failed", exc_info=True)
 
 
+def _sdk_grpc_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/gRPC span exporter: it reads every ``OTEL_EXPORTER_OTLP_*`` setting and
+    holds the channel; its own export loop is never used."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(**kwargs)
+
+
+def _sdk_http_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/HTTP span exporter: it reads every ``OTEL_EXPORTER_OTLP_*`` setting and
+    holds the HTTP client."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(**kwargs)
+
+
 def _grpc_outcome(code: Any, details: str) -> ExportOutcome:
     import grpc
 
@@ -350,7 +344,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
 
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
-        sdk = make_http_exporter(**sdk_kwargs)
+        sdk = _sdk_http_exporter(**sdk_kwargs)
         client = getattr(sdk, "_client", None)
         url = str(getattr(sdk, "_endpoint", "") or "")
         parts = urlsplit(url)
@@ -366,23 +360,36 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
         self._sends_bytes = self._direct  # otherwise the SDK's export() re-encodes spans
         self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
+        self._owns_client = True
         self._senders = ReusedSenderThreads("otel-train-otlp-http")
 
-    def start_send(self, spans: Sequence[ReadableSpan], body: bytes,
+    def share_client(self, client: Any) -> None:
+        """Send through ``client``, an application's exporter's (its headers, TLS, session
+        and timeout); it stays open when this exporter shuts down."""
+        self._client = self.sdk_exporter._client = client
+        self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        self._sends_bytes = self._direct
+        self.lean_transport = False
+        self._owns_client = False
+        self.timeout_seconds = float(getattr(client, "_timeout", 0) or self.timeout_seconds)
+
+    def start_send(self, items: Sequence[Any], body: bytes,
                    timeout_seconds: float) -> PendingSend:
         """POST ``body`` once from a daemon thread (a hung request never holds the caller)."""
         pending = PendingSend()
         if self._closed:
             pending.finish(ExportOutcome.REJECTED, "exporter closed")
             return pending
-        self._senders.submit(self._post, (pending, spans, body, timeout_seconds))
+        self._senders.submit(self._post, (pending, items, body, timeout_seconds))
         return pending
 
-    def _post(self, pending: PendingSend, spans: Sequence[ReadableSpan], body: bytes,
+    def _post(self, pending: PendingSend, items: Sequence[Any], body: bytes,
               timeout_seconds: float) -> None:
         try:
-            if not self._direct:
-                ok = self.sdk_exporter.export(self.as_spans(spans)) is SpanExportResult.SUCCESS
+            if not self._direct:  # the SDK's own export takes SDK spans: the rows' spans
+                assert self._factory is not None
+                spans = self._factory.spans(items)
+                ok = self.sdk_exporter.export(spans) is SpanExportResult.SUCCESS
                 pending.finish(ExportOutcome.SENT if ok else ExportOutcome.REJECTED)
                 return
             client = self._client
@@ -401,7 +408,8 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         self._closed = True
         self._senders.close()
         try:
-            if self._client is not None and hasattr(self._client, "_transport"):
+            if (self._owns_client and self._client is not None
+                    and hasattr(self._client, "_transport")):
                 self._client._transport.close()
         except Exception:
             _log.debug("HTTP exporter shutdown failed", exc_info=True)

@@ -19,9 +19,11 @@ from otel_train.export.otlp.http_sender import (
     lean_transport_reason,
 )
 from otel_train.export.otlp.transport import ExportOutcome, SingleAttemptHttpSpanExporter
+from otel_train.records.span_rows import RowSpanFactory, row_from_span
 
 
 def _spans(n: int) -> list:
+    """``n`` finished SDK spans."""
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -32,10 +34,18 @@ def _spans(n: int) -> list:
     return list(memory.get_finished_spans())
 
 
+def _queued(exporter: SingleAttemptHttpSpanExporter, n: int) -> list:
+    """``n`` user spans as the export stage queues them for ``exporter``."""
+    spans = _spans(n)
+    items = exporter.span_items(RowSpanFactory(spans[0].resource,
+                                               spans[0].instrumentation_scope, {}))
+    return [items.from_row(row_from_span(span)) for span in spans]
+
+
 def _send(exporter: SingleAttemptHttpSpanExporter, n: int = 3,
           timeout_seconds: float = 5.0) -> tuple[ExportOutcome | None, object]:
-    spans = _spans(n)
-    pending = exporter.start_send(spans, exporter.encode(spans), timeout_seconds)
+    batch = _queued(exporter, n)
+    pending = exporter.start_send(batch, exporter.encode(batch), timeout_seconds)
     return pending.wait(timeout_seconds + 2.0), pending
 
 

@@ -174,7 +174,7 @@ def test_the_child_writes_the_same_otlp_as_the_training_process_would(
 
     recs, builder = _records_of_every_shape(tmp_path)
     total = sum(record_span_count(r) for r in recs)
-    here_spans = builder.factory.spans([row for rec in recs for row in rows_from_record(rec)])
+    here_rows = [row for rec in recs for row in rows_from_record(rec)]
     receiver = {"http": HttpOtlpReceiver, "grpc": GrpcOtlpReceiver}.get(kind)
     with (receiver() if receiver else _nothing()) as server:
         if kind == "jsonl":
@@ -197,7 +197,8 @@ def test_the_child_writes_the_same_otlp_as_the_training_process_would(
             child = [json.loads(line) for line in
                      (tmp_path / "child.jsonl").read_text().splitlines()]
             here = OtlpJsonFileSpanExporter(tmp_path / "here.jsonl")
-            here.export(here_spans)
+            items = here.span_items(builder.factory)
+            here.export([items.from_row(row) for row in here_rows])
             here.shutdown()
             mine = [json.loads(line) for line in
                     (tmp_path / "here.jsonl").read_text().splitlines()]
@@ -207,7 +208,8 @@ def test_the_child_writes_the_same_otlp_as_the_training_process_would(
             )
             child = [MessageToDict(r) for r in server.requests()]
             mine = [MessageToDict(ExportTraceServiceRequest.FromString(
-                _Encoder().request(here_spans)))]
+                _Encoder().request_rows(here_rows, builder.factory.resource,
+                                        builder.factory.scope, builder.run_constants)))]
     got, want = _comparable(child), _comparable(mine)
     assert len(got) == total == len(want)
     assert sorted(got) == sorted(want)  # OTLP batches may split where the file's did not

@@ -1,0 +1,244 @@
+"""The pipeline plan: which route a run's spans take, where its derived metrics run, and why.
+
+``plan_pipeline(options, environment)`` is a pure function of the run's options and a
+:class:`PipelineEnvironment`, plain data gathered once (``gather_environment``: the global
+TracerProvider's mode, the application's OTLP exporter, the SDK sampler, the ``OTEL_*``
+variables). ``assembly.assemble_telemetry`` builds what the plan says and decides nothing;
+``otel-train plan`` prints it before a run.
+
+Routes (``PipelinePlan.route``):
+
+- ``exporter process``: span records go down a pipe to a child process that encodes and
+  exports them (``export/process``); the derived metrics run there too unless something keeps
+  them here; if the child cannot start, the in-process stage takes over (the plan for that is
+  ``plan_pipeline`` with ``process_failed`` set);
+- ``in-process stage``: the same records, exported by ``BoundedBatchSpanProcessor`` from this
+  process (``export_process=False``, the console exporter, the application's OTLP endpoint);
+- ``application processors``: the spans join the application's own TracerProvider pipeline
+  (``application_export.ApplicationProviderSink``, where records become SDK spans);
+- ``none``: nothing is exported (the metrics still see every step), or the run is disabled.
+
+Usage::
+
+    environment = gather_environment(options, status_dir, identity.rank, identity.world_size)
+    plan = plan_pipeline(options, environment)
+    print(plan.describe())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otel_train.common.options import RunOptions
+from otel_train.common.sdk_config import ExportPlan, plan_export
+from otel_train.derived.otlp_metrics import plan_metrics
+from otel_train.derived.sampling import resolve_sample_ratio
+
+# Provider modes.
+MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provider
+MODE_APP = "app"  # the application installed an SDK TracerProvider
+MODE_FOREIGN = "foreign"  # some other API-level provider: left alone, we export on our own
+MODE_DISABLED = "disabled"  # enabled=False or OTEL_SDK_DISABLED
+# Routes.
+ROUTE_PROCESS = "exporter process"
+ROUTE_STAGE = "in-process stage"
+ROUTE_APPLICATION = "application processors"
+ROUTE_NONE = "none"
+# Where the derived metrics run.
+HERE = "training process"
+THERE = "exporter process"
+_PROCESS_KINDS = ("otlp", "jsonl")  # exporters the exporter process makes from the plan
+
+
+@dataclass(frozen=True)
+class PipelineEnvironment:
+    """What the plan depends on besides the options: plain data, gathered once."""
+
+    provider_mode: str = MODE_OURS
+    disabled_by: str | None = None  # why nothing is recorded (enabled=False, OTEL_SDK_DISABLED)
+    # Where the application's OTLP span exporter sends ("OTLP grpc -> host:4317"), when its
+    # provider has one whose settings can be read; None otherwise.
+    app_exporter: str | None = None
+    sampler: str = "parentbased_always_on"  # the SDK sampler in effect, as words
+    sampler_always_samples: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)  # the OTEL_* variables
+    status_dir: Path = Path("otel-train-runs")
+    rank: int = 0
+    world_size: int = 1
+    process_failed: str | None = None  # the exporter process could not start: why
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What a run builds between its recorder and the wire, and the reasons."""
+
+    route: str
+    export: ExportPlan
+    provider_mode: str
+    metrics_where: str | None  # HERE, THERE, or None (a disabled run)
+    # The step tail sampler decides what is exported; the SDK sampler then follows its
+    # parent (always on), so every step reaches the decision.
+    tail_sampler: bool
+    otlp_metrics: bool
+    console: bool
+    joins_application: bool  # the application's processors get our spans too
+    app_exporter: bool  # the in-process stage sends where the application's exporter does
+    user_spans: str  # what happens to spans users open with the OTel API
+    reasons: tuple[str, ...]
+
+    def describe(self) -> str:
+        """The plan as lines for a person: the decisions, then why."""
+        lines = [f"route: {self.route}", f"export: {self.export.describe()}",
+                 f"provider: {self.provider_mode}",
+                 f"derived metrics: {self.metrics_where or 'off'}",
+                 f"tail sampling: {'on' if self.tail_sampler else 'off'}",
+                 f"metrics over OTLP: {'on' if self.otlp_metrics else 'off'}",
+                 f"console: {'on' if self.console else 'off'}",
+                 f"user spans: {self.user_spans}", "why:"]
+        lines += [f"  - {reason}" for reason in self.reasons]
+        return "\n".join(lines)
+
+
+def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> PipelinePlan:
+    """Decide the route, the metrics' place, the processors and the export target."""
+    env = environment
+    if env.disabled_by is not None:
+        return _disabled_plan(env)
+    reasons: list[str] = []
+    export, own, joins_app, app_exporter = _export_target(options, env, reasons)
+    route = _route(options, env, export, own, joins_app, reasons)
+    ratio = resolve_sample_ratio(options, env.env)
+    otlp_metrics = plan_metrics(options, env.env).otlp
+    tail = ratio is not None and route in (ROUTE_PROCESS, ROUTE_STAGE)
+    _sampling_reasons(ratio, route, tail, env, reasons)
+    where = _metrics_where(options, env, route, otlp_metrics, tail, joins_app, reasons)
+    reasons.append("console report: " + ("on (console=True)" if options.console
+                                         else "off (console=False)"))
+    reasons.append("metrics over OTLP: " + ("on (metrics_exporter / OTEL_METRICS_EXPORTER "
+                                            "names otlp)" if otlp_metrics else "off"))
+    return PipelinePlan(
+        route=route, export=export, provider_mode=env.provider_mode, metrics_where=where,
+        tail_sampler=tail, otlp_metrics=otlp_metrics,
+        console=options.console, joins_application=joins_app, app_exporter=app_exporter,
+        user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons))
+
+
+def _disabled_plan(env: PipelineEnvironment) -> PipelinePlan:
+    return PipelinePlan(
+        route=ROUTE_NONE, export=ExportPlan("none"), provider_mode=MODE_DISABLED,
+        metrics_where=None, tail_sampler=False,
+        otlp_metrics=False, console=False, joins_application=False, app_exporter=False,
+        user_spans="not recorded",
+        reasons=(f"disabled by {env.disabled_by}: no thread, socket or file; the API still "
+                 "works",))
+
+
+def _export_target(options: RunOptions, env: PipelineEnvironment, reasons: list[str]
+                   ) -> tuple[ExportPlan, bool, bool, bool]:
+    """(export plan, made from the plan?, joins the application?, the app's endpoint?)."""
+    plan = plan_export(options, env.status_dir, env.rank, env.world_size, env.env)
+    if env.provider_mode != MODE_APP:
+        reasons.append(f"export target: {plan.describe()} (exporter option / "
+                       "OTEL_TRACES_EXPORTER / OTLP endpoint; a span file when none is set)")
+        return plan, True, False, False
+    if "exporter" in options.sources:
+        reasons.append(f"export target: {plan.describe()} (the exporter option, set "
+                       "explicitly); the application's TracerProvider gets the spans too")
+        return plan, True, True, False
+    if options.trace_export == "own" and env.app_exporter is not None:
+        reasons.append(f"export target: {env.app_exporter}: the application's OTLP exporter's "
+                       "endpoint, through otel-train's bounded export stage "
+                       "(trace_export='own')")
+        return ExportPlan(env.app_exporter), False, False, True
+    why = ("trace_export='application'" if options.trace_export != "own"
+           else "no OTLP span exporter of the application's could be reused")
+    reasons.append(f"export target: the application's TracerProvider pipeline ({why})")
+    return ExportPlan("application TracerProvider"), False, True, False
+
+
+def _route(options: RunOptions, env: PipelineEnvironment, export: ExportPlan, own: bool,
+           joins_app: bool, reasons: list[str]) -> str:
+    if own and export.kind == "none":
+        reasons.append("route: none (the exporter is 'none'; the metrics still see every "
+                       "step)")
+        return ROUTE_APPLICATION if joins_app else ROUTE_NONE
+    if not own:
+        route = ROUTE_STAGE if not joins_app else ROUTE_APPLICATION
+        reasons.append(f"route: {route} (the application's provider decides where spans go)")
+        return route
+    if not options.export_process:
+        reasons.append("route: in-process stage (export_process=False)")
+        return ROUTE_STAGE
+    if export.kind not in _PROCESS_KINDS:
+        reasons.append(f"route: in-process stage (the {export.kind} exporter runs in the "
+                       "training process: its output belongs to this process)")
+        return ROUTE_STAGE
+    if env.process_failed is not None:
+        reasons.append(f"route: in-process stage (the exporter process could not start: "
+                       f"{env.process_failed})")
+        return ROUTE_STAGE
+    reasons.append("route: exporter process (export_process=True, the default): encoding and "
+                   "sending out of the training process's GIL; the in-process stage takes "
+                   "over if it cannot start or dies")
+    return ROUTE_PROCESS
+
+
+def _sampling_reasons(ratio: float | None, route: str, tail: bool, env: PipelineEnvironment,
+                      reasons: list[str]) -> None:
+    if ratio is None:
+        reasons.append("tail sampling: off (no sample_ratio, no traceidratio "
+                       "OTEL_TRACES_SAMPLER): every step is exported")
+    elif tail:
+        reasons.append(f"tail sampling: keeps {ratio:.0%} of ordinary steps by trace id plus "
+                       "slow, failed, monitoring and first steps; the SDK sampler follows "
+                       "its parent (always on) so every step reaches the decision")
+    else:
+        reasons.append(f"tail sampling: off although asked for ({ratio:.0%}): the route is "
+                       f"{route}, where the SDK sampler ({env.sampler}) decides")
+    if not env.sampler_always_samples and not tail:
+        reasons.append(f"SDK sampler {env.sampler} drops some steps: they feed the metrics "
+                       "and are never exported")
+
+
+def _metrics_where(options: RunOptions, env: PipelineEnvironment, route: str,
+                   otlp_metrics: bool, tail: bool, joins_app: bool,
+                   reasons: list[str]) -> str:
+    if route != ROUTE_PROCESS:
+        reasons.append(f"derived metrics: in the training process (the route is {route})")
+        return HERE
+    blockers = []
+    if not options.metrics_in_export_process:
+        blockers.append("metrics_in_export_process=False")
+    if otlp_metrics:
+        blockers.append("metrics over OTLP push from the training process")
+    if not env.sampler_always_samples and not tail:
+        blockers.append(f"the SDK sampler {env.sampler} drops steps")
+    if joins_app:
+        blockers.append("the application's processors take the spans here, train.slow "
+                        "marked first")
+    if blockers:
+        reasons.append("derived metrics: in the training process (" + "; ".join(blockers)
+                       + "); the exporter process only exports")
+        return HERE
+    reasons.append("derived metrics: in the exporter process (metrics_in_export_process="
+                   "True): this process serves a copy of their state")
+    return THERE
+
+
+def _user_spans(mode: str, route: str, joins_app: bool) -> str:
+    if mode == MODE_APP:
+        return "the application's provider handles them"
+    if mode == MODE_FOREIGN:
+        return "left to the foreign provider the application installed"
+    if route == ROUTE_NONE:
+        return "nest under their phase; not exported"
+    return f"nest under their phase; made rows as they end, then the {route} route"
+
+
+def process_failed(options: RunOptions, environment: PipelineEnvironment,
+                   why: str) -> PipelinePlan:
+    """The plan after the exporter process could not start: the in-process stage."""
+    return plan_pipeline(options, dataclasses.replace(environment, process_failed=why))

@@ -1,0 +1,37 @@
+"""``otel-train plan`` prints what a run started here would do, from its flags and the
+environment, before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plan(*flags: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environ.update(env, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", "from otel_train.cli.main import main; "
+                           "raise SystemExit(main())", "plan", *flags],
+                          capture_output=True, text=True, timeout=60, env=environ)
+
+
+def test_the_plan_command_prints_the_route_and_why_from_flags_and_environment():
+    done = _plan("--exporter", "otlp", "--otlp-endpoint", "http://collector:4317",
+                 "--no-export-process", OTEL_TRAIN_SAMPLE_RATIO="0.2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "route: in-process stage"
+    assert "export: OTLP http/protobuf -> http://collector:4317" in lines
+    assert "tail sampling: on" in lines  # from OTEL_TRAIN_SAMPLE_RATIO
+    assert any("export_process=False" in line for line in lines)
+
+
+def test_the_plan_command_names_a_bad_option_and_fails():
+    done = _plan("--sample-ratio", "7")
+    assert done.returncode == 2 and "sample_ratio" in done.stderr

@@ -1,0 +1,232 @@
+"""The span worker drains the recorder's queue: a span record per step, the drain's views to
+the derived metrics, then the records and the user spans' rows to the route's sink."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+from otel_train.common.drop_counter import DropCounter
+from otel_train.common.identity import RunIdentity
+from otel_train.common.self_cost import SelfCostMeter
+from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
+from otel_train.pipeline.user_spans import UserSpanRows
+from otel_train.recording.recorder import Recorder, Step
+from otel_train.records.span_rows import record_span_count
+from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
+from otel_train.records.steps_view import set_span_attribute
+
+pytestmark = pytest.mark.timeout(30)
+
+IDENT = RunIdentity("run-w", rank=0, world_size=1, local_rank=0, run_id_source="option")
+
+
+def _builder() -> StepRecordBuilder:
+    return StepRecordBuilder(IDENT, Resource.create({"service.name": "worker-test"}),
+                             InstrumentationScope("otel_train", "0.1.0"), False, "cpu",
+                             lambda tid: True, epoch_offset_ns())
+
+
+def _step(rec: Recorder, index: int = 3) -> Step:
+    step = Step(rec, index, "train")
+    with step.phase("forward"):
+        with step.phase("attention"):
+            pass
+    with step.monitor("inference"):
+        pass
+    step._finish(None)
+    return step
+
+
+class Sink:
+    """Collects what the worker hands on."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple] = []
+        self.rows: list[tuple] = []
+        self.closed = False
+
+    def on_records(self, records, rows=()) -> None:
+        self.records += records
+        self.rows += rows
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def spans(self) -> int:
+        return sum(map(record_span_count, self.records)) + len(self.rows)
+
+
+class Views:
+    """Stands in for the derived metrics: the views of each drain, in order."""
+
+    def __init__(self) -> None:
+        self.drains: list[list] = []
+
+    def on_views(self, views) -> None:
+        self.drains.append(views)
+        for view in views:
+            set_span_attribute(view.span, "train.slow", True)  # as the slow-step processor
+
+
+def _worker(rec: Recorder, sink, drops: DropCounter, metrics=None, user_rows=None
+            ) -> SpanBuildWorker:
+    route = RowRoute(metrics, sink, IDENT.rank, user_rows)
+    return SpanBuildWorker(rec, _builder(), route, drops, SelfCostMeter(), 0.01)
+
+
+def test_a_drain_feeds_the_metrics_its_views_then_hands_the_marked_records_to_the_sink():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    for i in range(3):
+        _step(rec, index=i)
+    sink, views = Sink(), Views()
+    worker = _worker(rec, sink, drops, metrics=views)
+    assert worker.drain() == 3
+    assert [len(d) for d in views.drains] == [3]  # one call for the whole drain
+    assert [r[6]["train.step"] for r in sink.records] == [0, 1, 2]
+    assert all(r[6]["train.slow"] for r in sink.records)  # marked before export
+    assert worker.spans_built == sink.spans == 12
+
+
+def test_user_spans_that_ended_go_as_rows_with_the_drain():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    user_rows = UserSpanRows(drops, max_rows=100)
+    provider = TracerProvider()
+    provider.add_span_processor(user_rows)
+    with provider.get_tracer("user.code").start_as_current_span("attention-kernel"):
+        pass
+    _step(rec)
+    sink = Sink()
+    worker = _worker(rec, sink, drops, user_rows=user_rows)
+    worker.drain()
+    assert [r[0] for r in sink.rows] == ["attention-kernel"]
+    assert sink.rows[0][12][0] == "user.code"  # the row keeps its scope
+    assert user_rows.waiting == 0
+
+
+def test_user_spans_past_the_bound_drop_the_oldest_and_after_stop_are_counted():
+    drops = DropCounter()
+    user_rows = UserSpanRows(drops, max_rows=2)
+    provider = TracerProvider()
+    provider.add_span_processor(user_rows)
+    tracer = provider.get_tracer("user.code")
+    for name in ("a", "b", "c"):
+        with tracer.start_as_current_span(name):
+            pass
+    assert [r[0] for r in user_rows.take()] == ["b", "c"]
+    assert drops.counts() == {"export_queue_full": 1}
+    user_rows.close()
+    with tracer.start_as_current_span("late"):
+        pass
+    assert user_rows.take() == []
+    assert drops.counts() == {"export_queue_full": 1, "shutdown_timeout": 1}
+
+
+def test_a_failing_sink_is_counted_and_warned_never_raised(caplog):
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+
+    class Boom(Sink):
+        def on_records(self, records, rows=()) -> None:
+            raise RuntimeError("sink bug")
+
+    for i in range(3):
+        _step(rec, index=i)
+    worker = _worker(rec, Boom(), drops)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        worker.drain()
+    assert drops.counts() == {"export_failed": 12}
+    assert len([r for r in caplog.records if "sink bug" in r.getMessage()]) == 1
+
+
+def test_a_record_that_cannot_be_built_is_counted_not_raised(caplog):
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    _step(rec, index=0)
+    bad = _step(rec, index=1)
+    sink = Sink()
+    worker = _worker(rec, sink, drops)
+    bad.span_ids = "not a dict"  # makes building fail
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        worker.drain()
+    assert drops.counts().get("build_error", 0) >= 1
+    assert [r[6]["train.step"] for r in sink.records] == [0]
+
+
+def test_the_background_thread_drains_the_queue():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    sink = Sink()
+    worker = _worker(rec, sink, drops)
+    worker.start()
+    try:
+        _step(rec)
+        tick = threading.Event()
+        for _ in range(200):
+            if sink.spans == 4:
+                break
+            tick.wait(0.01)
+        assert sink.spans == 4
+    finally:
+        worker.stop(1.0)
+    assert sink.closed
+
+
+def test_stop_counts_what_could_not_be_built_in_time():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    for i in range(3):
+        _step(rec, index=i)
+    worker = _worker(rec, Sink(), drops)  # never started: stop drains inline
+    worker.stop(0.0)
+    assert drops.counts() == {"shutdown_timeout": 12}
+    assert not rec.queue
+
+
+def test_stop_builds_what_is_queued_when_there_is_time():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    sink = Sink()
+    worker = _worker(rec, sink, drops)
+    worker.start()
+    worker.paused = True
+    for i in range(3):
+        _step(rec, index=i)
+    worker.stop(2.0)
+    assert sink.spans == 12
+    assert drops.total == 0
+
+
+class _RacyQueue(deque):
+    """A deque on which another thread pops the last record right after a `while q` check."""
+
+    armed = False
+
+    def __len__(self) -> int:
+        n = deque.__len__(self)
+        if self.armed and n:
+            self.armed = False
+            while deque.__len__(self):
+                self.popleft()  # what a concurrent drain() on another thread does
+        return n
+
+
+def test_drain_survives_a_concurrent_drain_emptying_the_queue():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    _step(rec)
+    racy = _RacyQueue(rec.queue)
+    racy.armed = True
+    rec.queue = racy
+    worker = _worker(rec, Sink(), drops)
+    worker.drain()  # must not raise
