@@ -84,7 +84,7 @@ def _run_route(route: str, target: str, tmp_path: Path, endpoint: str | None,
         options.update(exporter="otlp", otlp_endpoint=endpoint, otlp_protocol=target)
     with monkeypatch.context() as patch:
         if route == "fallback":  # the exporter process exits as it starts
-            patch.setattr("otel_train.export.process.client._BOOT", "import sys; sys.exit(3)")
+            patch.setattr("otel_train.export.process.launch._BOOT", "import sys; sys.exit(3)")
         run = otel_train.start_run(**options)
         _train(run)
         run.shutdown(timeout=20)
