@@ -14,7 +14,7 @@ does the work, so background work is neither hidden in nor charged to the hot pa
   worker running and exporting OTLP/HTTP to a real receiver (in its own process, as a
   collector is), beside the same hot path with the worker paused and the floor, interleaved
   chunk by chunk in one run. Export runs twice over, side by side: from the exporter process
-  (the default, export_process.py: rows down a pipe, spans built and encoded in the child)
+  (the default, export/process/: rows down a pipe, spans built and encoded in the child)
   and from an export thread in this process (``export_process=False``). Steps are paced by
   a ~1 ms spin (a CPU-bound Python step that holds the GIL, ``--step-us``), so the
   background has real steps to build and export while the training thread works; only the

@@ -112,7 +112,7 @@ class RunOptions:
     rank: int | None = None
     world_size: int | None = None
     local_rank: int | None = None
-    # -- scale-out (issue 12) ----------------------------------------------------------------
+    # -- scale-out ---------------------------------------------------------------------------
     # "prometheus" (endpoint), "otlp" (push), "prometheus,otlp", "none"; None: from
     # OTEL_METRICS_EXPORTER, else prometheus.
     metrics_exporter: str | None = _choice(None)
@@ -123,15 +123,15 @@ class RunOptions:
     sample_keep_first_steps: int = 10
     # Where the spans go: "own" (bounded, drop-counting export stage, also when the
     # application has an SDK TracerProvider: to its OTLP endpoint) or "application" (hand
-    # the spans to the application's provider's processors, as before).
+    # the spans to the application's provider's processors).
     trace_export: str = _choice("own")
-    # OTLP and span-file export run in a child process fed compact span rows through a pipe
-    # (export_process.py): building and encoding spans then never holds the training
-    # process's GIL. False: an export thread in the training process, as before.
+    # OTLP and span-file export run in a child process fed span records through a pipe
+    # (export/process/): encoding and sending spans then never hold the training process's
+    # GIL. False: the same records exported by a thread of the training process.
     export_process: bool = True
     # With the exporter process: the derived metrics (slow steps, overhead, budget, the
     # Prometheus histograms, the console) run there too; this process serves a copy of their
-    # state, refreshed once a second (derived_chain.py). False: they run here.
+    # state, refreshed once a second (derived/chain.py). False: they run here.
     metrics_in_export_process: bool = True
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

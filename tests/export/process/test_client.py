@@ -423,7 +423,7 @@ def test_a_malformed_record_is_counted_and_never_fails_the_batch_it_came_with(
         assert len(receiver.spans()) == total  # the good spans of the same frame arrived
 
 
-# -- the derived metrics in the exporter process (derived_chain.py) ---------------------------
+# -- the derived metrics in the exporter process (derived/chain.py) ---------------------------
 def _scrape(url: str) -> dict[str, float]:
     import urllib.request
 
