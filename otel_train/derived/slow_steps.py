@@ -244,7 +244,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         who = f" (rank {rank})" if self._rank_of(rank) is not None else ""
         times = f"{_seconds(train_ns / 1e9)} of training"
         if median_ns:
-            times += f", {train_ns / median_ns:.1f}x the median {_seconds(median_ns / 1e9)}"
+            times += f", {_times(train_ns / median_ns)} the median {_seconds(median_ns / 1e9)}"
         return (f"otel-train: {self.slow_steps} slow step(s) so far (the slowest: step "
                 f"{step}{who}, {times}); see {A.METRIC_SLOW_STEPS}, or `otel-train report` "
                 "for their phases")
@@ -297,7 +297,7 @@ def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | No
     head = f"otel-train: slow step {view.step}{who}: training {_seconds(train / 1e9)}"
     if median_ns:
         loader = f" of loader {view.loader!r}" if view.loader else ""
-        head += f" ({train / median_ns:.1f}x the median {_seconds(median_ns / 1e9)}{loader})"
+        head += f" ({_times(train / median_ns)} the median {_seconds(median_ns / 1e9)}{loader})"
     head += f"; step {_seconds(total / 1e9)}"
     if not breakdown:
         return head
@@ -323,5 +323,12 @@ def _pct(part: int, total: int) -> str:
 
 
 def _seconds(value: float) -> str:
-    """Seconds to 1 ms; shorter times in microseconds, so a tiny median never reads 0.000 s."""
-    return f"{value:.3f} s" if value >= 0.001 or value == 0 else f"{value * 1e6:.0f} us"
+    """Seconds to 1 ms; shorter times in us or ns, so a tiny median never reads 0.000 s."""
+    if value >= 0.001 or value == 0:
+        return f"{value:.3f} s"
+    return f"{value * 1e6:.0f} us" if value >= 1e-6 else f"{value * 1e9:.0f} ns"
+
+
+def _times(ratio: float) -> str:
+    """A ratio to the median: one decimal where it tells something."""
+    return f"{ratio:.1f}x" if ratio < 100 else f"{ratio:.0f}x"
