@@ -17,9 +17,10 @@ other side of the threshold, why the verdict stands (long warm-up steps, a first
 warm-up, a recent window without a monitoring call). The console, the costs table and the
 budget warnings all say it that way::
 
-    monitoring CRITICAL: 11.4% steady state (over the 10% critical level); recent 2.1%,
-    total 2.1% lower: the total also counts the 5 warm-up steps (2.000 s of training each,
-    against 0.100 s after); recent covers only the last 100 steps, ...
+    monitoring CRITICAL: 15.0% steady state (over the 10% critical level); recent 4.4%,
+    total 4.4%. Recent and total are lower: the 5 warm-up steps (2.000 s of training each,
+    against 0.100 s after) count there, not in the steady state. The steady state is what
+    a long run converges to, so the verdict stands.                         (one line)
 
 The advisor does the "estimate the cost before enabling it" arithmetic for the user: from each
 operation's steady cost per call ``c``, its interval ``k`` (steps between calls) and the
