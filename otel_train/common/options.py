@@ -60,8 +60,10 @@ class RunOptions:
     critical: float = 0.10
     console: bool = True
     log_every: int = 10
-    # The fast line every log_every steps, but at most one per this many seconds: a 1 ms
-    # step with log_every=10 would print 100 lines a second. 0: every log_every steps.
+    # With log_every left at its default, the fast line at most once per this many seconds:
+    # a 1 ms step would otherwise print 100 lines a second. An explicit log_every is what the
+    # user asked to read, so it has no floor unless this is set too
+    # (derived/console.py fast_log_min_interval_seconds). 0: every log_every steps.
     # Breakdowns and slow-step lines are never held back.
     console_min_interval_seconds: float = 1.0
     # None disables the endpoint, 0 picks a free port; DEFAULT is 9464 + local rank.

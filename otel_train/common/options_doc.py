@@ -80,7 +80,8 @@ OPTION_DOCS: dict[str, OptionDoc] = {
     "recent_window_steps": OptionDoc("budget", "steps in the `recent` overhead window"),
     "slow_step_factor": OptionDoc(
         "budget", "a step whose training time (monitoring excluded) is over this factor x its "
-        "loader's rolling median, and far outside their spread, is slow"),
+        "loader's rolling median, far outside their spread, and at least 1 ms over the median "
+        "is slow (a step under 1 ms never is, on ratio alone)"),
     "slow_step_seconds": OptionDoc("budget", "a step whose training time is over this many "
                                    "seconds is slow too", "off"),
     "slow_operation_seconds": OptionDoc("budget", "one monitoring call longer than this warns"),
@@ -89,11 +90,15 @@ OPTION_DOCS: dict[str, OptionDoc] = {
     "stall_min_seconds": OptionDoc("budget", "the least stall threshold when `stall_seconds` "
                                    "is unset"),
     # -- console, report, background intervals
-    "console": OptionDoc("console", "start-up banner and console timing reports"),
-    "log_every": OptionDoc("console", "console fast-log interval, in steps"),
+    "console": OptionDoc("console", "start-up banner and console timing reports; off, slow "
+                         "steps are counted and said in a few summary lines, not one by one"),
+    "log_every": OptionDoc("console", "console fast-log interval, in steps; set explicitly "
+                           "(argument or env), every `log_every`-th step gets its line"),
     "console_min_interval_seconds": OptionDoc(
-        "console", "at most one routine fast-log line per this many seconds (step end times); "
-        "slow-step lines and breakdowns are never held back; `0`: every `log_every` steps"),
+        "console", "with `log_every` left at its default: at most one routine fast-log line "
+        "per this many seconds (step end times); an explicit `log_every` has no such floor "
+        "unless this is set too; slow-step lines and breakdowns are never held back; `0`: "
+        "every `log_every` steps"),
     "console_breakdown_min_share": OptionDoc(
         "console", "the full breakdown prints on steps whose monitoring is at least this share "
         "of the step (`0`: any monitoring)"),

@@ -11,6 +11,17 @@ seen only once (so one evaluation at step 0 or a slow first call does not cry wo
 when one monitoring call runs longer than ``slow_operation_seconds`` (30 s); both are
 rate-limited.
 
+One verdict, one figure: ``BudgetVerdict`` says the status with the steady-state figure that
+drives it first, then the recent and cumulative figures, and, when one of those sits on the
+other side of the threshold, why the verdict stands (long warm-up steps, a first call's
+warm-up, a recent window without a monitoring call). The console, the costs table and the
+budget warnings all say it that way::
+
+    monitoring CRITICAL: 15.0% steady state (over the 10% critical level); recent 4.4%,
+    total 4.4%. Recent and total are lower: the 5 warm-up steps (2.000 s of training each,
+    against 0.100 s after) count there, not in the steady state. The steady state is what
+    a long run converges to, so the verdict stands.                         (one line)
+
 The advisor does the "estimate the cost before enabling it" arithmetic for the user: from each
 operation's steady cost per call ``c``, its interval ``k`` (steps between calls) and the
 steady training time per step ``s``, its projected overhead is ``c / (k*s)`` and the
@@ -22,6 +33,7 @@ Usage::
     overhead = OverheadSpanProcessor()
     budget = BudgetSpanProcessor(overhead, budget=0.05, critical=0.10)
     budget.status()                         # "ok" | "warning" | "critical"
+    budget.verdict().describe()             # "CRITICAL: 11.4% steady state (...); ..."
     advise(overhead.snapshot(), 0.05)       # [OperationAdvice(...), ...]
 """
 
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -51,6 +64,171 @@ def budget_status(ratio: float, budget: float, critical: float) -> str:
     if ratio > budget:
         return STATUS_WARNING
     return STATUS_OK
+
+
+# Warm-up steps this much slower than the steady ones explain a total below steady state.
+_SLOW_WARMUP_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class VerdictContext:
+    """What explains a figure that disagrees with the verdict (a snapshot's, or a report's)."""
+
+    steps: int = 0
+    warmup_steps: int = 0
+    warmup_seconds_per_step: float = 0.0
+    steady_seconds_per_step: float = 0.0
+    first_call_excess_seconds: float = 0.0  # first calls over their steady cost, summed
+    late_operation: tuple[str, int] | None = None  # (name, first step) of a late starter
+    recent_steps: int | None = None
+
+    @classmethod
+    def of_snapshot(cls, snap: OverheadSnapshot) -> VerdictContext:
+        """From the overhead figures."""
+        ops = [(op.name, op.calls, op.first_seconds, op.steady_mean_seconds, op.first_step)
+               for op in snap.operations.values()]
+        return cls._of(snap.steps, snap.warmup_steps, snap.warmup_training_seconds,
+                       snap.steady_train_seconds_per_step, ops, snap.recent_steps)
+
+    @classmethod
+    def of_costs(cls, data: Mapping[str, Any]) -> VerdictContext:
+        """From a costs report (``run.costs()`` or monitoring_costs.json)."""
+        warm = data.get("warmup") or {}
+        ops = [(name, int(op.get("calls", 0)), float(op.get("first_seconds") or 0.0),
+                float(op.get("steady_mean_seconds") or 0.0), int(op.get("first_step") or 0))
+               for name, op in (data.get("operations") or {}).items()]
+        return cls._of(int(data.get("steps") or 0), int(warm.get("steps") or 0),
+                       float(warm.get("training_seconds") or 0.0),
+                       float(warm.get("steady_training_seconds_per_step") or 0.0), ops,
+                       data.get("recent_steps"))
+
+    @classmethod
+    def _of(cls, steps: int, warmup_steps: int, warmup_seconds: float, steady_per_step: float,
+            ops: list[tuple[str, int, float, float, int]],
+            recent_steps: int | None) -> VerdictContext:
+        excess = sum(max(0.0, first - steady) for _, calls, first, steady, _ in ops
+                     if calls >= 2)
+        # An operation that first ran after the first tenth of the run: the total spreads
+        # it over steps it was not running in.
+        late = [(name, first) for name, calls, _, _, first in ops
+                if calls >= 2 and steps and first > steps / 10]
+        return cls(steps, warmup_steps, warmup_seconds / warmup_steps if warmup_steps else 0.0,
+                   steady_per_step, excess, min(late, key=lambda x: x[1]) if late else None,
+                   recent_steps)
+
+
+@dataclass(frozen=True)
+class BudgetVerdict:
+    """The budget status, the figure that drives it (steady state), and the other windows."""
+
+    steady: float
+    recent: float | None
+    total: float | None
+    budget: float
+    critical: float
+    label: str = "steady state"  # the driving figure's name
+
+    @property
+    def status(self) -> str:
+        """ok / warning / critical, from the driving figure alone."""
+        return budget_status(self.steady, self.budget, self.critical)
+
+    def disagreeing(self) -> list[str]:
+        """The other figures on the other side of the threshold the status turns on."""
+        status = self.status
+        limit = self.critical if status == STATUS_CRITICAL else self.budget
+        out = []
+        for label, value in (("recent", self.recent), ("total", self.total)):
+            if value is None:
+                continue
+            if (value > limit) if status == STATUS_OK else (value <= limit):
+                out.append(label)
+        return out
+
+    def describe(self, digits: int = 1, context: VerdictContext | None = None,
+                 all_figures: bool = True, of_training_time: bool = False) -> str:
+        """``STATUS: X% steady state (threshold); recent Y%, total Z%[. Why]``.
+
+        ``all_figures=False`` leaves out a figure that reads the same as the driving one,
+        unless it disagrees with the verdict; ``of_training_time`` says what X% is of.
+        """
+        pct = f"{{:.{digits}%}}".format
+        status = self.status
+        if status == STATUS_CRITICAL:
+            limit = f"over the {_percent(self.critical)} critical level"
+        elif status == STATUS_WARNING:
+            limit = f"over the {_percent(self.budget)} budget"
+        else:
+            limit = f"budget {_percent(self.budget)}"
+        figure = (f"{pct(self.steady)} of training time in {self.label}" if of_training_time
+                  else f"{pct(self.steady)} {self.label}")
+        text = f"{status.upper()}: {figure} ({limit})"
+        wrong = self.disagreeing()
+        others = [f"{label} {pct(value)}" for label, value in
+                  (("recent", self.recent), ("total", self.total))
+                  if value is not None and (all_figures or label in wrong
+                                            or pct(value) != pct(self.steady))]
+        if others:
+            text += "; " + ", ".join(others)
+        if wrong:
+            text += ". " + self.why(wrong, context or VerdictContext())
+        return text
+
+    def why(self, labels: list[str], ctx: VerdictContext) -> str:
+        """Why the figures ``labels`` disagree with the verdict, and why the verdict stands."""
+        direction = "higher" if self.status == STATUS_OK else "lower"
+        if ctx.recent_steps is not None and ctx.steps and ctx.recent_steps >= ctx.steps:
+            # The recent window still holds the whole run: the same figure as the total.
+            groups = [(labels, self._why_total(ctx))]
+        else:
+            groups = [([label], self._why_total(ctx) if label == "total"
+                       else self._why_recent(ctx)) for label in labels]
+        sentences = []
+        for names, cause in groups:
+            subject = ("the total" if names == ["total"] else " and ".join(names))
+            verb = "are" if len(names) > 1 else "is"
+            sentences.append(f"{subject[0].upper()}{subject[1:]} {verb} {direction}: {cause}.")
+        if self.status == STATUS_OK:
+            sentences.append(f"The {self.label}, without warm-up, is what a long run "
+                             "converges to.")
+        else:
+            sentences.append(f"The {self.label} is what a long run converges to, so the "
+                             "verdict stands.")
+        return " ".join(sentences)
+
+    def _why_total(self, ctx: VerdictContext) -> str:
+        total = self.total or 0.0
+        if total < self.steady:
+            if (ctx.warmup_steps and ctx.warmup_seconds_per_step
+                    > _SLOW_WARMUP_FACTOR * ctx.steady_seconds_per_step > 0):
+                return (f"the {ctx.warmup_steps} warm-up steps ({ctx.warmup_seconds_per_step:.3f}"
+                        f" s of training each, against {ctx.steady_seconds_per_step:.3f} s "
+                        "after) count there, not in the steady state")
+            if ctx.late_operation is not None:
+                name, first = ctx.late_operation
+                return f"the steps before {name!r} first ran (step {first}) count there"
+        elif ctx.first_call_excess_seconds > 0:
+            return (f"the first calls' warm-up ({ctx.first_call_excess_seconds:.3g} s over "
+                    "their steady cost) counts there once")
+        return ("everything since the start is averaged there, while the steady state takes "
+                "each operation at its cost per call after the first and its interval")
+
+    def _why_recent(self, ctx: VerdictContext) -> str:
+        window = f"the last {ctx.recent_steps} steps" if ctx.recent_steps else "the last steps"
+        if (self.recent or 0.0) < self.steady:
+            return f"{window} had fewer monitoring calls than their interval brings"
+        return f"{window} had a monitoring call, which weighs more there than over its interval"
+
+
+def _percent(ratio: float) -> str:
+    """A threshold as people write it: 5%, 2.5%, 10%."""
+    return f"{ratio * 100:.3g}%"
+
+
+def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> BudgetVerdict:
+    """The verdict of an overhead snapshot."""
+    return BudgetVerdict(snap.steady_ratio, snap.recent_ratio, snap.cumulative_ratio,
+                         budget, critical)
 
 
 # Steps between two checks of the budget status, when none has material monitoring.
@@ -189,21 +367,22 @@ class BudgetSpanProcessor(StepViewProcessor):
             return
         # An operation seen once may be warming up: the warning waits for its second call
         # (one call over slow_operation_seconds warns on its own, above).
-        ratio = ov.steady_ratio(settled_only=True)
-        status = budget_status(ratio, self.budget, self.critical)
-        if _SEVERITY[status] <= _SEVERITY[self._worst_warned]:
-            if status == STATUS_OK:
+        settled = budget_status(ov.steady_ratio(settled_only=True), self.budget, self.critical)
+        if _SEVERITY[settled] <= _SEVERITY[self._worst_warned]:
+            if settled == STATUS_OK:
                 self._worst_warned = STATUS_OK  # recovered: a later breach warns again
             return
-        self._worst_warned = status
-        limit = self.critical if status == STATUS_CRITICAL else self.budget
+        # Said with the figure the console and the costs table show (every operation): at
+        # least as severe as the settled one that decided to warn.
+        snap = ov.snapshot()
+        verdict = snapshot_verdict(snap, self.budget, self.critical)
+        self._worst_warned = max(settled, verdict.status, key=_SEVERITY.__getitem__)
         if self._warn.warning(
-                f"status-{status}",
-                "otel-train: %smonitoring %s: %.1f%% of training time (steady state, "
-                "monitoring excluded from training) is over the %.0f%% %s (see "
-                "monitoring_costs.json or `otel-train costs` for what to cut)",
-                self._who(), status.upper(), ratio * 100, limit * 100,
-                "critical level" if status == STATUS_CRITICAL else "budget"):
+                f"status-{self._worst_warned}",
+                "otel-train: %smonitoring %s [monitoring excluded from training time; see "
+                "monitoring_costs.json or `otel-train costs` for what to cut]",
+                self._who(), verdict.describe(context=VerdictContext.of_snapshot(snap),
+                                              of_training_time=True)):
             self.warnings_logged += 1
 
     def _who(self) -> str:
@@ -212,6 +391,12 @@ class BudgetSpanProcessor(StepViewProcessor):
     def status(self) -> str:
         """ok / warning / critical from the steady-state ratio."""
         return budget_status(self.overhead.steady_ratio(), self.budget, self.critical)
+
+    def verdict(self) -> BudgetVerdict:
+        """The status with its driving figure and the recent and cumulative ones."""
+        recent, total = self.overhead.ratios()
+        return BudgetVerdict(self.overhead.steady_ratio(), recent, total, self.budget,
+                             self.critical)
 
     def advice(self) -> list[OperationAdvice]:
         """The advisor's projections for every operation seen so far."""

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from otel_train.derived.budget import BudgetSpanProcessor
-from otel_train.derived.console import ConsoleReportSpanProcessor
+from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
@@ -73,7 +73,7 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         "console": bool(options.console), "log_every": options.log_every,
         "console_breakdown_min_share": options.console_breakdown_min_share,
         "eval_operations": list(options.eval_operations),
-        "console_min_interval_seconds": options.console_min_interval_seconds,
+        "console_min_interval_seconds": fast_log_min_interval_seconds(options),
         # Tail sampling (None: every step kept); decided after these processors.
         "sample_ratio": resolve_sample_ratio(options),
         "sample_keep_first_steps": options.sample_keep_first_steps,
@@ -88,7 +88,8 @@ class StepChain:
         s = settings
         window, warmup, world = s["window"], s["warmup"], s["world_size"]
         self.slow = SlowStepSpanProcessor(s["slow_step_factor"], s["slow_step_seconds"], window,
-                                          warmup_steps=warmup, world_size=world)
+                                          warmup_steps=warmup, world_size=world,
+                                          explain=s["console"])
         self.overhead = OverheadSpanProcessor(window, self_cost, warmup_steps=warmup)
         self.budget = BudgetSpanProcessor(self.overhead, s["budget"], s["critical"],
                                           s["slow_operation_seconds"], world_size=world)

@@ -1,10 +1,14 @@
 """Two-tier console report, as hand-timed training loops print it (to stderr).
 
-- Fast log, every ``log_every`` steps but at most once per ``min_interval_seconds`` (1 s;
-  slow steps always get theirs): one line with the step time and its phases::
+- Fast log, every ``log_every`` steps; with ``log_every`` left at its default, at most
+  once per ``min_interval_seconds`` too (1 s; ``fast_log_min_interval_seconds``: an explicit
+  ``log_every`` is honoured as given; slow steps always get their line). One line with the
+  step time and its phases, then the budget verdict with the figure that drives it first
+  (the steady state, ``BudgetVerdict``); recent and total follow where they read
+  differently, with the reason when one of them is on the other side of the threshold::
 
       ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s)
-          | monitoring 0.8% recent, 1.2% total (1.1% steady) [ok]        (one line)
+          | monitoring OK: 1.1% steady state (budget 5%); recent 0.8%, total 1.2%
 
 - Full breakdown, only on steps whose monitoring is material: at least
   ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations
@@ -27,7 +31,9 @@
 
 Usage::
 
-    console = ConsoleReportSpanProcessor(log_every=10, overhead=overhead, budget=budget)
+    interval = fast_log_min_interval_seconds(options)   # 0 when log_every was set
+    console = ConsoleReportSpanProcessor(log_every=10, overhead=overhead, budget=budget,
+                                         min_interval_seconds=interval)
     provider.add_span_processor(console)
 """
 
@@ -38,7 +44,8 @@ from collections.abc import Iterable, Mapping
 from typing import TextIO
 
 from otel_train.common import attributes as A
-from otel_train.derived.budget import BudgetSpanProcessor
+from otel_train.common.options import RunOptions
+from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.records.steps_view import (
     P_DURATION,
@@ -63,6 +70,17 @@ _WHY = {
     A.PHASE_VAL_LOSS: "validation set too large or inefficient",
     OTHER: "time outside any phase (status updates, display, untimed work)",
 }
+
+
+def fast_log_min_interval_seconds(options: RunOptions) -> float:
+    """The fast log's time floor: only for a ``log_every`` left at its default.
+
+    An explicit ``log_every`` (argument or ``OTEL_TRAIN_LOG_EVERY``) is what the user asked
+    to read: no floor, unless ``console_min_interval_seconds`` was set explicitly too.
+    """
+    if "log_every" in options.sources and "console_min_interval_seconds" not in options.sources:
+        return 0.0
+    return options.console_min_interval_seconds
 
 
 class ConsoleReportSpanProcessor(StepViewProcessor):
@@ -210,24 +228,29 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if view.slow:
             flags.append("slow step (training time far above its baseline)")
         if self.budget is not None:
-            status = self.budget.status()
-            if status != "ok":
-                flags.append(f"monitoring budget {status}: {self._steady():.1%} of training "
-                             f"time in steady state (budget {self.budget.budget:.0%})")
+            verdict = self.budget.verdict()
+            if verdict.status != "ok":
+                flags.append(f"monitoring budget {verdict.status}: {verdict.steady:.1%} "
+                             f"{verdict.label} share of training time (budget "
+                             f"{self.budget.budget:.0%}, critical {self.budget.critical:.0%})")
         return flags
 
     # -- internals ----------------------------------------------------------------------
-    def _steady(self) -> float:
-        return self.overhead.steady_ratio() if self.overhead is not None else 0.0
-
     def _overhead_suffix(self) -> str:
-        if self.overhead is None:
+        """The budget verdict, its driving figure first (``BudgetVerdict.describe``)."""
+        overhead = self.overhead
+        if overhead is None:
             return ""
-        recent, cumulative = self.overhead.ratios()
-        steady = self.overhead.steady_ratio()
-        status = f" [{self.budget.status()}]" if self.budget is not None else ""
-        return (f" | monitoring {recent:.1%} recent, {cumulative:.1%} total "
-                f"({steady:.1%} steady){status}")
+        if self.budget is not None:
+            verdict = self.budget.verdict()
+        else:  # no budget to judge by: the figures alone
+            recent, cumulative = overhead.ratios()
+            return (f" | monitoring {overhead.steady_ratio():.1%} steady state; recent "
+                    f"{recent:.1%}, total {cumulative:.1%}")
+        # The reasons need the whole snapshot: taken only when a figure disagrees.
+        context = (VerdictContext.of_snapshot(overhead.snapshot())
+                   if verdict.disagreeing() else None)
+        return " | monitoring " + verdict.describe(context=context, all_figures=False)
 
     def _write(self, text: str, view: StepView | None = None) -> None:
         if self.world_size > 1 and view is not None:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from otel_train.derived.budget import advise, budget_status
+from otel_train.derived.budget import BudgetVerdict, VerdictContext, advise, budget_status
 from otel_train.derived.overhead import OverheadSnapshot
 from otel_train.common.files import write_json_atomic
 from otel_train.common.rate_limited_log import RateLimitedLogger
@@ -61,6 +61,42 @@ def build_costs(
     run_id: str | None = None,
 ) -> CostsReport:
     """The report, JSON-ready."""
+    return CostsReport({
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "rank": snapshot.rank,
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "steps": snapshot.steps,
+        "total_percentage": round(snapshot.cumulative_ratio * 100.0, 4),
+        "budget_status": budget_status(snapshot.steady_ratio, budget, critical),
+        "budget_status_from": "steady_share",
+        "training_time_seconds": round(snapshot.training_seconds, 6),
+        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
+        "wall_time_seconds": round(snapshot.wall_seconds, 6),
+        "total_share": snapshot.cumulative_ratio,
+        "steady_share": snapshot.steady_ratio,
+        "steady_percentage": round(snapshot.steady_ratio * 100.0, 4),
+        "recent_share": snapshot.recent_ratio,
+        "recent_steps": snapshot.recent_steps,
+        "wall_share": snapshot.wall_share,
+        "warmup": {
+            "steps": snapshot.warmup_steps,
+            "training_seconds": round(snapshot.warmup_training_seconds, 6),
+            "steady_training_seconds_per_step": round(
+                snapshot.steady_train_seconds_per_step, 6),
+        },
+        "budget": budget,
+        "critical": critical,
+        "instrumentation_overhead_ratio": snapshot.instrumentation_ratio,
+        "slow_steps": slow_steps,
+        "slow_operations": dict(slow_operations or {}),
+        "operations": _operation_costs(snapshot),
+        "advisor": [a.as_dict() for a in advise(snapshot, budget)],
+    })
+
+
+def _operation_costs(snapshot: OverheadSnapshot) -> dict[str, Any]:
+    """Per operation, the costliest first: the hand-made trackers' fields and ours."""
     ops: dict[str, Any] = {}
     for name, op in sorted(snapshot.operations.items(), key=lambda kv: -kv[1].total_seconds):
         ops[name] = {
@@ -80,52 +116,16 @@ def build_costs(
             "first_step": op.first_step,
             "last_step": op.last_step,
         }
-    return CostsReport({
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "rank": snapshot.rank,
-        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "steps": snapshot.steps,
-        "total_percentage": round(snapshot.cumulative_ratio * 100.0, 4),
-        "budget_status": budget_status(snapshot.steady_ratio, budget, critical),
-        "budget_status_from": "steady_share",
-        "training_time_seconds": round(snapshot.training_seconds, 6),
-        "monitoring_time_seconds": round(snapshot.monitoring_seconds, 6),
-        "wall_time_seconds": round(snapshot.wall_seconds, 6),
-        "total_share": snapshot.cumulative_ratio,
-        "steady_share": snapshot.steady_ratio,
-        "steady_percentage": round(snapshot.steady_ratio * 100.0, 4),
-        "recent_share": snapshot.recent_ratio,
-        "wall_share": snapshot.wall_share,
-        "warmup": {
-            "steps": snapshot.warmup_steps,
-            "training_seconds": round(snapshot.warmup_training_seconds, 6),
-            "steady_training_seconds_per_step": round(
-                snapshot.steady_train_seconds_per_step, 6),
-        },
-        "budget": budget,
-        "critical": critical,
-        "instrumentation_overhead_ratio": snapshot.instrumentation_ratio,
-        "slow_steps": slow_steps,
-        "slow_operations": dict(slow_operations or {}),
-        "operations": ops,
-        "advisor": [a.as_dict() for a in advise(snapshot, budget)],
-    })
+    return ops
 
 
 def format_costs_table(data: Mapping[str, Any]) -> str:
     """A readable table of a costs report (``run.costs()`` or monitoring_costs.json)."""
-    status = str(data.get("budget_status", "?"))
-    budget = float(data.get("budget") or 0.0)
     head = (f"run {data.get('run_id') or '?'} rank {data.get('rank', '?')}: "
             f"{data.get('steps', 0)} steps, {_secs(data.get('training_time_seconds'))} "
             f"training time, updated {data.get('updated_at', '?')}")
-    figures = [f"recent {_share(data.get('recent_share'))}"]
-    if data.get("steady_share") is not None:
-        figures.insert(0, f"steady state {_share(data.get('steady_share'))}")
-    lines = [head,
-             f"monitoring: {_share(data.get('total_share'))} of training time "
-             f"({', '.join(figures)}); budget {budget:.1%}: {status.upper()}"]
+    lines = [head, "monitoring " + costs_verdict(data).describe(
+        digits=2, context=VerdictContext.of_costs(data), of_training_time=True)]
     warm = data.get("warmup") or {}
     if warm.get("steps"):
         lines.append(f"warm-up: first {warm['steps']} steps, "
@@ -173,6 +173,22 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
             cost.append(f"exporter process {_secs(exporter)} CPU{start}{each} (its own core)")
         lines += ["", "otel-train's own cost: " + "; ".join(cost)]
     return "\n".join(lines)
+
+
+def costs_verdict(data: Mapping[str, Any]) -> BudgetVerdict:
+    """The budget verdict of a costs report: the steady state drives it (``budget_status``).
+
+    A report without ``steady_share`` (written by an older otel-train) is judged on its
+    total, and says so.
+    """
+    budget = float(data.get("budget") or 0.05)
+    critical = float(data.get("critical") or 0.10)
+    recent = data.get("recent_share")
+    recent = None if recent is None else float(recent)
+    total = float(data.get("total_share") or 0.0)
+    if data.get("steady_share") is None:
+        return BudgetVerdict(total, recent, None, budget, critical, label="total")
+    return BudgetVerdict(float(data["steady_share"]), recent, total, budget, critical)
 
 
 class CostsFileWriter:

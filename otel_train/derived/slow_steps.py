@@ -9,7 +9,10 @@ and of a supervised batch are not compared with each other) the rolling median o
 ``window_steps`` training times, and their spread as the median absolute deviation (MAD).
 A step is slow when its training time is over ``slow_step_factor`` (2.5) x the median *and*
 over the median + ``mad_multiplier`` (6) x the MAD's standard-deviation equivalent, so a
-loop whose steps vary a lot by nature does not cry wolf. The first ``warmup_steps`` steps of
+loop whose steps vary a lot by nature does not cry wolf, *and* at least
+``MIN_SLOW_STEP_EXCESS_SECONDS`` (1 ms) over the median: a ratio to a baseline of a few
+microseconds (an empty loop body) is scheduler jitter, not a step anyone can make faster, so
+a step shorter than 1 ms is never slow on ratio alone. The first ``warmup_steps`` steps of
 the run (compilation, caches) are neither judged nor put in the baseline, and no step is
 judged before ``min_history`` steps of its loader are known. ``slow_step_seconds`` (off by
 default) flags any training time above it, after warm-up.
@@ -19,7 +22,10 @@ True`` (exporters run after us and see it), and a warning prints its phase break
 hand-timed loops print it ("Generation: 45.2s, Test gen: 12.1s, ..."). Explanations are
 limited by count: at most ``max_explanations``
 per ``explain_window_steps`` steps (5 per 100), so the second slow step of a burst is
-explained too; the ones left out are counted and said in the next explanation::
+explained too; the ones left out are counted and said in the next explanation. With the
+console off (``explain=False``) the library stays quiet: the first slow step gets one line,
+then one line per ``QUIET_SUMMARY_INTERVAL_SECONDS`` of steps at most, and one at shutdown
+("N slow steps (the slowest: step K, X s), see otel_train_slow_steps_total ...")::
 
     otel-train: slow step 1234: training 9.850 s (3.1x the median 3.200 s of loader 'train');
       step 9.900 s                                                  (one line)
@@ -54,6 +60,12 @@ from otel_train.records.steps_view import (
 
 _log = logging.getLogger("otel_train")
 _MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spread data
+# A slow step costs at least this much more than its loader's median: below it, a ratio
+# measures scheduler and timer jitter on near-empty steps, nothing a user can act on.
+MIN_SLOW_STEP_EXCESS_SECONDS = 0.001
+# With the console off: at most one slow-step summary line per this many seconds of steps
+# (by the steps' end times, so replays give the same lines), and one at shutdown.
+QUIET_SUMMARY_INTERVAL_SECONDS = 900.0
 
 
 class _Baseline:
@@ -103,7 +115,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
     """Flags steps whose training time is far above their loader's robust baseline."""
 
     state_fields = ("steps_seen", "slow_steps", "unexplained", "_unexplained_pending",
-                    "last_slow", "_explained")
+                    "last_slow", "_explained", "slowest", "_slow_steps_said",
+                    "_next_summary_ns")
 
     def __init__(
         self,
@@ -117,6 +130,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
         explain_window_steps: int = 100,
         logger: logging.Logger | None = None,
         world_size: int = 1,
+        min_excess_seconds: float = MIN_SLOW_STEP_EXCESS_SECONDS,
+        explain: bool = True,
     ) -> None:
         super().__init__()
         if not factor > 1.0:
@@ -129,8 +144,11 @@ class SlowStepSpanProcessor(StepViewProcessor):
             raise ValueError("warmup_steps must be >= 0")
         if max_explanations < 0 or explain_window_steps < 1:
             raise ValueError("max_explanations must be >= 0 and explain_window_steps >= 1")
+        if not min_excess_seconds >= 0:
+            raise ValueError("min_excess_seconds must be >= 0")
         self.factor = factor
         self._absolute_ns = None if absolute_seconds is None else int(absolute_seconds * 1e9)
+        self._min_excess_ns = int(min_excess_seconds * 1e9)
         self._min_history = max(1, min_history)
         self._window_steps = window_steps
         self.warmup_steps = warmup_steps
@@ -141,11 +159,16 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self._explained: deque[int] = deque()  # ordinals of the steps explained lately
         self._log = logger or _log
         self.world_size = world_size
+        self.explain = explain  # False (console off): summary lines only
         self.steps_seen = 0
         self.slow_steps = 0
         self.unexplained = 0  # slow steps over the explanation limit (counted, not printed)
         self._unexplained_pending = 0
         self.last_slow: str | None = None  # the last breakdown text (for tests and reports)
+        # The run's slowest slow step: [step, rank, training ns, median ns or 0].
+        self.slowest: list[Any] | None = None
+        self._slow_steps_said = 0  # slow steps covered by a quiet line so far
+        self._next_summary_ns = 0  # no quiet summary for a step ending before this
 
     def on_step(self, view: StepView) -> None:
         """Judge the step's training time against its loader's baseline, then add it."""
@@ -161,7 +184,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
         slow = self._absolute_ns is not None and train > self._absolute_ns
         if len(base.ordered) >= self._min_history:
             median = base.median()
-            if train > self.factor * median:  # cheap test first; the spread only if needed
+            # cheap tests first; the spread only if needed
+            if train > self.factor * median and train - median >= self._min_excess_ns:
                 slow = slow or train > median + self.mad_multiplier * base.sigma(median)
         base.add(train, self._window_steps)
         if slow:
@@ -171,6 +195,15 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.slow_steps += 1
         view.slow = True
         set_span_attribute(view.span, A.SLOW, True)
+        if self.slowest is None or train_ns > self.slowest[2]:
+            self.slowest = [view.step, view.rank, train_ns, median or 0.0]
+        if self.explain:
+            self._explain(view, train_ns, median, ordinal)
+        else:
+            self._say_quietly(view, train_ns, median)
+
+    def _explain(self, view: StepView, train_ns: int, median: float | None,
+                 ordinal: int) -> None:
         explained = self._explained
         while explained and explained[0] <= ordinal - self._explain_window:
             explained.popleft()
@@ -188,6 +221,45 @@ class SlowStepSpanProcessor(StepViewProcessor):
             self._unexplained_pending = 0
         self.last_slow = text
         self._log.warning("%s", text)  # logging reports a failing handler itself
+
+    def _say_quietly(self, view: StepView, train_ns: int, median: float | None) -> None:
+        """Console off: the first slow step in one line, then a summary per interval."""
+        if view.end_ns < self._next_summary_ns:
+            return
+        self._next_summary_ns = view.end_ns + int(QUIET_SUMMARY_INTERVAL_SECONDS * 1e9)
+        if self._slow_steps_said == 0:
+            text = (format_slow_step(view, median, train_ns, rank=self._rank_of(view.rank),
+                                     breakdown=False)
+                    + "; the console is off: further slow steps are counted "
+                    f"({A.METRIC_SLOW_STEPS}) and summed up")
+        else:
+            text = self.summary()
+        self._slow_steps_said = self.slow_steps
+        self.last_slow = text
+        self._log.warning("%s", text)
+
+    def summary(self) -> str:
+        """One line: how many slow steps, the slowest, and where to look."""
+        step, rank, train_ns, median_ns = self.slowest or (None, None, 0, 0.0)
+        who = f" (rank {rank})" if self._rank_of(rank) is not None else ""
+        times = f"{_seconds(train_ns / 1e9)} of training"
+        if median_ns:
+            times += f", {_times(train_ns / median_ns)} the median {_seconds(median_ns / 1e9)}"
+        return (f"otel-train: {self.slow_steps} slow step(s) so far (the slowest: step "
+                f"{step}{who}, {times}); see {A.METRIC_SLOW_STEPS}, or `otel-train report` "
+                "for their phases")
+
+    def shutdown(self) -> None:
+        """Console off: the run's slow steps not yet said, in one line."""
+        with self._lock:
+            if self.explain or self.slow_steps <= self._slow_steps_said:
+                return
+            self._slow_steps_said = self.slow_steps
+            self.last_slow = self.summary()
+        self._log.warning("%s", self.last_slow)
+
+    def _rank_of(self, rank: Any) -> Any:
+        return rank if self.world_size > 1 else None
 
     def export_state(self) -> dict[str, Any]:
         """The running figures, the loaders' baselines included (plain data)."""
@@ -217,16 +289,18 @@ class SlowStepSpanProcessor(StepViewProcessor):
 
 
 def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | None = None,
-                     rank: Any = None) -> str:
+                     rank: Any = None, breakdown: bool = True) -> str:
     """The slow-step warning: training time, ratio to the median, and the phase breakdown."""
     total = view.duration_ns
     train = total - view.monitor_ns if train_ns is None else train_ns
     who = f" (rank {rank})" if rank is not None else ""
-    head = f"otel-train: slow step {view.step}{who}: training {train / 1e9:.3f} s"
+    head = f"otel-train: slow step {view.step}{who}: training {_seconds(train / 1e9)}"
     if median_ns:
         loader = f" of loader {view.loader!r}" if view.loader else ""
-        head += f" ({train / median_ns:.1f}x the median {median_ns / 1e9:.3f} s{loader})"
-    head += f"; step {total / 1e9:.3f} s"
+        head += f" ({_times(train / median_ns)} the median {_seconds(median_ns / 1e9)}{loader})"
+    head += f"; step {_seconds(total / 1e9)}"
+    if not breakdown:
+        return head
     lines = [head]
     by_name: dict[tuple[str, str], int] = {}
     for ph in view.top_level_phases():
@@ -246,3 +320,15 @@ def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | No
 
 def _pct(part: int, total: int) -> str:
     return f"{100.0 * part / total:5.1f}%" if total else "    -"
+
+
+def _seconds(value: float) -> str:
+    """Seconds to 1 ms; shorter times in us or ns, so a tiny median never reads 0.000 s."""
+    if value >= 0.001 or value == 0:
+        return f"{value:.3f} s"
+    return f"{value * 1e6:.0f} us" if value >= 1e-6 else f"{value * 1e9:.0f} ns"
+
+
+def _times(ratio: float) -> str:
+    """A ratio to the median: one decimal where it tells something."""
+    return f"{ratio:.1f}x" if ratio < 100 else f"{ratio:.0f}x"

@@ -8,7 +8,13 @@ import math
 import pytest
 from span_trees import feed, train_step
 
-from otel_train.derived.budget import BudgetSpanProcessor, advise, budget_status
+from otel_train.derived.budget import (
+    BudgetSpanProcessor,
+    BudgetVerdict,
+    VerdictContext,
+    advise,
+    budget_status,
+)
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.records.steps_view import SharedStepSpanProcessor
 
@@ -35,8 +41,52 @@ def test_one_warning_when_the_budget_is_crossed_not_one_per_step(
         for i in range(50):
             feed(shared, train_step(i, step_ms=100, monitor_ms=7))  # 7 / 93 = 7.5%: warning
     msgs = [r.getMessage() for r in caplog.records if "monitoring WARNING" in r.getMessage()]
-    assert len(msgs) == 1 and "7.5%" in msgs[0]
+    assert len(msgs) == 1
+    # the verdict's own figure first, named
+    assert msgs[0].startswith("otel-train: monitoring WARNING: 7.5% of training time in "
+                              "steady state (over the 5% budget)")
     assert budget.status() == "warning"
+
+
+def test_a_warning_beside_lower_recent_and_total_figures_says_why_it_stands(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 5 warm-up steps of 2 s, then 150 ms of validation every 10 steps of 100 ms: 15% of
+    # the steady training time, a few percent of all of it.
+    ov = OverheadSpanProcessor(warmup_steps=5)
+    shared = SharedStepSpanProcessor([ov, BudgetSpanProcessor(ov, min_steps=1)])
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(5):
+            feed(shared, train_step(i, step_ms=2000))
+        for i in range(5, 60):
+            monitor_ms = 150 if i % 10 == 0 else 0
+            feed(shared, train_step(i, step_ms=100 + monitor_ms, monitor_ms=monitor_ms,
+                                    monitor="val_loss"))
+    msgs = [r.getMessage() for r in caplog.records if "monitoring CRITICAL" in r.getMessage()]
+    assert len(msgs) == 1
+    assert msgs[0].startswith("otel-train: monitoring CRITICAL: 15.0% of training time in "
+                              "steady state (over the 10% critical level); recent 2.6%, "
+                              "total 2.6%. Recent and total are lower: the 5 warm-up steps "
+                              "(2.000 s of training each, against 0.100 s after) count there")
+    assert "so the verdict stands" in msgs[0]
+
+
+def test_the_verdict_names_each_figure_and_the_reason_it_disagrees() -> None:
+    ok = BudgetVerdict(0.03, 0.20, 0.03, 0.05, 0.10)
+    ctx = VerdictContext(steps=1000, recent_steps=100)
+    assert ok.disagreeing() == ["recent"]
+    assert ok.describe(context=ctx) == (
+        "OK: 3.0% steady state (budget 5%); recent 20.0%, total 3.0%. Recent is higher: the "
+        "last 100 steps had a monitoring call, which weighs more there than over its "
+        "interval. The steady state, without warm-up, is what a long run converges to.")
+    late = BudgetVerdict(0.12, 0.12, 0.06, 0.05, 0.10)
+    ctx = VerdictContext(steps=1000, late_operation=("val_loss", 500), recent_steps=100)
+    assert late.describe(context=ctx, all_figures=False) == (
+        "CRITICAL: 12.0% steady state (over the 10% critical level); total 6.0%. The total "
+        "is lower: the steps before 'val_loss' first ran (step 500) count there. The steady "
+        "state is what a long run converges to, so the verdict stands.")
+    agreeing = BudgetVerdict(0.07, 0.08, 0.06, 0.05, 0.10)
+    assert agreeing.describe() == ("WARNING: 7.0% steady state (over the 5% budget); "
+                                   "recent 8.0%, total 6.0%")
 
 
 def test_going_critical_warns_again(caplog: pytest.LogCaptureFixture) -> None:

@@ -4,12 +4,17 @@ warm-up marks, red flags, rank names."""
 from __future__ import annotations
 
 import io
+import re
+import time
+from pathlib import Path
 
 import pytest
 from span_trees import feed, monitor_span, step_spans, train_step
 
+import otel_train
+from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor
-from otel_train.derived.console import ConsoleReportSpanProcessor
+from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.records.steps_view import SharedStepSpanProcessor
@@ -35,7 +40,68 @@ def test_fast_log_every_log_every_steps_one_line_each() -> None:
     lines = out.getvalue().splitlines()
     assert [ln.split(":")[0] for ln in lines] == ["⏱️  step 0", "⏱️  step 10", "⏱️  step 20"]
     assert "0.100s (data[train] 0.010s, forward 0.040s, backward 0.050s, other 0.000s)" in lines[1]
-    assert "monitoring 0.0% recent, 0.0% total (0.0% steady) [ok]" in lines[1]
+    # the verdict and its figure only: recent and total read the same, so they add nothing
+    assert lines[1].endswith(" | monitoring OK: 0.0% steady state (budget 5%)")
+
+
+def test_the_status_line_starts_with_the_steady_state_figure_that_drives_the_verdict() -> None:
+    shared, out = pipeline(log_every=10)
+    for i in range(101):  # 7 ms of inference every 10 steps of 100 ms: 7 / 1000 = 0.7%
+        monitor_ms = 7 if i % 10 == 5 else 0
+        feed(shared, train_step(i, step_ms=100 + monitor_ms, monitor_ms=monitor_ms))
+    statuses = [ln.split(" | monitoring ")[1] for ln in out.getvalue().splitlines()
+                if " | monitoring " in ln]
+    assert all(st.startswith(("OK: 0.0% steady state (budget 5%)",
+                              "OK: 0.6% steady state (budget 5%)",
+                              "OK: 1.2% steady state (budget 5%)",  # one call: over 6 steps
+                              "OK: 0.7% steady state (budget 5%)")) for st in statuses)
+    # recent and total follow while they read differently (the first calls count in them)
+    assert "OK: 0.7% steady state (budget 5%); recent 0.9%, total 0.9%" in statuses
+    assert statuses[-1] == "OK: 0.7% steady state (budget 5%)"  # then they add nothing
+
+
+def test_a_critical_verdict_beside_lower_figures_says_why_it_stands() -> None:
+    # 5 warm-up steps of 2 s (compilation), then 100 ms steps with 150 ms of validation
+    # every 10 steps: 15% of the steady training time, but only 4.4% of all training time.
+    shared, out = pipeline(log_every=10, warmup_steps=5)
+    for i in range(5):
+        feed(shared, train_step(i, step_ms=2000))
+    for i in range(5, 41):
+        monitor_ms = 150 if i % 10 == 5 else 0
+        feed(shared, train_step(i, step_ms=100 + monitor_ms, monitor_ms=monitor_ms,
+                                monitor="val_loss"))
+    line = [ln for ln in out.getvalue().splitlines() if ln.startswith("⏱️  step 40:")][0]
+    status = line.split(" | monitoring ")[1]
+    assert status.startswith("CRITICAL: 15.0% steady state (over the 10% critical level); "
+                             "recent 4.4%, total 4.4%.")
+    assert ("Recent and total are lower: the 5 warm-up steps (2.000 s of training each, "
+            "against 0.100 s after) count there, not in the steady state.") in status
+    assert status.endswith("The steady state is what a long run converges to, so the verdict "
+                           "stands.")
+
+
+def test_an_explicit_log_every_has_no_time_floor_the_default_keeps_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    default = RunOptions.resolve(environ={})
+    assert fast_log_min_interval_seconds(default) == 1.0
+    assert fast_log_min_interval_seconds(RunOptions.resolve(environ={}, log_every=10)) == 0.0
+    from_env = RunOptions.resolve(environ={"OTEL_TRAIN_LOG_EVERY": "10"})
+    assert fast_log_min_interval_seconds(from_env) == 0.0
+    both = RunOptions.resolve(environ={}, log_every=10, console_min_interval_seconds=5.0)
+    assert fast_log_min_interval_seconds(both) == 5.0
+
+
+def test_start_run_with_an_explicit_log_every_prints_every_tenth_fast_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = otel_train.start_run(exporter="none", prometheus_port=None, status_dir=str(tmp_path),
+                               report=False, log_every=10)
+    for step in run.steps(range(60), loader="train"):
+        with step.phase("forward"):
+            time.sleep(0.002)  # 2 ms steps: the default would print one line a second
+    run.shutdown(timeout=10)
+    err = capsys.readouterr().err
+    printed = [int(m) for m in re.findall(r"⏱️  step (\d+)", err)]
+    assert printed == [0, 10, 20, 30, 40, 50]
 
 
 def fast_loop_step(index: int, step_ms: float = 1.0) -> list:
@@ -144,7 +210,8 @@ def test_red_flags_are_named_when_a_share_crosses_its_threshold() -> None:
                             1000))
     text = out.getvalue()
     assert "🚩 inference 94.0% of the step (> 90%)" in text
-    assert "🚩 monitoring budget critical" in text
+    assert ("🚩 monitoring budget critical: 1566.7% steady state share of training time "
+            "(budget 5%, critical 10%)") in text
     shared, out = pipeline(log_every=1000)
     feed(shared, step_spans(1, [("forward", "train", 0, 20), ("val_loss", "monitor", 20, 60)],
                             100))

@@ -83,7 +83,9 @@ def test_a_failing_build_is_counted_not_raised(tmp_path: Path) -> None:
 def test_the_table_lists_operations_total_budget_and_advice() -> None:
     text = format_costs_table(report())
     lines = text.splitlines()
-    assert "budget 5.0%: OK" in lines[1]
+    # the verdict first, with the figure that drives it (steady state), then the others
+    assert lines[1] == ("monitoring OK: 4.56% of training time in steady state (budget 5%); "
+                        "recent 4.59%, total 4.59%")
     header = next(ln for ln in lines if ln.startswith("operation"))
     assert header.split() == ["operation", "calls", "total", "first", "mean", "max", "share"]
     inference = next(ln for ln in lines if ln.startswith("inference"))
@@ -190,7 +192,9 @@ def test_the_field_notes_hung_setup_is_10_9_percent_and_critical(scale: float) -
     assert not advice["evolution_snapshot"]["within_budget"]
     assert advice["detail_collector"]["within_budget"]
     assert "run it every >= 1029 steps" in str(data)
-    assert "10.89% of training time" in str(data) and "CRITICAL" in str(data)
+    assert str(data).splitlines()[1] == (
+        "monitoring CRITICAL: 10.89% of training time in steady state (over the 10% critical "
+        "level); recent 52.46%, total 10.89%")
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.001])
@@ -200,3 +204,24 @@ def test_the_field_notes_acceptable_setup_is_half_a_percent_and_ok(scale: float)
     assert data["total_percentage"] == pytest.approx(100 * 17 / 3500, abs=1e-3)  # 0.5%
     assert data["budget_status"] == "ok"
     assert all(a["within_budget"] for a in data["advisor"])
+
+
+def test_the_table_says_why_an_ok_verdict_stands_beside_a_total_over_the_budget() -> None:
+    # inference every 10 steps of 100 ms: 600 ms on its first call (warm-up), 3 ms after.
+    ov = OverheadSpanProcessor(warmup_steps=0)
+    for i in range(100):
+        monitor_ms = (600 if i == 0 else 3) if i % 10 == 0 else 0
+        feed(ov, train_step(i, step_ms=100 + monitor_ms, monitor_ms=monitor_ms))
+    data = build_costs(ov.snapshot(), 0.05, 0.10)
+    assert data["budget_status"] == "ok" and data["total_share"] > 0.05
+    line = str(data).splitlines()[1]
+    assert line.startswith("monitoring OK: 0.30% of training time in steady state (budget 5%)")
+    assert ("Recent and total are higher: the first calls' warm-up (0.597 s over their steady cost) "
+            "counts there once.") in line
+
+
+def test_a_report_without_a_steady_figure_is_judged_on_its_total_and_says_so() -> None:
+    data = {"budget": 0.05, "critical": 0.10, "total_share": 0.07, "recent_share": 0.07}
+    assert format_costs_table(data).splitlines()[1] == (
+        "monitoring WARNING: 7.00% of training time in total (over the 5% budget); "
+        "recent 7.00%")

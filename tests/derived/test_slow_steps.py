@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import math
 import random
+from pathlib import Path
 
 import pytest
 from span_trees import feed, step_spans, train_step
 
+import otel_train
 from otel_train.common import attributes as A
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 
@@ -176,6 +178,92 @@ def test_with_several_ranks_the_explanation_names_its_rank() -> None:
     assert (slow.last_slow or "").startswith("otel-train: slow step 3 (rank 2): training")
 
 
+def test_a_step_of_0_2_ms_among_10_us_steps_is_not_slow() -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0)
+    for i in range(50):  # an empty loop body: the baseline is scheduler jitter
+        feed(slow, train_step(i, step_ms=0.01))
+    jitter = train_step(50, step_ms=0.2)  # 20x the median, but 0.19 ms over it
+    feed(slow, jitter)
+    assert slow.slow_steps == 0 and jitter[-1].attributes[A.SLOW] is False
+
+
+def test_a_50_ms_step_among_5_ms_steps_is_slow_and_counted() -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0)
+    for i in range(50):
+        feed(slow, train_step(i, step_ms=5))
+    planted = train_step(50, step_ms=50)
+    feed(slow, planted)
+    assert slow.slow_steps == 1 and planted[-1].attributes[A.SLOW] is True
+    assert (slow.last_slow or "").startswith(
+        "otel-train: slow step 50: training 0.050 s (10.0x the median 0.005 s")
+
+
+def test_a_median_under_a_millisecond_is_said_in_microseconds() -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0)
+    for i in range(50):
+        feed(slow, train_step(i, step_ms=0.02))
+    feed(slow, train_step(50, step_ms=3))
+    assert (slow.last_slow or "").startswith(
+        "otel-train: slow step 50: training 0.003 s (150x the median 20 us")
+
+
+def paced_step(index: int, step_ms: float, every_ms: float) -> list:
+    """A step of ``step_ms`` starting ``index x every_ms`` after the first."""
+    return step_spans(index, [("forward", "train", 0, step_ms)], step_ms,
+                      start_ms=index * every_ms)
+
+
+def test_with_the_console_off_slow_steps_are_counted_and_said_in_summary_lines(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0, explain=False)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(3000):  # 10 ms steps, every 100th one 50 ms: 29 slow steps
+            feed(slow, paced_step(i, 50 if i % 100 == 99 else 10, every_ms=10.0))
+        said_while_running = [r.getMessage() for r in caplog.records]
+        slow.shutdown()
+    assert slow.slow_steps == 30
+    assert len(said_while_running) == 1  # the first one; the run lasted under 15 minutes
+    assert said_while_running[0].startswith("otel-train: slow step 99: training 0.050 s")
+    assert "the console is off: further slow steps are counted" in said_while_running[0]
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("otel-train: 30 slow step(s) so far (the slowest: step 99, "
+                            "0.050 s of training, 5.0x the median 0.010 s)")
+    assert "otel_train_slow_steps_total" in final
+    assert len(caplog.records) == 2
+
+
+def test_with_the_console_off_a_long_run_gets_one_summary_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = SlowStepSpanProcessor(warmup_steps=0, explain=False)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(400):  # 10 s steps for 4000 s, every 10th one 50 s
+            feed(slow, paced_step(i, 50_000 if i % 10 == 9 else 10_000, every_ms=10_000.0))
+    lines = [r.getMessage() for r in caplog.records]
+    assert slow.slow_steps == 40
+    assert 3 <= len(lines) <= 6  # one per 15 minutes of steps
+    assert all(ln.startswith("otel-train: ") and "slow step" in ln for ln in lines)
+
+
+def test_an_empty_loop_with_the_console_off_logs_a_handful_of_lines_at_most(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    with caplog.at_level(logging.INFO, logger="otel_train"):
+        run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                                   status_dir=str(tmp_path))
+        for step in run.steps(range(13_000)):
+            if step.index % 2000 == 1999:
+                time.sleep(0.05)  # a real slow step now and then
+        slow_steps = run._telemetry.derived.slow.slow_steps
+        run.shutdown(timeout=10)
+    lines = [r.getMessage() for r in caplog.records if "slow step" in r.getMessage()]
+    # Counted (the ones the bounded queue did not drop: an empty loop outruns it).
+    assert slow_steps >= 1
+    assert 1 <= len(lines) <= 3, lines
+    assert len(capsys.readouterr().err.splitlines()) <= 5
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="slow_step_factor"):
         SlowStepSpanProcessor(factor=1.0)
@@ -183,3 +271,5 @@ def test_bad_settings_are_refused() -> None:
         SlowStepSpanProcessor(absolute_seconds=0)
     with pytest.raises(ValueError, match="warmup_steps"):
         SlowStepSpanProcessor(warmup_steps=-1)
+    with pytest.raises(ValueError, match="min_excess_seconds"):
+        SlowStepSpanProcessor(min_excess_seconds=-0.001)
