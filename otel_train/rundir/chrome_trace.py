@@ -1,4 +1,4 @@
-"""``otel-train export RUN_DIR --format chrome-trace``: the run as a Trace Event Format file.
+"""``otel-train export RUN_DIR`` (``--format chrome-trace``, the default): the run as a Trace Event Format file.
 
 Perfetto (ui.perfetto.dev) and chrome://tracing open it, as they open the traces the PyTorch
 profiler writes, so training steps can sit next to a ``torch.profiler`` trace. Each rank is
@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from otel_train.rundir.run_dirs import NothingToRead
 from otel_train.rundir.span_files import _iter_lines, iter_line_span_fields, span_files
 
 TRACE_NAME = "trace.json"
@@ -105,11 +106,19 @@ def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str
 
 
 def export_chrome_trace(run_dir: str | os.PathLike[str],
-                        out: str | os.PathLike[str] | None = None) -> Path:
-    """Write ``<run dir>/trace.json`` (or ``out``); return its path."""
+                        out: str | os.PathLike[str] | None = None,
+                        allow_empty: bool = True) -> Path:
+    """Write ``<run dir>/trace.json`` (or ``out``); return its path.
+
+    With ``allow_empty=False``, span files that hold no span raise :class:`NothingToRead`
+    and nothing is written.
+    """
     target = Path(out) if out is not None else Path(run_dir) / TRACE_NAME
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        write_chrome_trace(run_dir, fh)
+        counts = write_chrome_trace(run_dir, fh)
+    if not counts["events"] and not allow_empty:
+        tmp.unlink()
+        raise NothingToRead(f"the span files of {run_dir} hold no span yet")
     os.replace(tmp, target)
     return target
