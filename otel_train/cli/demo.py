@@ -239,10 +239,11 @@ def _where_files_go(run: Any, want_report: bool) -> None:
     from otel_train.rundir.report import shutdown_banner_line
 
     lines = []
+    metrics = f"{run.prometheus_url}/metrics" if run.prometheus_url else "off"
     if not run.options.console:
         lines += [f"otel-train: run {run.run_id} rank {run.rank}/{run.world_size}",
                   f"  spans   -> {run.export_plan.describe()}",
-                  f"  metrics -> {run.prometheus_url + '/metrics' if run.prometheus_url else 'off'}",
+                  f"  metrics -> {metrics}",
                   f"  costs   -> {run.status_dir}/"]
     if want_report:
         lines.append(shutdown_banner_line(run.status_dir).replace("at shutdown", "at the end"))

@@ -1,4 +1,5 @@
-"""``otel-train export RUN_DIR`` (``--format chrome-trace``, the default): the run as a Trace Event Format file.
+"""``otel-train export RUN_DIR`` (``--format chrome-trace``, the default): the run as a
+Trace Event Format file.
 
 Perfetto (ui.perfetto.dev) and chrome://tracing open it, as they open the traces the PyTorch
 profiler writes, so training steps can sit next to a ``torch.profiler`` trace. Each rank is
@@ -6,8 +7,9 @@ one process (``pid`` = rank, named "rank N") with one thread track ("training st
 holds every step as a complete event (``ph: "X"``) with its phases nested inside by time,
 and monitoring between steps on the same track. Timestamps are microseconds since the Unix
 epoch (the spans' own clock), so ranks line up with each other, rounded to the 0.25 us a
-reader's double keeps at that size (every boundary alike, so phases stay nested). The file is written as the
-span files are read: memory stays flat on any run length.
+reader's double keeps at that size (every boundary alike, so phases stay nested). The file
+is written as the span files are read: memory stays flat on any run length. A run whose
+span files hold no span is refused by the command rather than written as an empty trace.
 
 Usage::
 

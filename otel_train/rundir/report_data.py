@@ -387,7 +387,7 @@ def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int =
 def _add_costs(data: RunData, run_dir: Path, given: list[dict[str, Any]] | None) -> None:
     """The costs given, else each costs file of the run; the run id from the first."""
     if given is not None:
-        found = [dict(c, _file="run.costs()") for c in given]
+        found = [dict(c, _file="monitoring costs as the report was written") for c in given]
     else:
         found = []
         for p in sorted(run_dir.glob("monitoring_costs*.json")):
