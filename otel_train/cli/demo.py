@@ -6,9 +6,13 @@ run generates a sample (``inference``) and computes a validation loss over a nam
 loader (``val_loss``): the monitoring whose cost the run reports against its budget, as in
 the field notes (inference + validation loss every N steps).
 
+It ends with the costs table and the next steps (the report, the metrics, a Perfetto trace,
+a collector); ``--serve`` keeps the metrics endpoint up after training until Ctrl-C.
+
 Usage::
 
     otel-train demo --steps 300 --eval-every 50
+    otel-train demo --serve            # then, from another shell: curl <its URL>/metrics
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 otel-train demo   # spans to a collector
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 _TEXT = (
@@ -87,13 +92,44 @@ def _batches(data: Any, block_size: int, batch_size: int, seed: int) -> Iterator
 
 
 def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
-             sample_tokens: int = 48, seed: int = 0, **options: Any) -> dict[str, Any]:
-    """Train the tiny GPT for ``steps`` steps under otel-train; return ``run.costs()``."""
+             sample_tokens: int = 48, seed: int = 0, serve: bool = False,
+             **options: Any) -> dict[str, Any]:
+    """Train the tiny GPT for ``steps`` steps under otel-train, print the costs table and the
+    next steps; with ``serve``, keep the metrics endpoint up until SIGINT. Return
+    ``run.costs()``."""
+    import otel_train
+
+    options.setdefault("service_name", "otel-train-demo")
+    # The demo writes its report itself, after training (printing where at start), so that
+    # --quiet gets one too and it never depends on the console.
+    want_report = options.pop("report", True)
+    options["report"] = False
+    with otel_train.start_run(**options) as run:
+        if serve and run.prometheus_url is None:
+            raise ValueError("--serve keeps the metrics endpoint up after training, but it "
+                             "is off (--prometheus-port none or OTEL_TRAIN_PROMETHEUS_PORT)")
+        _where_files_go(run, want_report)
+        _train(run, steps, eval_every, val_batches, sample_tokens, seed)
+        costs = run.costs()
+        if serve:
+            # The report reads the span files: what was recorded goes out to them first. The
+            # costs file lags the run by its interval: the report takes the costs of now.
+            run.flush()
+            report = _write_report(run.status_dir, want_report, costs=[costs])
+            _print_end(run, costs, report, serving=True)
+            _serve_until_sigint(f"{run.prometheus_url}/metrics")
+    if not serve:
+        report = _write_report(run.status_dir, want_report)
+        _print_end(run, costs, report, serving=False)
+    return costs
+
+
+def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_tokens: int,
+           seed: int) -> None:
+    """The training loop: a train.step per batch, the monitoring every ``eval_every``."""
     import itertools
 
     import torch
-
-    import otel_train
 
     torch.manual_seed(seed)
     text = _corpus()
@@ -106,32 +142,19 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
     model = build_model(len(chars), block_size=block)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     train_loader = itertools.islice(_batches(train_data, block, batch, seed), steps)
-
-    options.setdefault("service_name", "otel-train-demo")
-    # The demo writes its report itself, after the run (printing where at start), so that
-    # --quiet gets one too and it never depends on the console.
-    want_report = options.pop("report", True)
-    options["report"] = False
-    with otel_train.start_run(**options) as run:
-        _where_files_go(run, want_report)
-        for step in run.steps(train_loader, loader="train"):
-            x, y = step.batch
-            with step.phase("forward"):
-                _, loss = model(x, y)
-            with step.phase("backward"):
-                loss.backward()
-            with step.phase("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            step.set_attribute("train.loss", loss)  # read in the background, no sync here
-            if eval_every and step.index % eval_every == 0:
-                val = itertools.islice(_batches(val_data, block, batch, seed + 1), val_batches)
-                _evaluate(run, step, model, chars, val, sample_tokens)
-        costs = run.costs()
-    if want_report:
-        from otel_train.rundir.report import write_report_at_shutdown
-        write_report_at_shutdown(run.status_dir, time_limit_seconds=None)
-    return costs
+    for step in run.steps(train_loader, loader="train"):
+        x, y = step.batch
+        with step.phase("forward"):
+            _, loss = model(x, y)
+        with step.phase("backward"):
+            loss.backward()
+        with step.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step.set_attribute("train.loss", loss)  # read in the background, no sync here
+        if eval_every and step.index % eval_every == 0:
+            val = itertools.islice(_batches(val_data, block, batch, seed + 1), val_batches)
+            _evaluate(run, step, model, chars, val, sample_tokens)
 
 
 def _evaluate(run: Any, step: Any, model: Any, chars: list[str], val: Any,
@@ -154,6 +177,60 @@ def _evaluate(run: Any, step: Any, model: Any, chars: list[str], val: Any,
               f"(ppl {math.exp(val_loss):.1f}) sample: {sample[:40]!r}")
 
 
+def _write_report(status_dir: Path, wanted: bool,
+                  costs: list[dict[str, Any]] | None = None) -> Path | None:
+    """The demo's report (whole: no time limit), announced on stderr; None when not wanted
+    or not written (plotly missing, logged)."""
+    if not wanted:
+        return None
+    from otel_train.rundir.report import write_report_at_shutdown
+
+    return write_report_at_shutdown(status_dir, time_limit_seconds=None, costs=costs)
+
+
+def _print_end(run: Any, costs: dict[str, Any], report: Path | None, serving: bool) -> None:
+    """The costs table, then what to do next with this run (the demo's last lines)."""
+    run_dir = run.status_dir
+    lines = [str(costs), "", "next steps:"]
+    if report is not None:
+        lines.append(f"  open the report        {report}")
+    else:
+        lines.append(f"  write the report       otel-train report {run_dir}")
+    if serving:
+        lines.append(f"  query the metrics      curl {run.prometheus_url}/metrics")
+    else:  # the endpoint ended with the run
+        lines.append("  query the metrics      otel-train demo --serve keeps them up after "
+                     "training: curl the URL it prints")
+    if run.export_plan.kind == "jsonl":
+        lines.append(f"  a trace for Perfetto   otel-train export {run_dir}  (open its "
+                     "trace.json at https://ui.perfetto.dev)")
+        lines.append("  send to a collector    OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 "
+                     "otel-train demo")
+    else:
+        lines.append(f"  find the traces        where they went: {run.export_plan.describe()}")
+    print("\n".join(lines), flush=True)  # flushed: a pipe reader sees it while we serve
+
+
+def _serve_until_sigint(metrics_url: str) -> None:
+    """Wait, the run and its metrics endpoint up, until SIGINT (Ctrl-C); then return, so the
+    run shuts down as any run does."""
+    import signal
+    import sys
+    import threading
+
+    stop = threading.Event()
+    # Our own handler rather than KeyboardInterrupt: it works where SIGINT was inherited as
+    # ignored (a background job), and ends the wait without a traceback.
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        print(f"serving {metrics_url} until Ctrl-C", flush=True)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print("otel-train demo: stopping: the run shuts down", file=sys.stderr, flush=True)
+
+
 def _where_files_go(run: Any, want_report: bool) -> None:
     """Where everything goes: the run's banner when the console is off (--quiet), and the
     report's line; on stderr, like the banner."""
@@ -162,10 +239,11 @@ def _where_files_go(run: Any, want_report: bool) -> None:
     from otel_train.rundir.report import shutdown_banner_line
 
     lines = []
+    metrics = f"{run.prometheus_url}/metrics" if run.prometheus_url else "off"
     if not run.options.console:
         lines += [f"otel-train: run {run.run_id} rank {run.rank}/{run.world_size}",
                   f"  spans   -> {run.export_plan.describe()}",
-                  f"  metrics -> {run.prometheus_url + '/metrics' if run.prometheus_url else 'off'}",
+                  f"  metrics -> {metrics}",
                   f"  costs   -> {run.status_dir}/"]
     if want_report:
         lines.append(shutdown_banner_line(run.status_dir).replace("at shutdown", "at the end"))
@@ -178,10 +256,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     ap.add_argument("--eval-every", type=int, default=50,
                     help="run inference + validation loss every N steps (default 50)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model's weights, the batches and the samples (default 0)")
     ap.add_argument("--prometheus-port", default=None,
                     help="metrics port: a number, 0 for a free port, 'none' for off "
                          "(default: OTEL_TRAIN_PROMETHEUS_PORT or 9464 + local rank)")
+    ap.add_argument("--serve", action="store_true",
+                    help="after training, keep the metrics endpoint up (curl its /metrics, "
+                         "let Prometheus scrape it) until Ctrl-C")
     ap.add_argument("--status-dir", default=None, help="where the span files, "
                     "monitoring_costs.json and report.html go (default otel-train-runs/<run id>)")
     ap.add_argument("--quiet", action="store_true", help="no console timing report (the "

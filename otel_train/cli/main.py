@@ -3,10 +3,13 @@
 Usage::
 
     otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
+    otel-train demo --serve                       # ... and keep /metrics up until Ctrl-C
     otel-train costs otel-train-runs/<run>/       # monitoring_costs.json as a readable table
-    otel-train costs                              # the latest run under otel-train-runs/
     otel-train report otel-train-runs/<run>/      # one self-contained HTML page, opens offline
-    otel-train export otel-train-runs/<run>/ --format chrome-trace   # for Perfetto
+    otel-train export otel-train-runs/<run>/      # trace.json (Chrome trace) for Perfetto
+    otel-train report                             # costs, report, export without a run
+                                                  # directory: the latest run under
+                                                  # otel-train-runs/ (named on stderr)
     otel-train plan [--exporter otlp ...]         # what a run started here would do, and why
     otel-train version                            # and whether the hot path runs in C
 """
@@ -47,12 +50,11 @@ def _demo(args: argparse.Namespace) -> int:
     if args.no_report:
         options["report"] = False
     try:
-        costs = run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                         **options)
+        run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                 serve=args.serve, **options)
     except ValueError as exc:  # a bad option or a taken port: say it plainly
         print(f"otel-train demo: {exc}", file=sys.stderr)
         return 2
-    print(costs)  # the costs report prints as its table
     return 0
 
 
@@ -67,18 +69,21 @@ def _costs(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from otel_train.rundir.report import write_report
+    from otel_train.rundir.report import MISSING_PLOTLY, plotly_available, write_report
+    from otel_train.rundir.run_dirs import SPAN_FILES, NothingToRead, resolve_run_input
+    from otel_train.rundir.span_files import span_files
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        print(f"otel-train report: {run_dir} is not a directory (pass a run's status "
-              "directory, e.g. otel-train-runs/<run id>)", file=sys.stderr)
+    if not plotly_available():  # the optional 'report' extra: say so before reading anything
+        print(f"otel-train report: {MISSING_PLOTLY}", file=sys.stderr)
         return 2
+    run = resolve_run_input("report", Path(args.run_dir), span_files, SPAN_FILES)
+    if run is None:
+        return 1
     try:
-        path = write_report(run_dir, out=args.output)
-    except ImportError as exc:  # plotly is the optional 'report' extra
+        path = write_report(run.run_dir, out=args.output, allow_empty=False)
+    except NothingToRead as exc:
         print(f"otel-train report: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(path)
     return 0
 
@@ -87,12 +92,18 @@ def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from otel_train.rundir.chrome_trace import export_chrome_trace
+    from otel_train.rundir.run_dirs import SPAN_FILES, NothingToRead, resolve_run_input
+    from otel_train.rundir.span_files import span_files
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        print(f"otel-train export: {run_dir} is not a directory", file=sys.stderr)
-        return 2
-    print(export_chrome_trace(run_dir, out=args.output))
+    run = resolve_run_input("export", Path(args.run_dir), span_files, SPAN_FILES)
+    if run is None:
+        return 1
+    try:
+        path = export_chrome_trace(run.run_dir, out=args.output, allow_empty=False)
+    except NothingToRead as exc:
+        print(f"otel-train export: {exc}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 
@@ -104,8 +115,12 @@ def _version(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``otel-train`` console script."""
+_RUN_DIR_HELP = ("a run directory (otel-train-runs/<run id>), or the runs root (the latest "
+                 "run there, named on stderr; default: otel-train-runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``otel-train`` argument parser, every subcommand and flag with its help."""
     from otel_train.cli.demo import add_arguments
     from otel_train.cli.plan import add_arguments as add_plan_arguments
     from otel_train.cli.plan import print_plan
@@ -126,15 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     costs.set_defaults(func=_costs)
     report = sub.add_parser("report", help="write a run's report: one HTML file that opens "
                             "offline (needs the 'report' extra: plotly)")
-    report.add_argument("run_dir", help="the run's status directory (otel-train-runs/<run id>)")
+    report.add_argument("run_dir", nargs="?", default="otel-train-runs", help=_RUN_DIR_HELP)
     report.add_argument("-o", "--output", default=None,
                         help="where to write it (default RUN_DIR/report.html)")
     report.set_defaults(func=_report)
-    export = sub.add_parser("export", help="convert a run's span files for other tools")
-    export.add_argument("run_dir", help="the run's status directory (otel-train-runs/<run id>)")
-    export.add_argument("--format", required=True, choices=["chrome-trace"],
-                        help="chrome-trace: Trace Event Format JSON for Perfetto and "
-                             "chrome://tracing")
+    export = sub.add_parser("export", help="convert a run's span files for other tools "
+                            "(a Chrome trace for Perfetto by default)")
+    export.add_argument("run_dir", nargs="?", default="otel-train-runs", help=_RUN_DIR_HELP)
+    export.add_argument("--format", default="chrome-trace", choices=["chrome-trace"],
+                        help="chrome-trace (the default): Trace Event Format JSON for "
+                             "Perfetto (ui.perfetto.dev) and chrome://tracing")
     export.add_argument("-o", "--output", default=None,
                         help="where to write it (default RUN_DIR/trace.json)")
     export.set_defaults(func=_export)
@@ -145,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     plan.set_defaults(func=print_plan)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=_version)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``otel-train`` console script."""
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 

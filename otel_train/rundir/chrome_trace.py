@@ -1,4 +1,5 @@
-"""``otel-train export RUN_DIR --format chrome-trace``: the run as a Trace Event Format file.
+"""``otel-train export RUN_DIR`` (``--format chrome-trace``, the default): the run as a
+Trace Event Format file.
 
 Perfetto (ui.perfetto.dev) and chrome://tracing open it, as they open the traces the PyTorch
 profiler writes, so training steps can sit next to a ``torch.profiler`` trace. Each rank is
@@ -6,8 +7,9 @@ one process (``pid`` = rank, named "rank N") with one thread track ("training st
 holds every step as a complete event (``ph: "X"``) with its phases nested inside by time,
 and monitoring between steps on the same track. Timestamps are microseconds since the Unix
 epoch (the spans' own clock), so ranks line up with each other, rounded to the 0.25 us a
-reader's double keeps at that size (every boundary alike, so phases stay nested). The file is written as the
-span files are read: memory stays flat on any run length.
+reader's double keeps at that size (every boundary alike, so phases stay nested). The file
+is written as the span files are read: memory stays flat on any run length. A run whose
+span files hold no span is refused by the command rather than written as an empty trace.
 
 Usage::
 
@@ -22,6 +24,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from otel_train.rundir.run_dirs import NothingToRead
 from otel_train.rundir.span_files import _iter_lines, iter_line_span_fields, span_files
 
 TRACE_NAME = "trace.json"
@@ -105,11 +108,19 @@ def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str
 
 
 def export_chrome_trace(run_dir: str | os.PathLike[str],
-                        out: str | os.PathLike[str] | None = None) -> Path:
-    """Write ``<run dir>/trace.json`` (or ``out``); return its path."""
+                        out: str | os.PathLike[str] | None = None,
+                        allow_empty: bool = True) -> Path:
+    """Write ``<run dir>/trace.json`` (or ``out``); return its path.
+
+    With ``allow_empty=False``, span files that hold no span raise :class:`NothingToRead`
+    and nothing is written.
+    """
     target = Path(out) if out is not None else Path(run_dir) / TRACE_NAME
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        write_chrome_trace(run_dir, fh)
+        counts = write_chrome_trace(run_dir, fh)
+    if not counts["events"] and not allow_empty:
+        tmp.unlink()
+        raise NothingToRead(f"the span files of {run_dir} hold no span yet")
     os.replace(tmp, target)
     return target

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train.rundir.report_data import RunData, StepRecord, load_run
+from otel_train.rundir.run_dirs import NothingToRead
 
 REPORT_NAME = "report.html"
 MISSING_PLOTLY = ("otel-train report needs plotly (the 'report' extra): "
@@ -67,9 +68,10 @@ def shutdown_banner_line(status_dir: Path) -> str:
 
 
 def write_report_at_shutdown(status_dir: Path, time_limit_seconds: float = 60.0,
-                             announce: bool = True) -> Path | None:
+                             announce: bool = True,
+                             costs: list[dict[str, Any]] | None = None) -> Path | None:
     """Write the report as a run ends and say where (stderr); log, never raise: training is
-    over, it did not fail."""
+    over, it did not fail. ``costs``: see :func:`write_report`."""
     import logging
     import sys
 
@@ -77,7 +79,7 @@ def write_report_at_shutdown(status_dir: Path, time_limit_seconds: float = 60.0,
     if not plotly_available():
         return None
     try:
-        path = write_report(status_dir, time_limit_seconds=time_limit_seconds)
+        path = write_report(status_dir, time_limit_seconds=time_limit_seconds, costs=costs)
     except Exception as exc:
         log.warning("otel-train: the report could not be written: %r (try `otel-train "
                     "report %s`)", exc, status_dir)
@@ -88,11 +90,19 @@ def write_report_at_shutdown(status_dir: Path, time_limit_seconds: float = 60.0,
 
 
 def write_report(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
-                 max_buckets: int = 2000, time_limit_seconds: float | None = None) -> Path:
-    """Render the report of ``run_dir`` (finished or in progress); return its path."""
+                 max_buckets: int = 2000, time_limit_seconds: float | None = None,
+                 allow_empty: bool = True, costs: list[dict[str, Any]] | None = None) -> Path:
+    """Render the report of ``run_dir`` (finished or in progress); return its path.
+
+    With ``allow_empty=False``, a run whose span files hold no span raises
+    :class:`NothingToRead` and nothing is written. ``costs`` (``run.costs()`` of each rank)
+    stand in for the costs files of a live run, which lag it by ``costs_interval_seconds``.
+    """
     pio = _plotly()
     data = load_run(Path(run_dir), max_buckets=max_buckets,
-                    time_limit_seconds=time_limit_seconds)
+                    time_limit_seconds=time_limit_seconds, costs=costs)
+    if not data.spans and not allow_empty:
+        raise NothingToRead(f"the span files of {run_dir} hold no span yet")
     target = Path(out) if out is not None else report_path(run_dir)
     page = _Page(data, pio).render()
     tmp = target.with_name(f".{target.name}.tmp")

@@ -340,9 +340,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int = 6,
-             warmup_steps: int = 50, time_limit_seconds: float | None = None) -> RunData:
+             warmup_steps: int = 50, time_limit_seconds: float | None = None,
+             costs: list[dict[str, Any]] | None = None) -> RunData:
     """Read a run directory (finished or in progress) into a :class:`RunData`; with a time
-    limit, stop reading span files when it is reached (``stopped_early`` says where)."""
+    limit, stop reading span files when it is reached (``stopped_early`` says where);
+    ``costs`` given are used instead of the run's costs files."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
@@ -356,12 +358,7 @@ def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int =
         if data.stopped_early:
             break
     data.slow_steps = reader.slowest()
-    for p in sorted(run_dir.glob("monitoring_costs*.json")):
-        costs = _read_json(p)
-        if costs is not None:
-            costs["_file"] = p.name
-            data.costs.append(costs)
-            data.run_id = data.run_id or costs.get("run_id")
+    _add_costs(data, run_dir, costs)
     for p in sorted(run_dir.glob("spans*.removed.json")):
         removed = _read_json(p)
         if removed is not None:
@@ -385,6 +382,21 @@ def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int =
         m = re.search(r"[^/]+$", str(run_dir.resolve()))
         data.run_id = m.group(0) if m else None
     return data
+
+
+def _add_costs(data: RunData, run_dir: Path, given: list[dict[str, Any]] | None) -> None:
+    """The costs given, else each costs file of the run; the run id from the first."""
+    if given is not None:
+        found = [dict(c, _file="monitoring costs as the report was written") for c in given]
+    else:
+        found = []
+        for p in sorted(run_dir.glob("monitoring_costs*.json")):
+            costs = _read_json(p)
+            if costs is not None:
+                found.append(dict(costs, _file=p.name))
+    for costs in found:
+        data.costs.append(costs)
+        data.run_id = data.run_id or costs.get("run_id")
 
 
 def _typical_step(data: RunData) -> int | None:

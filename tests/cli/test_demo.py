@@ -1,13 +1,26 @@
 """``otel-train demo``: trains, prints where everything goes even with --quiet (the banner
-stays), and writes the HTML report at the end."""
+stays), writes the HTML report at the end, and ends with the next steps; ``--serve`` keeps
+the metrics endpoint up after training until SIGINT."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
 
+import pytest
 from train_helpers import clean_env  # noqa: F401
 
 from otel_train.cli.main import main
+from otel_train.rundir.report_data import load_run
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_quiet_demo_still_prints_the_banner_and_where_the_report_went(tmp_path, capsys):
@@ -29,6 +42,80 @@ def test_a_quiet_demo_still_prints_the_banner_and_where_the_report_went(tmp_path
 def test_no_report_turns_the_report_off(tmp_path, capsys):
     assert main(["demo", "--steps", "2", "--eval-every", "0", "--quiet", "--no-report",
                  "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "report  ->" not in err and "report ->" not in err
     assert not (tmp_path / "report.html").exists()
+    assert f"write the report       otel-train report {tmp_path}" in out
+
+
+def test_the_demo_ends_with_the_next_steps(tmp_path, capsys):
+    assert main(["demo", "--steps", "2", "--eval-every", "0", "--quiet",
+                 "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.rstrip("\n").splitlines()[-5:]
+    assert last[0] == "next steps:"
+    assert last[1].split() == ["open", "the", "report", str(tmp_path / "report.html")]
+    assert "otel-train demo --serve" in last[2] and "curl" in last[2]
+    assert f"otel-train export {tmp_path}" in last[3] and "perfetto" in last[3]
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 otel-train demo" in last[4]
+
+
+def _demo_process(status_dir: Path, *flags: str) -> subprocess.Popen:
+    """The real command, a short run, a free metrics port, without the caller's OTEL_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--steps", "4", "--eval-every", "2",
+         "--quiet", "--prometheus-port", "0", "--status-dir", str(status_dir), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _lines_until(proc: subprocess.Popen, prefix: str, timeout_seconds: float) -> list[str]:
+    """Stdout lines up to the first that starts with ``prefix`` (the process goes on)."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(prefix):
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout_seconds), lines
+    return lines
+
+
+def test_serve_keeps_the_metrics_up_after_training_until_sigint(tmp_path):
+    proc = _demo_process(tmp_path, "--serve")
+    try:
+        lines = _lines_until(proc, "serving ", timeout_seconds=180)
+        url = lines[-1].split()[1]
+        assert lines[-1] == f"serving {url} until Ctrl-C"
+        assert f"  query the metrics      curl {url}" in lines
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert 'otel_train_steps_total{rank="0"} 4.0' in body
+        # The report written before serving holds every step, and the costs of the end
+        # (the costs file lags the run by its interval).
+        assert load_run(tmp_path).steps_per_rank == {0: 4}
+        page = (tmp_path / "report.html").read_text()
+        assert re.search(r"monitoring costs as the report was written \(rank 0\).*?over 4 "
+                         r"steps", page)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "stopping: the run shuts down" in err
+    # The run shut down: its targets file is gone, its endpoint closed.
+    assert not (tmp_path / "prometheus_targets-rank0.json").exists()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
+
+
+def test_serve_with_the_metrics_endpoint_off_is_refused(tmp_path, capsys):
+    assert main(["demo", "--steps", "1", "--serve", "--quiet", "--no-report",
+                 "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 2
+    assert "--serve keeps the metrics endpoint up" in capsys.readouterr().err
