@@ -639,9 +639,15 @@ def test_a_killed_child_moves_the_client_to_taken_over_then_closed(tmp_path: Pat
     assert run.flush(timeout_seconds=10)
     os.kill(client.pid, signal.SIGKILL)
     assert _wait_gone(client.pid, 5)
+    # The span worker's next look at the pipes (a drain, or a tick between drains) finds the
+    # child gone; which one comes first is a race, so wait for either, bounded.
+    end = time.monotonic() + 5
+    while client.state is not ClientState.TAKEN_OVER and time.monotonic() < end:
+        run._telemetry.worker.drain()
+        time.sleep(0.02)
+    assert client.state is ClientState.TAKEN_OVER
     _train(run, 3)
     run._telemetry.worker.drain()
-    assert client.state is ClientState.TAKEN_OVER
     assert run.flush(timeout_seconds=10)  # through the in-process stage
     run.shutdown(timeout=10)
     assert client.state is ClientState.CLOSED
