@@ -67,41 +67,35 @@ def _costs(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from otel_train.rundir.report import MISSING_PLOTLY, plotly_available, write_report
-    from otel_train.rundir.run_dirs import SPAN_FILES, NothingToRead, resolve_run_input
-    from otel_train.rundir.span_files import span_files
 
     if not plotly_available():  # the optional 'report' extra: say so before reading anything
         print(f"otel-train report: {MISSING_PLOTLY}", file=sys.stderr)
         return 2
-    run = resolve_run_input("report", Path(args.run_dir), span_files, SPAN_FILES)
-    if run is None:
-        return 1
-    try:
-        path = write_report(run.run_dir, out=args.output, allow_empty=False)
-    except NothingToRead as exc:
-        print(f"otel-train report: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return _write_from_span_files("report", write_report, args)
 
 
 def _export(args: argparse.Namespace) -> int:
+    from otel_train.rundir.chrome_trace import export_chrome_trace
+
+    return _write_from_span_files("export", export_chrome_trace, args)
+
+
+def _write_from_span_files(command: str, write: Any, args: argparse.Namespace) -> int:
+    """Resolve the run (a run directory or the runs root), write, print the path; 1 when
+    there is nothing to read."""
     from pathlib import Path
 
-    from otel_train.rundir.chrome_trace import export_chrome_trace
     from otel_train.rundir.run_dirs import SPAN_FILES, NothingToRead, resolve_run_input
     from otel_train.rundir.span_files import span_files
 
-    run = resolve_run_input("export", Path(args.run_dir), span_files, SPAN_FILES)
+    run = resolve_run_input(command, Path(args.run_dir), span_files, SPAN_FILES)
     if run is None:
         return 1
     try:
-        path = export_chrome_trace(run.run_dir, out=args.output, allow_empty=False)
+        path = write(run.run_dir, out=args.output, allow_empty=False)
     except NothingToRead as exc:
-        print(f"otel-train export: {exc}", file=sys.stderr)
+        print(f"otel-train {command}: {exc}", file=sys.stderr)
         return 1
     print(path)
     return 0
