@@ -1,4 +1,5 @@
-"""The package's shape: imports point down the layers of docs/architecture.md, never in a circle.
+"""The package's shape: imports point down the layers of docs/architecture.md, never in a
+circle; modules, functions and classes stay small.
 
 The import graph is read from the source (AST), not by importing: an import inside a function
 counts as much as one at the top, and ``if TYPE_CHECKING:`` imports count too, since a type
@@ -195,3 +196,49 @@ def test_relative_and_function_level_imports_are_read() -> None:
     deps = {dep for dep, _ in _imports(name, modules[name], modules)}
     # cli/main.py imports the demo and the report inside its command functions.
     assert {"otel_train.cli.demo", "otel_train.rundir.report"} <= deps
+
+
+# Small rooms: a reader finds one role per module and each function on one screen.
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+MAX_BOOLEAN_STATE_FLAGS = 4
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = [f"{p.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} "
+            f"({node.end_lineno - node.lineno + 1} lines)"
+            for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def _boolean_flags(cls: ast.ClassDef) -> set[str]:
+    """Attributes a class sets to True or False on ``self``: its boolean state."""
+    return {target.attr for node in ast.walk(cls) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, bool)
+            for target in node.targets if isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name) and target.value.id == "self"}
+
+
+def test_no_class_keeps_more_than_a_handful_of_boolean_state_flags() -> None:
+    many = [f"{p.relative_to(PACKAGE.parent)} {node.name}: {sorted(flags)}"
+            for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.ClassDef)
+            and len(flags := _boolean_flags(node)) > MAX_BOOLEAN_STATE_FLAGS]
+    assert many == []
+
+
+def test_the_boolean_flag_count_reads_a_class_that_has_them() -> None:
+    source = ("class Client:\n    def __init__(self):\n        self.a = False\n"
+              "        self.b = True\n        self.n = 0\n    def close(self):\n"
+              "        self.a = True\n")
+    cls = ast.parse(source).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    assert _boolean_flags(cls) == {"a", "b"}
