@@ -152,3 +152,15 @@ class _SlowIterator:
         return owner.items[self._i - 1]
 
 
+def nested_step(rec: Any, index: int = 3, loader: str | None = "train") -> Any:
+    """A finished step of a bare recorder: forward > attention, then inference (monitoring)."""
+    from otel_train.recording.recorder import Step
+
+    step = Step(rec, index, loader)
+    with step.phase("forward"):
+        with step.phase("attention"):
+            pass
+    with step.monitor("inference"):
+        pass
+    step._finish(None)
+    return step

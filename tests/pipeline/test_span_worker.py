@@ -11,14 +11,14 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+from train_helpers import clean_env, nested_step  # noqa: F401  (clean_env: autouse)
 
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
 from otel_train.pipeline.user_spans import UserSpanRows
-from otel_train.recording.recorder import Recorder, Step
+from otel_train.recording.recorder import Recorder
 from otel_train.records.span_rows import record_span_count
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 from otel_train.records.steps_view import set_span_attribute
@@ -32,17 +32,6 @@ def _builder() -> StepRecordBuilder:
     return StepRecordBuilder(IDENT, Resource.create({"service.name": "worker-test"}),
                              InstrumentationScope("otel_train", "0.1.0"), False, "cpu",
                              lambda tid: True, epoch_offset_ns())
-
-
-def _step(rec: Recorder, index: int = 3) -> Step:
-    step = Step(rec, index, "train")
-    with step.phase("forward"):
-        with step.phase("attention"):
-            pass
-    with step.monitor("inference"):
-        pass
-    step._finish(None)
-    return step
 
 
 class Sink:
@@ -87,7 +76,7 @@ def test_a_drain_feeds_the_metrics_its_views_then_hands_the_marked_records_to_th
     drops = DropCounter()
     rec = Recorder(10, drops, None)
     for i in range(3):
-        _step(rec, index=i)
+        nested_step(rec, index=i)
     sink, views = Sink(), Views()
     worker = _worker(rec, sink, drops, metrics=views)
     assert worker.drain() == 3
@@ -105,7 +94,7 @@ def test_user_spans_that_ended_go_as_rows_with_the_drain():
     provider.add_span_processor(user_rows)
     with provider.get_tracer("user.code").start_as_current_span("attention-kernel"):
         pass
-    _step(rec)
+    nested_step(rec)
     sink = Sink()
     worker = _worker(rec, sink, drops, user_rows=user_rows)
     worker.drain()
@@ -141,7 +130,7 @@ def test_a_failing_sink_is_counted_and_warned_never_raised(caplog):
             raise RuntimeError("sink bug")
 
     for i in range(3):
-        _step(rec, index=i)
+        nested_step(rec, index=i)
     worker = _worker(rec, Boom(), drops)
     with caplog.at_level(logging.WARNING, logger="otel_train"):
         worker.drain()
@@ -152,8 +141,8 @@ def test_a_failing_sink_is_counted_and_warned_never_raised(caplog):
 def test_a_record_that_cannot_be_built_is_counted_not_raised(caplog):
     drops = DropCounter()
     rec = Recorder(10, drops, None)
-    _step(rec, index=0)
-    bad = _step(rec, index=1)
+    nested_step(rec, index=0)
+    bad = nested_step(rec, index=1)
     sink = Sink()
     worker = _worker(rec, sink, drops)
     bad.span_ids = "not a dict"  # makes building fail
@@ -170,7 +159,7 @@ def test_the_background_thread_drains_the_queue():
     worker = _worker(rec, sink, drops)
     worker.start()
     try:
-        _step(rec)
+        nested_step(rec)
         tick = threading.Event()
         for _ in range(200):
             if sink.spans == 4:
@@ -186,7 +175,7 @@ def test_stop_counts_what_could_not_be_built_in_time():
     drops = DropCounter()
     rec = Recorder(10, drops, None)
     for i in range(3):
-        _step(rec, index=i)
+        nested_step(rec, index=i)
     worker = _worker(rec, Sink(), drops)  # never started: stop drains inline
     worker.stop(0.0)
     assert drops.counts() == {"shutdown_timeout": 12}
@@ -201,7 +190,7 @@ def test_stop_builds_what_is_queued_when_there_is_time():
     worker.start()
     worker.paused = True
     for i in range(3):
-        _step(rec, index=i)
+        nested_step(rec, index=i)
     worker.stop(2.0)
     assert sink.spans == 12
     assert drops.total == 0
@@ -224,7 +213,7 @@ class _RacyQueue(deque):
 def test_drain_survives_a_concurrent_drain_emptying_the_queue():
     drops = DropCounter()
     rec = Recorder(10, drops, None)
-    _step(rec)
+    nested_step(rec)
     racy = _RacyQueue(rec.queue)
     racy.armed = True
     rec.queue = racy

@@ -13,7 +13,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
-from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+from train_helpers import clean_env, nested_step  # noqa: F401  (clean_env: autouse)
 
 from otel_train.records.attribute_values import DEFAULT_VALUE_LENGTH, MAX_SEQUENCE_ITEMS
 from otel_train.common.drop_counter import DropCounter
@@ -39,20 +39,9 @@ def _spans(builder: StepRecordBuilder, record) -> list[ReadableSpan]:
     return builder.factory.spans(rows_from_record(builder.record(record)))
 
 
-def _step(rec: Recorder, index: int = 3, loader: str | None = "train") -> Step:
-    step = Step(rec, index, loader)
-    with step.phase("forward"):
-        with step.phase("attention"):
-            pass
-    with step.monitor("inference"):
-        pass
-    step._finish(None)
-    return step
-
-
 def test_a_step_becomes_a_root_and_one_child_per_phase_children_first():
     rec = Recorder(10, DropCounter(), None)
-    spans = _spans(_builder(), _step(rec))
+    spans = _spans(_builder(), nested_step(rec))
     assert [s.name for s in spans] == ["attention", "forward", "inference", "train.step"]
     root = spans[-1]
     assert root.parent is None
@@ -68,7 +57,7 @@ def test_a_step_becomes_a_root_and_one_child_per_phase_children_first():
 
 def test_spans_carry_the_contract_attributes():
     rec = Recorder(10, DropCounter(), None)
-    spans = {s.name: s for s in _spans(_builder(synced=True), _step(rec))}
+    spans = {s.name: s for s in _spans(_builder(synced=True), nested_step(rec))}
     root = spans["train.step"]
     assert root.attributes["train.run.id"] == "run-s"
     assert root.attributes["train.step"] == 3
@@ -86,7 +75,7 @@ def test_spans_carry_the_contract_attributes():
 
 def test_span_times_are_the_recorded_times_on_the_epoch_clock():
     rec = Recorder(10, DropCounter(), None)
-    step = _step(rec)
+    step = nested_step(rec)
     off = epoch_offset_ns()
     builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, off)
     root = _spans(builder, step)[-1]
@@ -96,7 +85,7 @@ def test_span_times_are_the_recorded_times_on_the_epoch_clock():
 
 def test_unsampled_steps_get_unsampled_span_contexts():
     rec = Recorder(10, DropCounter(), None)
-    spans = _spans(_builder(sampled=False), _step(rec))
+    spans = _spans(_builder(sampled=False), nested_step(rec))
     assert not any(s.context.trace_flags.sampled for s in spans)
 
 
@@ -140,7 +129,7 @@ def test_nested_failed_and_open_phases_are_left_to_the_decoder():
     import otel_train.records.step_records as sb
 
     rec = Recorder(10, DropCounter(), None)
-    nested = _step(rec)  # forward > attention
+    nested = nested_step(rec)  # forward > attention
     step = Step(rec, 0, None)
     with pytest.raises(ValueError):
         with step.phase("forward"):
