@@ -47,6 +47,7 @@ from typing import Any
 
 from otel_train.derived.overhead import OverheadSnapshot, OverheadSpanProcessor
 from otel_train.common.rate_limited_log import RateLimitedLogger
+from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
 _log = logging.getLogger("otel_train")
@@ -305,7 +306,7 @@ class BudgetSpanProcessor(StepViewProcessor):
         slow_operation_seconds: float = 30.0,
         min_steps: int = 10,
         warn_interval_seconds: float = 300.0,
-        logger: logging.Logger | None = None,
+        logger: logging.Logger | StepOrderedLog | None = None,
         world_size: int = 1,
     ) -> None:
         super().__init__()
@@ -321,14 +322,19 @@ class BudgetSpanProcessor(StepViewProcessor):
         self.slow_operation_seconds = slow_operation_seconds
         self._min_steps = min_steps
         self._unchecked = 0  # steps without monitoring since the status was checked
-        self._warn = RateLimitedLogger(logger or _log, warn_interval_seconds)
-        self._op_warn = RateLimitedLogger(logger or _log, 60.0)
+        log = logger or _log
+        self._warn = RateLimitedLogger(log, warn_interval_seconds)  # type: ignore[arg-type]
+        self._op_warn = RateLimitedLogger(log, 60.0)  # type: ignore[arg-type]
+        # A StepOrderedLog (the console is on) is told which step each warning is about.
+        self._log_at = getattr(log, "at", None)
         self._worst_warned = STATUS_OK
         self.slow_operations: dict[str, int] = {}  # operation -> calls over the threshold
         self.warnings_logged = 0
 
     def on_step(self, view: StepView) -> None:
         """Check the operations of this step, then the status."""
+        if self._log_at is not None:
+            self._log_at(view.step)
         if view.operations:
             self._check_operations(view)
             # Monitoring that is a material share of its step can move the status alone:
@@ -345,6 +351,8 @@ class BudgetSpanProcessor(StepViewProcessor):
 
     def on_operation(self, view: StepView) -> None:
         """Check a monitoring operation done between steps."""
+        if self._log_at is not None:
+            self._log_at(view.step)
         self._check_operations(view)
         self._check_status()
 

@@ -38,6 +38,7 @@ from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.derived.sampling import StepTailSampler, resolve_sample_ratio
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
+from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import view_from_record
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 
@@ -87,12 +88,16 @@ class StepChain:
                  console_stream: TextIO | None = None) -> None:
         s = settings
         window, warmup, world = s["window"], s["warmup"], s["world_size"]
+        # With the console on, the slow-step and budget warnings wait for the console's
+        # lines of their step (step_ordered_log.py): one stream, in step order.
+        ordered = StepOrderedLog(logging.getLogger("otel_train")) if s["console"] else None
         self.slow = SlowStepSpanProcessor(s["slow_step_factor"], s["slow_step_seconds"], window,
                                           warmup_steps=warmup, world_size=world,
-                                          explain=s["console"])
+                                          explain=s["console"], logger=ordered)
         self.overhead = OverheadSpanProcessor(window, self_cost, warmup_steps=warmup)
         self.budget = BudgetSpanProcessor(self.overhead, s["budget"], s["critical"],
-                                          s["slow_operation_seconds"], world_size=world)
+                                          s["slow_operation_seconds"], world_size=world,
+                                          logger=ordered)
         # ``progress`` (the watchdog) and ``drops`` are set by the stage that serves it.
         self.metrics = PrometheusMetricsSpanProcessor(
             s["rank"], s["budget"], self.overhead, critical=s["critical"],
@@ -108,7 +113,7 @@ class StepChain:
                 s["log_every"], self.overhead, self.budget, stream=console_stream,
                 breakdown_min_share=s["console_breakdown_min_share"],
                 eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
-                min_interval_seconds=s["console_min_interval_seconds"])
+                min_interval_seconds=s["console_min_interval_seconds"], ordered_log=ordered)
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).

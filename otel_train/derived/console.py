@@ -47,6 +47,7 @@ from otel_train.common import attributes as A
 from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
 from otel_train.derived.overhead import OverheadSpanProcessor
+from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -101,6 +102,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         warmup_steps: int = 5,
         world_size: int = 1,
         min_interval_seconds: float = 1.0,
+        ordered_log: StepOrderedLog | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(log_every, int) or log_every < 1:
@@ -127,6 +129,8 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self._stream = stream
         self.red_flags = dict(DEFAULT_RED_FLAGS if red_flags is None else red_flags)
         self.lines_written = 0
+        # The slow-step and budget warnings, released once this step's lines are written.
+        self._ordered_log = ordered_log
 
     def on_step(self, view: StepView) -> None:
         """Full breakdown when monitoring is material; a fast line every ``log_every`` steps."""
@@ -142,17 +146,25 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
             # loop gets one routine line per interval, not one per log_every steps.
             self._next_fast_ns = view.end_ns + self._min_interval_ns
             self._write(self.format_fast(view), view)
+        if self._ordered_log is not None:
+            self._ordered_log.release(view.step)
 
     def on_operation(self, view: StepView) -> None:
         """Monitoring between steps: one line with its cost, when material."""
         self._warmup = False
         self._note_first_calls(view)
-        if not (view.name in self.eval_operations or self._first_calls
+        if (view.name in self.eval_operations or self._first_calls
                 or view.duration_ns >= self.breakdown_min_share * self._last_step_ns):
-            return
-        first = " (first call)" if self._first_calls else ""
-        self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
-                    f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
+            first = " (first call)" if self._first_calls else ""
+            self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
+                        f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
+        if self._ordered_log is not None:
+            self._ordered_log.release(view.step)
+
+    def shutdown(self) -> None:
+        """Warnings still held (none normally: each step releases its own) are logged."""
+        if self._ordered_log is not None:
+            self._ordered_log.release()
 
     def is_material(self, view: StepView) -> bool:
         """Monitoring worth a full breakdown: a big enough share, or an eval operation."""

@@ -49,6 +49,7 @@ from collections import deque
 from typing import Any
 
 from otel_train.common import attributes as A
+from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -128,7 +129,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         mad_multiplier: float = 6.0,
         max_explanations: int = 5,
         explain_window_steps: int = 100,
-        logger: logging.Logger | None = None,
+        logger: logging.Logger | StepOrderedLog | None = None,
         world_size: int = 1,
         min_excess_seconds: float = MIN_SLOW_STEP_EXCESS_SECONDS,
         explain: bool = True,
@@ -158,6 +159,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self._explain_window = explain_window_steps
         self._explained: deque[int] = deque()  # ordinals of the steps explained lately
         self._log = logger or _log
+        # A StepOrderedLog (the console is on) is told which step each warning is about.
+        self._log_at = getattr(self._log, "at", None)
         self.world_size = world_size
         self.explain = explain  # False (console off): summary lines only
         self.steps_seen = 0
@@ -197,6 +200,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
         set_span_attribute(view.span, A.SLOW, True)
         if self.slowest is None or train_ns > self.slowest[2]:
             self.slowest = [view.step, view.rank, train_ns, median or 0.0]
+        if self._log_at is not None:
+            self._log_at(view.step)
         if self.explain:
             self._explain(view, train_ns, median, ordinal)
         else:

@@ -112,8 +112,12 @@ class DerivedMetricsStage:
         if it dies, feeds this chain from where its last state left it (``feed_records``).
         """
         self.remote = client
+        # Until the child is ready, this process feeds the chain (the console's first lines
+        # on time), except with tail sampling: the child decides on every step, as its
+        # counts of what it left out must match what it was sent.
         client.derive_metrics(self.settings, self.self_cost, on_state=self.load_state,
-                              feed=self.feed_records)
+                              feed=self.feed_records,
+                              take_state=self.export_state if self.sampler is None else None)
         self.gpu_steps.forward = client.send_gpu_round
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -121,6 +125,11 @@ class DerivedMetricsStage:
         with self.shared.lock:
             self.chain.load_state(state)
             self.state_loads += 1
+
+    def export_state(self) -> dict[str, Any]:
+        """This chain's state (for the exporter process, when this one fed it first)."""
+        with self.shared.lock:
+            return self.chain.export_state()
 
     def feed_records(self, recs: Sequence[tuple[Any, ...]]) -> None:
         """Span records the exporter process will never see: through this chain."""

@@ -69,7 +69,12 @@ from otel_train.pipeline.plan import (
     process_failed,
 )
 from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
-from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
+from otel_train.pipeline.span_worker import (
+    CONSOLE_MAX_DRAIN_DELAY_SECONDS,
+    MAX_DRAIN_DELAY_SECONDS,
+    RowRoute,
+    SpanBuildWorker,
+)
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.device import DeviceTiming
 from otel_train.recording.recorder import Recorder
@@ -238,7 +243,11 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     route = _row_route(plan, derived, export, provider, builder, drops)
     sdk_provider = (_user_span_provider(resource, sampler, plan, route, export, derived)
                     if mode == MODE_OURS else None)
+    # With the console on, a step's lines are at most ~0.2 s behind it (drain, frame, print):
+    # read next to the script's own output, a console line is only useful on time.
+    delay = CONSOLE_MAX_DRAIN_DELAY_SECONDS if options.console else MAX_DRAIN_DELAY_SECONDS
     worker = SpanBuildWorker(recorder, builder, route, drops, self_cost,
+                             max_drain_delay_seconds=delay,
                              export=export if isinstance(export, ExportProcessClient) else None)
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,

@@ -5,6 +5,7 @@ feeds the metrics, and when it takes over from a dead one)."""
 from __future__ import annotations
 
 import io
+import logging
 import marshal
 from typing import Any
 
@@ -111,3 +112,41 @@ def test_settings_follow_the_options() -> None:
     assert chain.slow.factor == 4.0 and chain.budget.budget == 0.02
     assert chain.console is None
     assert "console" not in chain.export_state()
+
+
+def test_with_the_console_on_each_warning_comes_after_its_steps_line_and_before_later_ones(
+        ) -> None:
+    """Processors take a frame one after another: the slow-step and budget warnings are held
+    until the console has written their step's line, so one stream reads in step order."""
+    chain, shared, stream = _chain()
+    said: list[str] = []
+
+    class Beside(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            # the console's lines so far, then this record: the order a terminal shows
+            said.extend(line for line in stream.getvalue().splitlines()[len(_lines(said)):])
+            said.append("WARN " + record.getMessage().splitlines()[0])
+
+    handler = Beside()
+    log = logging.getLogger("otel_train")
+    log.addHandler(handler)
+    try:
+        spans = [s for i in range(40)
+                 for s in train_step(i, step_ms=900.0 if i == 23 else 100.0 + i % 3)]
+        feed(shared, spans)  # one frame: the chain sees steps 0..39 at once
+        chain.console.shutdown() if chain.console is not None else None
+    finally:
+        log.removeHandler(handler)
+    said.extend(stream.getvalue().splitlines()[len(_lines(said)):])
+    warn = next(i for i, s in enumerate(said) if s.startswith("WARN") and "slow step 23" in s)
+    step_lines = [(i, int(s.split("step ")[1].split()[0].rstrip(":")))
+                  for i, s in enumerate(said) if s.startswith("⏱️  step ")]
+    assert any(n == 23 for _, n in step_lines)
+    assert all(i < warn for i, n in step_lines if n <= 23)
+    assert all(i > warn for i, n in step_lines if n > 23)
+    assert [n for _, n in step_lines] == sorted(n for _, n in step_lines)
+
+
+def _lines(said: list[str]) -> list[str]:
+    """The console lines among what was said (every entry not a warning)."""
+    return [s for s in said if not s.startswith("WARN")]

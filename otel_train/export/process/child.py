@@ -187,17 +187,28 @@ class _Child:
         self.send((kind, *now), block)
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
-              parent_cost_ns: int) -> None:
-        """One frame: the steps' records through the chain (if here), then exported with
-        the user spans' rows (unsampled records feed the metrics only)."""
+              parent_cost_ns: int, fed: bool = False) -> None:
+        """One frame: the steps' records through the chain (if here; not when the training
+        process ``fed`` them, before this process was ready), then exported with the user
+        spans' rows (unsampled records feed the metrics only)."""
         if self.shared is not None and (recs or rows):
             self.parent_cost.total_ns = parent_cost_ns
             with self.shared.lock:
-                self._feed_records(self.shared, recs, self.rank)  # marks train.slow first
+                if not fed:
+                    self._feed_records(self.shared, recs, self.rank)  # marks train.slow first
+                    self._version += 1
                 if self.sampler is not None:  # then the tail decision, on the marked steps
                     recs, rows = self.sampler.filter_frame(recs, rows)
-                self._version += 1
         self.export.on_records(recs, rows)
+
+    def take_chain_state(self, state: dict[str, Any]) -> None:
+        """The training process fed the chain until this process was ready: go on from its
+        state (the tail sampler's own, which decided on those frames here, is kept)."""
+        if self.shared is None:
+            return
+        with self.shared.lock:
+            self.chain.load_state({k: v for k, v in state.items() if k != "sampler"})
+            self._version += 1
 
     def stop(self, timeout_seconds: float) -> None:
         """Export what is queued within ``timeout_seconds``, report the final counts."""
@@ -216,7 +227,9 @@ class _Child:
         """One frame from the training process; False once it said stop."""
         kind = msg[0]
         if kind == "spans":
-            self.spans(msg[1], msg[2], msg[3])
+            self.spans(msg[1], msg[2], msg[3], len(msg) > 4 and msg[4])
+        elif kind == "chain_state":
+            self.take_chain_state(msg[1])
         elif kind == "flush":
             self.send_state()
             ok = self.export.force_flush(int(msg[2] * 1000))

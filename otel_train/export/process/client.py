@@ -96,6 +96,7 @@ class ExportProcessClient(SpanProcessor):
         self._rec_spans = 0
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
         self._next_read = 0.0  # monotonic: when tick() reads the child's reports next
+        self._console_here = False  # the child prints the console report (derive_metrics)
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
         self._metrics = DerivedMetricsLink(self._warn)
@@ -143,16 +144,21 @@ class ExportProcessClient(SpanProcessor):
 
     # -- the derived metrics in the exporter process ---------------------------------------
     def derive_metrics(self, settings: dict[str, Any], self_cost: Any, on_state: Any,
-                       feed: Any) -> None:
+                       feed: Any, take_state: Any = None) -> None:
         """Run the derived-metrics chain (derived/chain.py) in the exporter process.
 
         From here on every span record sent also feeds the child's chain; its state comes
         back to ``on_state`` once a second and before every flush, sync and stop.
         Should the child die, ``feed`` takes the records it will never see, so the chain
-        in this process goes on from the last state.
+        in this process goes on from the last state. With ``take_state``, records sent
+        before the child is ready go through ``feed`` too, and the child gets
+        ``take_state()`` once it is (the console prints on time from the first step).
         """
+        # The console's lines come back up the pipe: read them at every tick of the span
+        # worker (50 ms), not with the counts (every 0.25 s), so they print on time.
+        self._console_here = bool(settings.get("console"))
         with self._io_lock:
-            self._metrics.attach(self_cost, on_state, feed)
+            self._metrics.attach(self_cost, on_state, feed, take_state)
             if self._lifecycle.child_expected:
                 self._outbox.queue(marshal.dumps(("derive", settings)), 0)
             elif self._lifecycle.state is _TAKEN_OVER:
@@ -223,15 +229,22 @@ class ExportProcessClient(SpanProcessor):
             recs, user_spans, spans = self._recs, self._user_spans, self._rec_spans
             self._recs, self._user_spans, self._rec_spans = [], [], 0
         rows = self._rows_of(user_spans)
-        if self._metrics.fed_here and recs:
-            self._metrics.feed_here(recs)
+        link = self._metrics
+        if link.fed_here and recs:
+            link.feed_here(recs)
         with self._io_lock:
             if lifecycle.state is _TAKEN_OVER:
                 self._fallback.send(recs, rows)
                 return
+            # Until the child is ready, this process feeds the chain (the console's first
+            # lines print on time, not when the child is up); the child takes these frames
+            # for export only and gets the chain's state once it is ready (``_read``).
+            fed = bool(recs) and lifecycle.state is _STARTING and link.feeds_until_ready
+            if fed:
+                link.feed_here(recs)
             if recs or rows:
                 self._outbox.queue(marshal.dumps(
-                    ("spans", recs, rows, self._metrics.self_cost_ns())), spans + len(rows))
+                    ("spans", recs, rows, link.self_cost_ns(), fed)), spans + len(rows))
             self._write()
             self._read()
             if lifecycle.child_expected and self._process.exited():
@@ -244,6 +257,9 @@ class ExportProcessClient(SpanProcessor):
         if self._user_spans or self._outbox.frames or now >= self._next_read:
             self._next_read = now + STATS_INTERVAL_SECONDS
             self.end_drain()
+        elif self._console_here and self._lifecycle.state in _CHILD_READS:
+            with self._io_lock:
+                self._read()
 
     def _rows_of(self, user_spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
         """User spans as rows; one that cannot be made a row is counted (``build_error``)."""
@@ -267,8 +283,13 @@ class ExportProcessClient(SpanProcessor):
         return self._outbox.write_to(self._process.cmd_fd)
 
     def _read(self) -> None:
-        """Apply the child's reports readable now."""
+        """Apply the child's reports readable now; once the child is ready, hand it the
+        chain's state this process reached (before any frame it is to feed itself)."""
         self._reports.take(self._process.reader.read_available())
+        if self._lifecycle.state is _READY:
+            state = self._metrics.hand_over()
+            if state is not None:
+                self._outbox.queue(marshal.dumps(("chain_state", state)), 0)
 
     def _wait(self, deadline: float, done: Callable[[], bool]) -> bool:
         """Write and read until ``done()`` or the deadline, never past it; False if the

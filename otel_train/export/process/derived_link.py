@@ -1,15 +1,19 @@
 """Where the derived metrics are fed when the exporter process runs them (derived/chain.py).
 
 The child feeds its own chain from the records it is sent and sends the chain's state back;
-this process loads that state into its copy. Should the child be unable to run the chain,
+this process loads that state into its copy. Until the child is ready (its interpreter and
+imports take ~0.5 s), this process feeds its copy itself, so the console's first lines print
+on time; the child then gets that state and goes on from it. Should the child be unable to run the chain,
 or die, this process feeds its copy itself from then on (``fed_here``), going on from the
 last state it loaded.
 
 Usage::
 
     link = DerivedMetricsLink()
-    link.attach(self_cost, on_state, feed)    # derive_metrics()
-    link.load_state(state)                    # a "derived" report from the child
+    link.attach(self_cost, on_state, feed, take_state)    # derive_metrics()
+    link.feed_here(recs)      # before the child is ready: the console prints on time
+    state = link.hand_over()  # once it is ready: the child goes on from there
+    link.load_state(state)    # a "derived" report from the child
     if link.fed_here: link.feed_here(recs)    # the records the child will never see
 """
 
@@ -32,11 +36,33 @@ class DerivedMetricsLink:
         # Not lifecycle but routing: this process feeds the chain (the child could not run
         # it, or export was taken over).
         self.fed_here = False
+        self.take_state: Callable[[], Any] | None = None
+        self._fed_before_ready = False  # fed here before the child was ready: hand over
 
     def attach(self, self_cost: Any, on_state: Callable[[Any], None],
-               feed: Callable[[list[tuple[Any, ...]]], None]) -> None:
-        """The chain is handed to the exporter process from now on."""
+               feed: Callable[[list[tuple[Any, ...]]], None],
+               take_state: Callable[[], Any] | None = None) -> None:
+        """The chain is handed to the exporter process from now on; with ``take_state``
+        this process feeds it until the child is ready, then hands the state over."""
         self.self_cost, self.on_state, self.feed = self_cost, on_state, feed
+        self.take_state = take_state
+
+    @property
+    def feeds_until_ready(self) -> bool:
+        """Records sent before the child is ready go through this process's chain."""
+        return self.take_state is not None and self.feed is not None and not self.fed_here
+
+    def hand_over(self) -> Any:
+        """The chain's state for the child, once, if this process fed it (else None)."""
+        if not self._fed_before_ready or self.take_state is None:
+            return None
+        self._fed_before_ready = False
+        try:
+            return self.take_state()
+        except Exception as exc:
+            self._warn.warning("state", "otel-train: could not hand the metrics state to "
+                               "the exporter process: %r", exc)
+            return None
 
     @property
     def attached(self) -> bool:
@@ -61,6 +87,7 @@ class DerivedMetricsLink:
         """Feed records to this process's chain, which goes on from the last state."""
         if self.feed is None:
             return
+        self._fed_before_ready = not self.fed_here  # the child needs this state
         try:
             self.feed(recs)
         except Exception as exc:

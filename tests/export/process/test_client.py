@@ -14,11 +14,12 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
 from otlp_receivers import GrpcOtlpReceiver
-from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
+from train_helpers import clean_env, read_file_spans, run_spans, start_test_run  # noqa: F401
 
 import otel_train
 from otel_train.common.drop_counter import DropCounter
@@ -51,6 +52,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def _wait_ready(client: Any, seconds: float = 30.0) -> None:
+    from otel_train.export.process.client import ClientState
+
+    end = time.monotonic() + seconds
+    while client.state is ClientState.STARTING and time.monotonic() < end:
+        client.tick()
+        time.sleep(0.02)
+    assert client.state is ClientState.READY
 
 
 def _wait_gone(pid: int, seconds: float) -> bool:
@@ -441,6 +452,7 @@ def test_the_derived_metrics_run_in_the_exporter_process_and_this_process_serves
     run = start_test_run(tmp_path, prometheus_port=0)
     derived = run._telemetry.derived
     assert derived.remote is run._telemetry.export
+    _wait_ready(run._telemetry.export)  # before it is, this process feeds the chain itself
     _train(run, 50)
     costs = run.costs()  # no flush: costs() waits for the child's state after those steps
     assert costs["steps"] == 50
@@ -524,6 +536,7 @@ def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
                          sample_keep_first_steps=2)
     derived = run._telemetry.derived
     assert derived.remote is run._telemetry.export  # the chain and the sampler: there
+    _wait_ready(run._telemetry.export)  # before it is, this process feeds the chain itself
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
         with step.phase("forward"), tracer.start_as_current_span("user-work") as span:
@@ -704,3 +717,42 @@ def test_a_forked_copy_of_the_client_is_forked_and_inert_and_the_parent_exports(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FORK-EXIT 0" in proc.stdout and "PARENT CLOSED" in proc.stdout, proc.stdout
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 3 * 3
+
+
+@pytest.mark.parametrize("sample_ratio", [None, 0.0], ids=["every-step", "sampled"])
+def test_steps_before_the_child_is_ready_feed_this_process_and_the_child_goes_on_from_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_ratio: float | None) -> None:
+    """The child's interpreter takes a while to start: the console and the metrics of the
+    first steps do not wait for it; each step is counted once, on either side. A sampled
+    run leaves every step to the child (its sampler's counts must match what it was sent)."""
+    from otel_train.export.process import launch
+    from otel_train.export.process.client import ClientState
+
+    monkeypatch.setattr(launch, "_BOOT", "import time; time.sleep(1.5); " + launch._BOOT)
+    run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=sample_ratio,
+                         sample_keep_first_steps=2)
+    client, derived = run._telemetry.export, run._telemetry.derived
+    _train(run, 20)
+    run._telemetry.worker.drain()  # the child is not up: this process feeds the chain
+    assert client.state is ClientState.STARTING
+    fed_here = 20 if sample_ratio is None else 0
+    assert derived.shared.assembler.views == fed_here
+    assert derived.costs()["steps"] == fed_here
+    _wait_ready(client)
+    _train(run, 30, start=20)
+    costs = run.costs()  # the child's state: it went on from the steps fed here
+    assert costs["steps"] == 50
+    assert costs["operations"]["val_loss"]["calls"] == 10
+    assert derived.shared.assembler.views == fed_here  # the rest were the child's
+    metrics = _scrape(run.prometheus_url)
+    assert metrics['otel_train_steps_total{rank="0"}'] == 50
+    run.shutdown(timeout=10)
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["steps"] == 50
+    # every step exported once, the slow-step marks of the early ones made here included
+    roots = sorted(s.attributes["train.step"] for s in run_spans(run) if s.name == "train.step")
+    if sample_ratio is None:
+        assert roots == list(range(50))
+    else:  # the first two kept, most of the rest left out (a us step may look slow)
+        assert roots[:2] == [0, 1] and len(roots) < 25
+        assert metrics['otel_train_spans_sampled_out_total{rank="0"}'] > 0
