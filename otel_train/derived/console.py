@@ -270,7 +270,10 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
             text = "\n".join(prefix + line for line in text.split("\n"))
         stream = self._stream if self._stream is not None else sys.stderr
         try:
-            print(text, file=stream, flush=True)
+            # One write with its newline: print() writes the newline apart, and another
+            # thread's print (the script's own) could land between the two.
+            stream.write(text + "\n")
+            stream.flush()
             self.lines_written += 1
         except Exception:  # a closed stream must not break the pipeline
             pass
