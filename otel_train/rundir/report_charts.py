@@ -136,7 +136,9 @@ def step_time_figure(buckets: list[Bucket], bucket_width: int, warmup_step_count
     """Step time as stacked phases, clipped above 1.5x its 95th percentile, warm-up shaded."""
     x = [b.first for b in buckets]
     totals = [b.seconds / b.steps for b in buckets]
-    unit, scale = time_unit(max(totals))
+    top = CLIP_FACTOR * _percentile(totals, _CLIP_PERCENTILE)
+    clip = max(totals) > top > 0
+    unit, scale = time_unit(top if clip else max(totals))  # the unit of the axis shown
     keys: list[tuple[str, str]] = []
     for b in buckets:
         keys.extend(k for k in b.phase_seconds if k not in keys)
@@ -155,16 +157,16 @@ def step_time_figure(buckets: list[Bucket], bucket_width: int, warmup_step_count
                    "hovertemplate": f"step %{{x}}: %{{y:.3f}} {unit}"})
     yaxis: dict[str, Any] = {"title": {"text": f"{unit} per step (mean over ranks)"},
                              "rangemode": "tozero"}
-    top = CLIP_FACTOR * _percentile(totals, _CLIP_PERCENTILE)
-    if max(totals) > top > 0:
+    if clip:
         yaxis["range"] = [0, top * scale * 1.06]
         traces += _clip_markers(buckets, totals, top, scale)
     shapes, notes = _warmup_shape(x[0], warmup_step_count)
     title = "step" if bucket_width == 1 else f"step ({bucket_width} per bar)"
     return drop_empty_traces({"data": traces, "layout": {
-        "barmode": "stack", "bargap": 0, "height": 420, "shapes": shapes, "annotations": notes,
+        "barmode": "stack", "bargap": 0, "height": 450, "shapes": shapes, "annotations": notes,
         "xaxis": {"title": {"text": title}}, "yaxis": yaxis,
-        "legend": {"orientation": "h", "y": -0.22}}})
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 120},
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}}})
 
 
 def _clip_markers(buckets: list[Bucket], totals: list[float], top: float,

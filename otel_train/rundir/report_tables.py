@@ -96,7 +96,7 @@ def costs_section(data: RunData) -> str:
     for c in data.costs:
         rank = html.escape(str(c.get("rank", "?")))
         status = html.escape(costs_verdict(c).status)
-        out.append(f"<h3>{html.escape(c['_file'])} (rank {rank}, {c.get('steps', 0)} steps)"
+        out.append(f"<h3>{html.escape(c['_file'])} (rank {rank}), over {c.get('steps', 0)} steps"
                    f"</h3><p class='verdict status-{status}'>monitoring "
                    f"{html.escape(verdict_text(c))}</p>")
         rows: list[list[Cell]] = []
