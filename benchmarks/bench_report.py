@@ -229,7 +229,7 @@ def main() -> None:
         bytes_per_step()
         encoding_cost()
     base_rss = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json, resource, otel_train.rundir.report, plotly.io; "
+        [sys.executable, "-c", "import json, resource, otel_train.rundir.report; "
          "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))"],
         capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout)

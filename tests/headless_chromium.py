@@ -1,13 +1,16 @@
 """A real headless Chromium (Debian's ``chromium``) driven through the DevTools protocol.
 
 Opens a page with no network access beyond the file itself, collects every console error
-and uncaught exception, evaluates JavaScript in the page, and takes screenshots.
+and uncaught exception, evaluates JavaScript in the page, and takes screenshots: of the page,
+or of one plotly chart's plot area, decoded (:func:`decode_png`, no imaging package) so a
+test can count what a chart drew (:meth:`Page.drawn_pixels`).
 
 Usage::
 
     with HeadlessChromium() as browser:
         page = browser.open(Path("report.html"))
         page.evaluate("document.title"), page.errors, page.screenshot(Path("shot.png"))
+        page.drawn_pixels("fig-step-time")     # > 0: the chart drew its data
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +124,26 @@ class Page:
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
+    def screenshot_png(self, clip: dict[str, float], scale: float = 0.5) -> bytes:
+        """PNG bytes of a page region (CSS pixels from the top of the document)."""
+        shot = self.send("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True, "clip": {**clip, "scale": scale}})
+        return base64.b64decode(shot["data"])
+
+    def drawn_pixels(self, div_id: str, scale: float = 0.5) -> int:
+        """Pixels of a plotly chart's plot area that its data series drew.
+
+        Two screenshots of the plot area, with the series shown and with them hidden (axis
+        ranges frozen; reference lines, ``meta: 'reference'``, stay): the pixels that differ
+        are the data's. An empty chart, or one whose series drew nothing, gives 0.
+        """
+        clip = self.evaluate(_PLOT_AREA_JS % json.dumps(div_id))
+        shown = decode_png(self.screenshot_png(clip, scale))
+        self.evaluate(_HIDE_DATA_JS % json.dumps(div_id))
+        hidden = decode_png(self.screenshot_png(clip, scale))
+        self.evaluate(f"Plotly.restyle({json.dumps(div_id)}, {{visible: true}}).then(() => true)")
+        return changed_pixels(shown, hidden)
+
     def close(self) -> None:
         """Close the websocket."""
         try:
@@ -178,3 +202,89 @@ class HeadlessChromium:
                 self._proc.kill()
                 self._proc.wait(5)
         shutil.rmtree(self._profile, ignore_errors=True)
+
+
+# The plot area (inside the axes) of a plotly chart, in document coordinates.
+_PLOT_AREA_JS = """(() => {
+  const gd = document.getElementById(%s);
+  gd.scrollIntoView();
+  const r = gd.getBoundingClientRect(), size = gd._fullLayout._size;
+  return {x: r.left + window.scrollX + size.l, y: r.top + window.scrollY + size.t,
+          width: size.w, height: size.h};
+})()"""
+
+# Freezes every axis at its range, then hides the data series (the legend keeps its size).
+_HIDE_DATA_JS = """(async () => {
+  const gd = document.getElementById(%s);
+  const frozen = {};
+  Object.keys(gd._fullLayout).filter(k => /^[xy]axis[0-9]*$/.test(k)).forEach(k => {
+    frozen[k + '.range'] = gd._fullLayout[k].range.slice();
+    frozen[k + '.autorange'] = false;
+  });
+  await Plotly.relayout(gd, frozen);
+  const data = gd.data.map((t, i) => t.meta === 'reference' ? -1 : i).filter(i => i >= 0);
+  await Plotly.restyle(gd, {visible: 'legendonly'}, data);
+  await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+  return data.length;
+})()"""
+
+
+def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
+    """(width, height, bytes per pixel, pixels) of an 8-bit RGB/RGBA PNG, not interlaced."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    pos, idat = 8, []
+    width = height = bpp = 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            width, height = int.from_bytes(body[:4], "big"), int.from_bytes(body[4:8], "big")
+            if body[8] != 8 or body[9] not in (2, 6) or body[12] != 0:
+                raise ValueError("only 8-bit RGB/RGBA, non-interlaced PNGs")
+            bpp = 3 if body[9] == 2 else 4
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+    raw, stride = zlib.decompress(b"".join(idat)), width * bpp
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        line = bytearray(raw[start + 1:start + 1 + stride])
+        _unfilter(raw[start], line, prev, bpp)
+        out += line
+        prev = line
+    return width, height, bpp, bytes(out)
+
+
+def _unfilter(kind: int, line: bytearray, prev: bytearray, bpp: int) -> None:
+    """Undo one scanline's PNG filter in place."""
+    if kind == 1:
+        for x in range(bpp, len(line)):
+            line[x] = (line[x] + line[x - bpp]) & 255
+    elif kind == 2:
+        line[:] = bytes((a + b) & 255 for a, b in zip(line, prev))
+    elif kind == 3:
+        for x in range(len(line)):
+            left = line[x - bpp] if x >= bpp else 0
+            line[x] = (line[x] + ((left + prev[x]) >> 1)) & 255
+    elif kind == 4:
+        for x in range(len(line)):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            line[x] = (line[x] + pred) & 255
+
+
+def changed_pixels(a: tuple[int, int, int, bytes], b: tuple[int, int, int, bytes],
+                   tolerance: int = 16) -> int:
+    """Pixels whose colour differs by more than ``tolerance`` in a channel (same size)."""
+    (w, h, bpp, pa), (w2, h2, bpp2, pb) = a, b
+    if (w, h, bpp) != (w2, h2, bpp2):
+        raise ValueError(f"different sizes: {w}x{h} and {w2}x{h2}")
+    return sum(1 for i in range(0, len(pa), bpp)
+               if any(abs(pa[i + c] - pb[i + c]) > tolerance for c in range(3)))

@@ -180,7 +180,7 @@ def _evaluate(run: Any, step: Any, model: Any, chars: list[str], val: Any,
 def _write_report(status_dir: Path, wanted: bool,
                   costs: list[dict[str, Any]] | None = None) -> Path | None:
     """The demo's report (whole: no time limit), announced on stderr; None when not wanted
-    or not written (plotly missing, logged)."""
+    or not written (the error logged)."""
     if not wanted:
         return None
     from otel_train.rundir.report import write_report_at_shutdown

@@ -67,11 +67,8 @@ def _costs(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from otel_train.rundir.report import MISSING_PLOTLY, plotly_available, write_report
+    from otel_train.rundir.report import write_report
 
-    if not plotly_available():  # the optional 'report' extra: say so before reading anything
-        print(f"otel-train report: {MISSING_PLOTLY}", file=sys.stderr)
-        return 2
     return _write_from_span_files("report", write_report, args)
 
 
@@ -134,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--json", action="store_true", help="print the JSON instead")
     costs.set_defaults(func=_costs)
     report = sub.add_parser("report", help="write a run's report: one HTML file that opens "
-                            "offline (needs the 'report' extra: plotly)")
+                            "offline")
     report.add_argument("run_dir", nargs="?", default="otel-train-runs", help=_RUN_DIR_HELP)
     report.add_argument("-o", "--output", default=None,
                         help="where to write it (default RUN_DIR/report.html)")

@@ -5,14 +5,16 @@ step-index buckets whose width doubles whenever there are more than ``max_bucket
 so a run of 1M steps costs the same memory as one of 2,000. Beside the buckets it keeps, with
 fixed bounds: the first ``warmup_steps`` steps of each rank, the ``max_slow_steps`` slowest
 steps (with their phases), and where each line of each file starts and ends in step indices.
-A second, targeted pass reads only the lines holding the steps chosen for the timeline, to
-show those steps on every rank. A run in progress reads as far as its files go (a
+It also keeps the few steps the timeline may show (the first, the slowest, the slowest eval
+step, the slowest step without monitoring) and a fixed-size sample of step times whose median
+is the typical step. A second, targeted pass reads only the lines holding the steps chosen
+for the timeline (``report_timeline.py``), to show those steps on every rank. A run in progress reads as far as its files go (a
 half-written last line is skipped).
 
 Usage::
 
     data = load_run(Path("otel-train-runs/<run id>"))
-    data.buckets, data.slow_steps, data.timeline_steps, data.costs
+    data.buckets, data.slow_steps, data.timeline_steps, data.timeline_labels, data.costs
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_train.rundir.report_steps import StepRecord, TimelinePicks, choose_timeline
 from otel_train.rundir.span_files import (
     _iter_lines,
     attribute_pattern,
@@ -33,37 +36,13 @@ from otel_train.rundir.span_files import (
     span_files,
 )
 
+__all__ = ["Bucket", "RunData", "RunReader", "StepRecord", "load_run"]
+
 _STEP_SPAN = "train.step"
 # Only what the report uses: each attribute found costs time on a 1M-step run.
 _REPORT_ATTRS = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
     "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes"])
-
-
-@dataclass
-class StepRecord:
-    """One step of one rank: its time, and its phases when kept in detail."""
-
-    rank: int
-    step: int
-    start_ns: int
-    end_ns: int
-    slow: bool = False
-    # (label, kind, start_ns, end_ns, parent_is_root): label is the phase name, data[loader]
-    phases: list[tuple[str, str, int, int, bool]] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> float:
-        """Wall time of the step."""
-        return (self.end_ns - self.start_ns) / 1e9
-
-    def breakdown(self) -> dict[str, float]:
-        """Seconds per top-level phase label (monitoring phases included)."""
-        out: dict[str, float] = {}
-        for label, _kind, s, e, top in self.phases:
-            if top:
-                out[label] = out.get(label, 0.0) + (e - s) / 1e9
-        return out
 
 
 @dataclass
@@ -111,7 +90,11 @@ class RunData:
     warmup: dict[int, list[StepRecord]] = field(default_factory=dict)
     slow_steps: list[StepRecord] = field(default_factory=list)
     slow_flagged: int = 0
+    # Step index -> every rank's record, in step order; and why each step is shown.
     timeline_steps: dict[int, list[StepRecord]] = field(default_factory=dict)
+    timeline_labels: dict[int, list[str]] = field(default_factory=dict)
+    warmup_step_count: int = 0  # warm-up steps, from the costs file (0: unknown or none)
+    typical_seconds: float | None = None  # the median steady step without monitoring
     costs: list[dict[str, Any]] = field(default_factory=list)
     removed: list[dict[str, Any]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
@@ -151,6 +134,7 @@ class RunReader:
         self._slow_heap: list[tuple[float, int, int, StepRecord]] = []
         # Per file: line number -> (min step, max step), for the targeted second pass.
         self.line_ranges: dict[Path, list[tuple[int, int, int]]] = {}
+        self.picks = TimelinePicks(skip_steps=max(1, data.warmup_step_count))
 
     # -- pass 1 ---------------------------------------------------------------------------
     def read_file(self, path: Path) -> None:
@@ -231,6 +215,7 @@ class RunReader:
                 if kind == "monitor":
                     monitor += (e - s) / 1e9
         self._add_bucket(step, rec, per_phase, monitor, a)
+        self.picks.offer(rec, monitor > 0)
         warm = data.warmup.setdefault(rank, [])
         if len(warm) < self.warmup_steps:
             warm.append(rec)
@@ -339,8 +324,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None  # being replaced right now, or not there: the report says so
 
 
-def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int = 6,
-             warmup_steps: int = 50, time_limit_seconds: float | None = None,
+def load_run(run_dir: str | Path, max_buckets: int = 2000, warmup_steps: int = 50,
+             time_limit_seconds: float | None = None,
              costs: list[dict[str, Any]] | None = None) -> RunData:
     """Read a run directory (finished or in progress) into a :class:`RunData`; with a time
     limit, stop reading span files when it is reached (``stopped_early`` says where);
@@ -349,6 +334,8 @@ def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int =
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory")
     data = RunData(run_dir)
+    # The costs first: their warm-up count keeps warm-up steps out of the timeline's picks.
+    _add_costs(data, run_dir, costs)
     deadline = None if time_limit_seconds is None else time.monotonic() + time_limit_seconds
     reader = RunReader(data, max_buckets=max_buckets, warmup_steps=warmup_steps,
                        deadline=deadline)
@@ -358,26 +345,18 @@ def load_run(run_dir: str | Path, max_buckets: int = 2000, timeline_steps: int =
         if data.stopped_early:
             break
     data.slow_steps = reader.slowest()
-    _add_costs(data, run_dir, costs)
     for p in sorted(run_dir.glob("spans*.removed.json")):
         removed = _read_json(p)
         if removed is not None:
             removed["_file"] = p.name
             data.removed.append(removed)
-    # The timeline: the slowest steps (distinct indices), and a typical one for contrast.
-    chosen: list[int] = []
-    for rec in data.slow_steps:
-        if rec.step not in chosen:
-            chosen.append(rec.step)
-        if len(chosen) >= max(1, timeline_steps - 1):
-            break
-    typical = _typical_step(data)
-    if typical is not None and typical not in chosen:
-        chosen.append(typical)
+    typical = reader.picks.typical()
+    data.typical_seconds = typical[1] if typical is not None else None
+    chosen = choose_timeline(reader.picks, data.slow_steps, data.warmup_step_count)
     if chosen:
-        data.timeline_steps = reader.read_steps(set(chosen))
-        data.timeline_steps = {s: data.timeline_steps[s] for s in chosen
-                               if s in data.timeline_steps}
+        found = reader.read_steps({step for step, _ in chosen})
+        data.timeline_steps = {s: found[s] for s, _ in chosen if s in found}
+        data.timeline_labels = {s: labels for s, labels in chosen if s in found}
     if data.run_id is None:
         m = re.search(r"[^/]+$", str(run_dir.resolve()))
         data.run_id = m.group(0) if m else None
@@ -397,12 +376,5 @@ def _add_costs(data: RunData, run_dir: Path, given: list[dict[str, Any]] | None)
     for costs in found:
         data.costs.append(costs)
         data.run_id = data.run_id or costs.get("run_id")
-
-
-def _typical_step(data: RunData) -> int | None:
-    """A step near the median duration, after warm-up, from rank 0's kept steps."""
-    recs = [r for rs in data.warmup.values() for r in rs[len(rs) // 2:]]
-    if not recs:
-        return None
-    recs.sort(key=lambda r: r.seconds)
-    return recs[len(recs) // 2].step
+    if found:
+        data.warmup_step_count = int((found[0].get("warmup") or {}).get("steps") or 0)
