@@ -396,6 +396,17 @@ class BudgetSpanProcessor(StepViewProcessor):
     def _who(self) -> str:
         return f"rank {self.overhead.rank}: " if self.world_size > 1 else ""
 
+    @property
+    def judging(self) -> bool:
+        """Enough steps for a verdict (``min_steps``): before, a first call's cost over one
+        or two steps would read as a share of hundreds of percent."""
+        return self.overhead.steps >= self._min_steps
+
+    @property
+    def min_steps(self) -> int:
+        """Steps before the first verdict."""
+        return self._min_steps
+
     def status(self) -> str:
         """ok / warning / critical from the steady-state ratio."""
         return budget_status(self.overhead.steady_ratio(), self.budget, self.critical)

@@ -239,7 +239,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
                 flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
         if view.slow:
             flags.append("slow step (training time far above its baseline)")
-        if self.budget is not None:
+        if self.budget is not None and self.budget.judging:
             verdict = self.budget.verdict()
             if verdict.status != "ok":
                 flags.append(f"monitoring budget {verdict.status}: {verdict.steady:.1%} "
@@ -254,6 +254,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if overhead is None:
             return ""
         if self.budget is not None:
+            if not self.budget.judging:
+                return (f" | monitoring verdict from step {self.budget.min_steps} on "
+                        f"({overhead.steps} step(s) so far)")
             verdict = self.budget.verdict()
         else:  # no budget to judge by: the figures alone
             recent, cumulative = overhead.ratios()

@@ -22,11 +22,11 @@ from otel_train.records.steps_view import SharedStepSpanProcessor
 pytestmark = pytest.mark.timeout(30)
 
 
-def pipeline(log_every: int = 10, warmup_steps: int = 0,
+def pipeline(log_every: int = 10, warmup_steps: int = 0, budget_min_steps: int = 10,
              **kw: object) -> tuple[SharedStepSpanProcessor, io.StringIO]:
     out = io.StringIO()
     ov = OverheadSpanProcessor(warmup_steps=warmup_steps)
-    budget = BudgetSpanProcessor(ov)
+    budget = BudgetSpanProcessor(ov, min_steps=budget_min_steps)
     console = ConsoleReportSpanProcessor(log_every, ov, budget, stream=out,
                                          warmup_steps=warmup_steps, **kw)  # type: ignore[arg-type]
     return SharedStepSpanProcessor([SlowStepSpanProcessor(warmup_steps=warmup_steps), ov,
@@ -51,13 +51,30 @@ def test_the_status_line_starts_with_the_steady_state_figure_that_drives_the_ver
         feed(shared, train_step(i, step_ms=100 + monitor_ms, monitor_ms=monitor_ms))
     statuses = [ln.split(" | monitoring ")[1] for ln in out.getvalue().splitlines()
                 if " | monitoring " in ln]
-    assert all(st.startswith(("OK: 0.0% steady state (budget 5%)",
-                              "OK: 0.6% steady state (budget 5%)",
-                              "OK: 1.2% steady state (budget 5%)",  # one call: over 6 steps
+    # steps 0 and 5: before the budget judges (its 10th step), no verdict
+    assert statuses[:2] == ["verdict from step 10 on (1 step(s) so far)",
+                            "verdict from step 10 on (6 step(s) so far)"]
+    statuses = statuses[2:]
+    assert all(st.startswith(("OK: 0.6% steady state (budget 5%)",
                               "OK: 0.7% steady state (budget 5%)")) for st in statuses)
     # recent and total follow while they read differently (the first calls count in them)
     assert "OK: 0.7% steady state (budget 5%); recent 0.9%, total 0.9%" in statuses
     assert statuses[-1] == "OK: 0.7% steady state (budget 5%)"  # then they add nothing
+
+
+def test_no_verdict_before_the_budget_judges_a_first_calls_cost_is_not_critical() -> None:
+    # Step 0 runs a 3.4 s first inference beside 1.2 s of training: 290% of its training
+    # time, a figure that means nothing yet; the budget judges from its 10th step on.
+    shared, out = pipeline(log_every=10)
+    feed(shared, train_step(0, step_ms=4600, monitor_ms=3400))
+    for i in range(1, 21):
+        feed(shared, train_step(i, step_ms=100))
+    lines = out.getvalue().splitlines()
+    before = "\n".join(lines[:-2])  # step 0's breakdown
+    assert "CRITICAL" not in before and "critical" not in before
+    assert "| monitoring verdict from step 10 on (1 step(s) so far)" in before
+    # from the 10th step on, the verdict
+    assert lines[-2].startswith("⏱️  step 10:") and " | monitoring CRITICAL: " in lines[-2]
 
 
 def test_a_critical_verdict_beside_lower_figures_says_why_it_stands() -> None:
@@ -205,7 +222,7 @@ def test_with_several_ranks_every_line_names_its_rank() -> None:
 
 
 def test_red_flags_are_named_when_a_share_crosses_its_threshold() -> None:
-    shared, out = pipeline(log_every=1000)
+    shared, out = pipeline(log_every=1000, budget_min_steps=1)
     feed(shared, step_spans(1, [("forward", "train", 0, 20), ("inference", "monitor", 20, 960)],
                             1000))
     text = out.getvalue()
