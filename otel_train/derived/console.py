@@ -216,8 +216,11 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
                      f"{_pct(train, total)}, other/overhead {_pct(other, total)})"
                      f"{self._overhead_suffix()}")
         if self._first_calls:
+            # Until an operation runs again its one call is all the steady state knows of
+            # it (overhead.py): left out from its second call on.
             lines.append(f"   first call of {', '.join(sorted(self._first_calls))}: in the "
-                         "total, left out of the steady state (budget status, advisor)")
+                         "total; left out of the steady state (budget status, advisor) once "
+                         "it has run again")
         for flag in self.red_flags_of(view):
             lines.append(f"   🚩 {flag}")
         return "\n".join(lines)
