@@ -92,14 +92,21 @@ class PureRecorderCore:
 
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
-              step_type: type, nested_error: Callable[[Any], Exception]) -> Iterator[Any]:
-    """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``."""
+              step_type: type, nested_error: Callable[[Any], Exception],
+              max_steps: int | None = None) -> Iterator[Any]:
+    """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``.
+
+    ``iter(iterable)`` runs inside the first step's ``data`` phase (a DataLoader starts its
+    workers there); after ``max_steps`` steps the loop ends without fetching another item.
+    """
     plain = rec.plain
     sync = rec.synchronize  # the step's start already synchronized: data starts clean
     new_step = step_type.__new__
     train_lookup, monitor_lookup = rec.phase_lookup, rec.monitor_lookup
-    it = iter(iterable)
-    while True:
+    it: Iterator[Any] | None = None
+    left = -1 if max_steps is None else max_steps  # steps this loop may still start
+    while left:
+        left -= 1
         if rec.held is not None:
             rec.release_held()
         if rec.closed:
@@ -120,6 +127,9 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
         rec.current = step
         rec.ev = ev
         try:
+            if it is None:
+                it = iter(iterable)
+                del iterable  # as the C twin: the loop keeps the iterator, not the iterable
             batch = next(it)
         except BaseException as exc:
             if _end_fetch(rec, step, exc):

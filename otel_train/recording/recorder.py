@@ -257,6 +257,8 @@ class Recorder(_RecorderCore):
             self.current = self.ev = None
         self.last_step_end_ns = end
         if hold:
+            if self.held is not None:
+                self.release_held()  # one held step at a time: the earlier one goes first
             self.held = step
         elif len(self.queue) < self.max_queued:
             self.queue.append(step)
@@ -277,15 +279,22 @@ class Recorder(_RecorderCore):
         elif step.dev is not None:
             step.dev[-2] = self.make_event()
 
-    def steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+    def steps(self, iterable: Iterable[Any], loader: str | None,
+              max_steps: int | None = None) -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
 
-        Leaving the loop (``break``, an exception in its body) ends the step in progress and
-        holds it (see ``held``). The C accelerator's ``StepLoop`` when built, else the
-        generator ``pure_twin.step_loop``; the two behave alike.
+        ``iter(iterable)`` runs in the first step's ``data`` phase; ``max_steps`` ends the
+        loop after that many steps, without fetching another item. Leaving the loop
+        (``break``, an exception in its body) ends the step in progress and holds it (see
+        ``held``). The C accelerator's ``StepLoop`` when built, else the generator
+        ``pure_twin.step_loop``; the two behave alike.
         """
+        kind = type(iterable)
+        if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
+            raise TypeError(f"run.steps(): {kind.__name__!r} object is not iterable")
         return _step_loop(  # type: ignore[no-any-return]
-            self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error)
+            self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error,
+            check_max_steps(max_steps))
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
@@ -467,6 +476,18 @@ class Step(_StepCore, StepPhaseEvents):
 
     def __repr__(self) -> str:
         return f"<Step {self.index}{' ended' if self.end_ns else ''}>"
+
+
+def check_max_steps(max_steps: Any) -> int | None:
+    """``max_steps`` as given to ``run.steps``: a positive int, or None for no limit."""
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, bool) or not hasattr(type(max_steps), "__index__"):
+        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
+    count = int(max_steps.__index__())
+    if count < 1:
+        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
+    return count
 
 
 def calibrate_ns_per_phase(rounds: int = 200) -> float:
