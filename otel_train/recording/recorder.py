@@ -30,6 +30,8 @@ from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
 from otel_train.recording import pure_twin
 from otel_train.recording.call_checks import (
     bad_key_error,
+    check_iterable,
+    check_max_steps,
     detached,
     ended_step_error,
     nested_step_error,
@@ -289,9 +291,7 @@ class Recorder(_RecorderCore):
         ``held``). The C accelerator's ``StepLoop`` when built, else the generator
         ``pure_twin.step_loop``; the two behave alike.
         """
-        kind = type(iterable)
-        if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
-            raise TypeError(f"run.steps(): {kind.__name__!r} object is not iterable")
+        check_iterable(iterable)
         return _step_loop(  # type: ignore[no-any-return]
             self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error,
             check_max_steps(max_steps))
@@ -476,18 +476,6 @@ class Step(_StepCore, StepPhaseEvents):
 
     def __repr__(self) -> str:
         return f"<Step {self.index}{' ended' if self.end_ns else ''}>"
-
-
-def check_max_steps(max_steps: Any) -> int | None:
-    """``max_steps`` as given to ``run.steps``: a positive int, or None for no limit."""
-    if max_steps is None:
-        return None
-    if isinstance(max_steps, bool) or not hasattr(type(max_steps), "__index__"):
-        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
-    count = int(max_steps.__index__())
-    if count < 1:
-        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
-    return count
 
 
 def calibrate_ns_per_phase(rounds: int = 200) -> float:
