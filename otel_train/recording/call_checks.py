@@ -1,8 +1,9 @@
 """What the hot path's API refuses at the call, and what it keeps of a value.
 
 Misuse (a phase outside a step, nested steps, a phase on an ended step, a bad attribute
-key, a ``run.steps`` over something not iterable or with a bad ``max_steps``) raises here, at the call, where the user can fix it: in the background it could only
-be dropped with a warning. Both twins of the hot path (the C accelerator and
+key, ``run.steps`` over something not iterable or with a bad ``max_steps``) raises here, at
+the call, where the user can fix it: in the background it could only be dropped with a
+warning. Both twins of the hot path (the C accelerator and
 ``pure_twin.py``) raise the same errors.
 """
 
