@@ -153,10 +153,16 @@ class Run:
         """The step in progress, if any."""
         return self._recorder.current
 
-    def steps(self, iterable: Iterable[Any], loader: str | None = "train") -> Iterator[Step]:
-        """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
+    def steps(self, iterable: Iterable[Any], loader: str | None = "train",
+              max_steps: int | None = None) -> Iterator[Step]:
+        """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
+
+        ``max_steps`` ends this loop after that many steps, without fetching another item.
+        Step indices continue across calls (one call per epoch keeps one index); leaving
+        the loop early ends the step in progress (docs/api.md, "Loops").
+        """
         self._check_open("steps")
-        return self._recorder.steps(iterable, loader)
+        return self._recorder.steps(iterable, loader, max_steps)
 
     def step(self, loader: str | None = None, index: int | None = None,
              start_ns: int | None = None) -> Step:

@@ -8,6 +8,7 @@ enum { LOOP_READY, LOOP_RUNNING, LOOP_DONE };
 typedef struct {
     PyObject_HEAD
     PyObject *rec;
+    PyObject *iterable;       /* until the first step's data phase makes `it` of it */
     PyObject *it;
     PyObject *loader;
     PyObject *data;           /* the data Phase: it opens with each step */
@@ -16,6 +17,7 @@ typedef struct {
     PyObject *sync;           /* recorder.synchronize (device_sync) or None */
     PyObject *pending;        /* the step last returned, until the next __next__ or close */
     PyObject *empty;          /* () for Step.__new__ */
+    Py_ssize_t left;          /* steps this loop may still start (max_steps); -1: no limit */
     int plain;                /* host clock only: no device_step_start/_end calls */
     int state;
 } StepLoop;
@@ -24,6 +26,7 @@ static int
 StepLoop_traverse(StepLoop *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->rec);
+    Py_VISIT(self->iterable);
     Py_VISIT(self->it);
     Py_VISIT(self->loader);
     Py_VISIT(self->data);
@@ -38,6 +41,7 @@ static int
 StepLoop_clear(StepLoop *self)
 {
     Py_CLEAR(self->rec);
+    Py_CLEAR(self->iterable);
     Py_CLEAR(self->it);
     Py_CLEAR(self->loader);
     Py_CLEAR(self->data);
@@ -53,11 +57,23 @@ static PyObject *
 StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"recorder", "iterable", "loader", "data_phase", "step_type",
-                             "nested_error", NULL};
+                             "nested_error", "max_steps", NULL};
     PyObject *rec, *iterable, *loader, *data, *step_type, *nested_error;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO:StepLoop", kwlist, &rec, &iterable,
-                                     &loader, &data, &step_type, &nested_error)) {
+    PyObject *max_steps = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|O:StepLoop", kwlist, &rec, &iterable,
+                                     &loader, &data, &step_type, &nested_error, &max_steps)) {
         return NULL;
+    }
+    Py_ssize_t left = -1;
+    if (max_steps != Py_None) { /* Recorder.steps validated it: a positive int */
+        left = PyNumber_AsSsize_t(max_steps, PyExc_OverflowError);
+        if (left == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (left < 0) {
+            PyErr_SetString(PyExc_ValueError, "StepLoop: max_steps must be >= 0 or None");
+            return NULL;
+        }
     }
     if (!PyType_Check(step_type)
         || !PyType_IsSubtype((PyTypeObject *)step_type, &otr_StepCore_Type)) {
@@ -82,10 +98,12 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->step_type = step_type;
     Py_INCREF(nested_error);
     self->nested_error = nested_error;
+    Py_INCREF(iterable);
+    self->iterable = iterable; /* iter() runs in the first step's data phase */
+    self->left = left;
     self->state = LOOP_READY;
     self->empty = PyTuple_New(0);
-    self->it = PyObject_GetIter(iterable);
-    if (self->empty == NULL || self->it == NULL) {
+    if (self->empty == NULL) {
         goto fail;
     }
     /* What the generator twin reads once, when it starts. */
@@ -271,6 +289,15 @@ start_step(StepLoop *self)
     store(&rc->current, step);
     store(&rc->ev, ev);
 
+    if (self->it == NULL) {
+        /* In the data phase: a DataLoader starts its workers here, before its first batch. */
+        self->it = PyObject_GetIter(self->iterable);
+        if (self->it == NULL) {
+            fetch_failed(self, step, ev);
+            goto fail_ev;
+        }
+        Py_CLEAR(self->iterable);
+    }
     PyObject *batch = PyIter_Next(self->it);
     if (batch == NULL) {
         if (PyErr_Occurred()) {
@@ -312,6 +339,16 @@ fail_index:
     return NULL;
 }
 
+/* The loop is over: let go of the loader's iterator now (a DataLoader's shuts down its
+ * workers), outside any step, as the generator twin's frame does when it returns. */
+static void
+StepLoop_done(StepLoop *self)
+{
+    self->state = LOOP_DONE;
+    Py_CLEAR(self->iterable);
+    Py_CLEAR(self->it);
+}
+
 static PyObject *
 StepLoop_next(StepLoop *self)
 {
@@ -329,13 +366,20 @@ StepLoop_next(StepLoop *self)
         int rc = end_step(self, step);
         Py_DECREF(step);
         if (rc < 0) {
-            self->state = LOOP_DONE;
+            StepLoop_done(self);
             return NULL;
         }
     }
+    if (self->left == 0) { /* max_steps reached: no fetch of another item */
+        StepLoop_done(self);
+        return NULL;
+    }
+    if (self->left > 0) {
+        self->left--;
+    }
     step = start_step(self);
     if (step == NULL) {
-        self->state = LOOP_DONE;
+        StepLoop_done(self);
         return NULL;
     }
     Py_INCREF(step);
@@ -350,19 +394,18 @@ static int
 StepLoop_close_pending(StepLoop *self)
 {
     PyObject *step = self->pending;
-    self->state = LOOP_DONE;
-    if (step == NULL) {
-        return 0;
-    }
     self->pending = NULL;
-    PyObject *r = PyObject_CallMethodObjArgs(self->rec, s_finish_step, step, Py_None, Py_True,
-                                             NULL);
-    Py_DECREF(step);
-    if (r == NULL) {
-        return -1;
+    self->state = LOOP_DONE;
+    int rc = 0;
+    if (step != NULL) {
+        PyObject *r = PyObject_CallMethodObjArgs(self->rec, s_finish_step, step, Py_None,
+                                                 Py_True, NULL);
+        Py_DECREF(step);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
     }
-    Py_DECREF(r);
-    return 0;
+    StepLoop_done(self); /* after the step's end: the iterator's teardown is in no step */
+    return rc;
 }
 
 static PyObject *

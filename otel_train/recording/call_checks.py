@@ -1,8 +1,9 @@
 """What the hot path's API refuses at the call, and what it keeps of a value.
 
 Misuse (a phase outside a step, nested steps, a phase on an ended step, a bad attribute
-key) raises here, at the call, where the user can fix it: in the background it could only
-be dropped with a warning. Both twins of the hot path (the C accelerator and
+key, ``run.steps`` over something not iterable or with a bad ``max_steps``) raises here, at
+the call, where the user can fix it: in the background it could only be dropped with a
+warning. Both twins of the hot path (the C accelerator and
 ``pure_twin.py``) raise the same errors.
 """
 
@@ -42,3 +43,22 @@ def detached(value: Any) -> Any:
     # The background reads the tensor's value: reading it here would wait for the device.
     detach = getattr(value, "detach", None)
     return detach() if detach is not None else value
+
+
+def check_iterable(iterable: Any) -> None:
+    """Refuse at ``run.steps()`` what ``iter()`` would refuse in the first step's fetch."""
+    kind = type(iterable)
+    if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
+        raise TypeError(f"run.steps(): {kind.__name__!r} object is not iterable")
+
+
+def check_max_steps(max_steps: Any) -> int | None:
+    """``max_steps`` as given to ``run.steps``: a positive int, or None for no limit."""
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, bool) or not hasattr(type(max_steps), "__index__"):
+        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
+    count = int(max_steps.__index__())
+    if count < 1:
+        raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
+    return count

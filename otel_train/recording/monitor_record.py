@@ -39,6 +39,8 @@ class MonitorRecord:
 
     def start(self, start_ns: int | None = None) -> MonitorRecord:
         """Start timing, at ``start_ns`` (``perf_counter_ns``) if the start was seen earlier."""
+        # A run event: the step held since a loop was left goes first, in step order.
+        self._recorder.release_held()
         if start_ns is None:
             sync = self._recorder.synchronize
             if sync is not None:

@@ -92,34 +92,34 @@ class PureRecorderCore:
 
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
-              step_type: type, nested_error: Callable[[Any], Exception]) -> Iterator[Any]:
+              step_type: type, nested_error: Callable[[Any], Exception],
+              max_steps: int | None = None) -> Iterator[Any]:
     """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``."""
     plain = rec.plain
     sync = rec.synchronize  # the step's start already synchronized: data starts clean
     new_step = step_type.__new__
     train_lookup, monitor_lookup = rec.phase_lookup, rec.monitor_lookup
-    it = iter(iterable)
-    while True:
-        if rec.held is not None:
-            rec.release_held()
-        if rec.closed:
-            return
-        if rec.current is not None and not rec.current.end_ns:
-            raise nested_error(rec.current)
+    it: Iterator[Any] | None = None
+    left = -1 if max_steps is None else max_steps  # steps this loop may still start
+    while left:
+        left -= 1
+        if rec.held is not None or rec.closed or rec.current is not None:
+            if not _may_start(rec, nested_error):
+                return
         step = new_step(step_type)  # the stores of Step.__init__, without its call
         step.index = index = rec.next_index
         rec.next_index = index + 1
-        step.loader = loader
-        step._recorder = rec
-        step.phase = train_lookup
-        step.monitor = monitor_lookup
+        step.loader, step._recorder = loader, rec
+        step.phase, step.monitor = train_lookup, monitor_lookup
         if not plain:
             rec.device_step_start(step)
         step.start_ns = t = perf_counter_ns()
         step.ev = ev = [data, t]  # the data phase opens with the step
-        rec.current = step
-        rec.ev = ev
+        rec.current, rec.ev = step, ev
         try:
+            if it is None:  # in the first step's data phase: a DataLoader starts its workers
+                it = iter(iterable)
+                del iterable  # as the C twin: the loop keeps the iterator, not the iterable
             batch = next(it)
         except BaseException as exc:
             if _end_fetch(rec, step, exc):
@@ -150,6 +150,19 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
             queue.append(step)
         else:
             rec.drops.add("record_queue_full", step.span_count())
+
+
+def _may_start(rec: Any, nested_error: Callable[[Any], Exception]) -> bool:
+    """The rare checks before a step starts: the held step goes first; a closed recorder
+    starts none (False); a step still running refuses a nested one."""
+    if rec.held is not None:
+        rec.release_held()
+    if rec.closed:
+        return False
+    cur = rec.current
+    if cur is not None and not cur.end_ns:
+        raise nested_error(cur)
+    return True
 
 
 def _end_fetch(rec: Any, step: Any, exc: BaseException) -> bool:

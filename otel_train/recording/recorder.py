@@ -30,6 +30,8 @@ from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
 from otel_train.recording import pure_twin
 from otel_train.recording.call_checks import (
     bad_key_error,
+    check_iterable,
+    check_max_steps,
     detached,
     ended_step_error,
     nested_step_error,
@@ -257,6 +259,8 @@ class Recorder(_RecorderCore):
             self.current = self.ev = None
         self.last_step_end_ns = end
         if hold:
+            if self.held is not None:
+                self.release_held()  # one held step at a time: the earlier one goes first
             self.held = step
         elif len(self.queue) < self.max_queued:
             self.queue.append(step)
@@ -277,15 +281,20 @@ class Recorder(_RecorderCore):
         elif step.dev is not None:
             step.dev[-2] = self.make_event()
 
-    def steps(self, iterable: Iterable[Any], loader: str | None) -> Iterator[Step]:
+    def steps(self, iterable: Iterable[Any], loader: str | None,
+              max_steps: int | None = None) -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
 
-        Leaving the loop (``break``, an exception in its body) ends the step in progress and
-        holds it (see ``held``). The C accelerator's ``StepLoop`` when built, else the
-        generator ``pure_twin.step_loop``; the two behave alike.
+        ``iter(iterable)`` runs in the first step's ``data`` phase; ``max_steps`` ends the
+        loop after that many steps, without fetching another item. Leaving the loop
+        (``break``, an exception in its body) ends the step in progress and holds it (see
+        ``held``). The C accelerator's ``StepLoop`` when built, else the generator
+        ``pure_twin.step_loop``; the two behave alike.
         """
+        check_iterable(iterable)
         return _step_loop(  # type: ignore[no-any-return]
-            self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error)
+            self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error,
+            check_max_steps(max_steps))
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""

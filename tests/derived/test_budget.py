@@ -6,7 +6,7 @@ import logging
 import math
 
 import pytest
-from span_trees import feed, train_step
+from span_trees import feed, monitor_span, train_step
 
 from otel_train.derived.budget import (
     BudgetSpanProcessor,
@@ -232,3 +232,66 @@ def test_light_monitoring_in_every_step_is_checked_every_few_steps_a_heavy_step_
         assert len(reads) == 2  # each read at once
     msgs = [r.getMessage() for r in caplog.records if "monitoring CRITICAL" in r.getMessage()]
     assert len(msgs) == 1
+
+
+# The field notes' run: 1000 steps x 3.5 s = 3500 s of training.
+def _field_notes_overhead(after_loop: list[tuple[str, float]]) -> OverheadSpanProcessor:
+    ov = OverheadSpanProcessor()
+    for i in range(1000):
+        feed(ov, train_step(i, step_ms=3500))
+    for name, seconds in after_loop:  # run.monitor after the loop: after its last step
+        ov.on_end(monitor_span(name, after_step=999, duration_ms=seconds * 1000))
+    return ov
+
+
+def test_an_operation_run_once_after_the_loop_is_told_as_one_off() -> None:
+    (adv,) = advise(_field_notes_overhead([("final_eval", 14.0)]).snapshot(), 0.05)
+    assert adv.advice == "final_eval: once, 14 s = 0.4% of training"  # 14 / 3500
+    assert (adv.pattern, adv.calls, adv.interval_steps) == ("once", 1, None)
+    assert adv.projected_share == pytest.approx(14 / 3500) and adv.within_budget
+
+
+def test_a_one_off_operation_over_the_budget_says_so_without_an_interval() -> None:
+    (adv,) = advise(_field_notes_overhead([("evolution_snapshot", 180.0 * 2)]).snapshot(),
+                    0.05)
+    assert adv.advice == ("evolution_snapshot: once, 360 s = 10.3% of training, over the 5% "
+                          "budget on its own: make it cheaper (smaller sample) or run it "
+                          "offline")
+    assert not adv.within_budget and "every" not in adv.advice
+
+
+def test_calls_all_after_the_loop_are_one_off_too() -> None:
+    ov = _field_notes_overhead([("final_eval", 4.0), ("final_eval", 5.0), ("final_eval", 5.0)])
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.advice == "final_eval: 3 calls at step 999, 14 s = 0.4% of training"
+    assert adv.pattern == "once" and adv.interval_steps is None
+
+
+def test_an_operation_before_any_training_has_nothing_to_compare_with() -> None:
+    ov = OverheadSpanProcessor()
+    ov.on_end(monitor_span("baseline_eval", after_step=-1, duration_ms=1200))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.advice == "baseline_eval: once, 1.2 s; no training time yet to compare it with"
+
+
+def test_calls_at_irregular_steps_are_told_with_their_mean_interval() -> None:
+    ov = OverheadSpanProcessor()
+    for i in range(300):  # 3 s checkpoints at steps 0, 10 and 251 of 3.5 s steps
+        ckpt = 3000 if i in (0, 10, 251) else 0
+        feed(ov, train_step(i, step_ms=3500 + ckpt, monitor_ms=ckpt, monitor="checkpoint"))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.pattern == "irregular" and adv.interval_steps == 125.5
+    assert adv.advice.startswith(
+        "checkpoint: 3 s per call, 3 calls at irregular steps 0..251 (every 126 steps on "
+        "average) -> 0.7% of training time")  # 3 / (125.5 x 3.5)
+
+
+def test_two_calls_are_told_as_their_distance_apart() -> None:
+    ov = OverheadSpanProcessor()
+    for i in range(300):
+        val = 3000 if i in (0, 150) else 0
+        feed(ov, train_step(i, step_ms=3500 + val, monitor_ms=val, monitor="val_loss"))
+    (adv,) = advise(ov.snapshot(), 0.05)
+    assert adv.pattern == "periodic" and adv.interval_steps == 150
+    assert "val_loss: 3 s per call, 2 calls 150 steps apart -> 0.6% of training time" in (
+        adv.advice)

@@ -136,11 +136,12 @@ def test_the_runs_root_picks_the_latest_run_and_says_which(
 SECOND = 1000.0  # milliseconds
 
 
-def field_notes_run(setup: str, scale: float) -> CostsReport:
+def field_notes_run(setup: str, scale: float, final_eval_seconds: float = 0.0) -> CostsReport:
     """A hung run's monitoring-cost table: 1000 steps x 3.5 s of training, with their monitoring.
 
     ``scale`` shrinks every duration alike (1.0: the notes' seconds; 0.001: milliseconds):
-    the spans are hand-built, so nothing sleeps.
+    the spans are hand-built, so nothing sleeps. ``final_eval_seconds``: a ``run.monitor``
+    after the loop.
     """
     ov = OverheadSpanProcessor()
     budget = BudgetSpanProcessor(ov)
@@ -165,6 +166,9 @@ def field_notes_run(setup: str, scale: float) -> CostsReport:
             phases.append((name, "monitor", t, t + ms * scale))
             t += ms * scale
         feed(shared, step_spans(i, phases, t))
+    if final_eval_seconds:
+        shared.on_end(monitor_span("final_eval", after_step=999,
+                                   duration_ms=final_eval_seconds * SECOND * scale))
     return build_costs(ov.snapshot(), budget.budget, budget.critical, run_id=setup)
 
 
@@ -225,3 +229,17 @@ def test_a_report_without_a_steady_figure_is_judged_on_its_total_and_says_so() -
     assert format_costs_table(data).splitlines()[1] == (
         "monitoring WARNING: 7.00% of training time in total (over the 5% budget); "
         "recent 7.00%")
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.001])
+def test_a_final_evaluation_after_the_loop_is_told_as_once_not_at_an_interval(
+        scale: float) -> None:
+    data = field_notes_run("acceptable", scale, final_eval_seconds=14)
+    advice = {a["operation"]: a for a in data["advisor"]}
+    final = advice["final_eval"]
+    assert (final["pattern"], final["calls"], final["interval_steps"]) == ("once", 1, None)
+    assert final["within_budget"] and final["projected_share"] == pytest.approx(14 / 3500)
+    line = f"  ok final_eval: once, {14 * scale:.3g} s = 0.4% of training"
+    assert line in str(data).splitlines()  # the table's advisor line, as it reads
+    assert advice["live_inference"]["pattern"] == "periodic"
+    assert "every 200 steps" in advice["live_inference"]["advice"]

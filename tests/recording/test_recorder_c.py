@@ -67,7 +67,7 @@ def test_the_pure_python_twin_passes_the_hot_path_tests():
     files = ["recording/test_recorder.py", "recording/test_step_events.py",
              "recording/test_step_phase_events.py", "recording/test_monitor_record.py",
              "recording/test_device.py", "recording/test_device_events.py",
-             "recording/test_context.py"]
+             "recording/test_context.py", "recording/test_step_loop.py"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
         cwd=TESTS, env=_env(True), capture_output=True, text=True, timeout=110)
@@ -156,6 +156,16 @@ _SCRIPT = textwrap.dedent("""
              phases, s.batch, "phase" in vars(s)))
     out["drops"] = drops.counts()
     out["next_index"] = rec.next_index
+    # 9: epochs with max_steps: one index across the loops, no fetch past the limit
+    fetched = []
+    def counting(n):
+        for i in range(n):
+            fetched.append(i)
+            yield i
+    rec = Recorder(20, DropCounter(), None)
+    out["epochs"] = [[s.index for s in rec.steps(counting(5), "train", max_steps=3)]
+                     for _ in range(2)]
+    out["fetched"] = fetched
     print(json.dumps(out, default=repr))
 """)
 
@@ -172,6 +182,7 @@ def test_both_twins_record_the_same_steps_phases_errors_and_drops():
     assert (c.pop("accelerated"), py.pop("accelerated")) == (True, False)
     assert c == py
     # The script reached every path it meant to.
+    assert c["epochs"] == [[0, 1, 2], [3, 4, 5]] and c["fetched"] == [0, 1, 2] * 2
     kinds = [e[0] for e in c["events"]]
     assert kinds == ["ended in body", "held", "loader raised", "held after body error",
                      "nested", "outside", "closed yields"]
