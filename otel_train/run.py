@@ -43,6 +43,7 @@ from otel_train.pipeline.assembly import (
 )
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resolve_identity
 from otel_train.common.options import RunOptions
@@ -53,6 +54,8 @@ from otel_train.recording.recorder import (
     Step,
     calibrate_ns_per_phase,
 )
+from otel_train.pipeline.profile_capture import ProfileCapture
+from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.common.trace_ids import new_span_id
@@ -78,6 +81,7 @@ class Run:
         self._closed = False
         self._lock = threading.Lock()
         self.drops = DropCounter()
+        self._profiling: ProfileCapture | None = None  # profile_on_slow_steps, profile_next
         self.disabled_by = disabled_reason(options)
         if self.disabled_by is not None:
             # Disabled means off: no collective, no device sync, no thread, socket or file.
@@ -215,11 +219,11 @@ class Run:
         budget = self.options.shutdown_timeout_seconds if timeout is None else timeout
         deadline = time.monotonic() + max(0.0, budget)
         rec = self._recorder
-        step = rec.current
-        if step is not None and not step.end_ns:
-            rec.finish_step(step, None)
+        cut_open_step(rec, A.TRUNCATED_SHUTDOWN)  # a step still open is cut off here
         rec.release_held()
         rec.closed = True
+        if self._profiling is not None:
+            self._profiling.close()
         self._telemetry.shutdown(deadline)
         if self._context_token is not None and threading.get_ident() == self._context_thread:
             try:
@@ -244,12 +248,8 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        rec = self._recorder
         if exc is not None:
-            step = rec.current
-            if step is not None and not step.end_ns:
-                rec.finish_step(step, exc)
-            rec.release_held(exc)
+            self._cut(exc, reason_of(exc, A.TRUNCATED_EXCEPTION))
         self.shutdown()
         return False
 
@@ -262,15 +262,23 @@ class Run:
         # Interpreter exit: the teardown that follows (modules, torch, gRPC) is part of the
         # bound too, so the run shuts down within the budget less a reserve for it.
         budget = self.options.shutdown_timeout_seconds
+        # An unhandled exception ended the interpreter (it is printed, and kept in
+        # sys.last_value, before atexit runs): the step it cut off says so.
+        error = getattr(sys, "last_value", None)
+        if isinstance(error, BaseException) and not self._closed:
+            self._cut(error, reason_of(error, A.TRUNCATED_EXCEPTION))
         self.shutdown(budget - min(_EXIT_TEARDOWN_RESERVE_SECONDS, budget * 0.25))
 
-    def _interrupt(self, error: BaseException) -> None:
-        """A signal ends the run: the step in progress fails with ``error``, then shutdown."""
+    def _cut(self, error: BaseException, reason: str) -> None:
+        """The step in progress, or the one its loop left as it unwound, was cut off."""
         rec = self._recorder
-        step = rec.current
-        if step is not None and not step.end_ns:
-            rec.finish_step(step, error)
-        rec.release_held(error)
+        cut_open_step(rec, reason, error)
+        release_held_cut(rec, reason, error)
+
+    def _interrupt(self, error: BaseException, reason: str = "sigterm") -> None:
+        """A signal ends the run: the step in progress is cut off (failed with ``error``,
+        marked with ``reason``), then shutdown."""
+        self._cut(error, reason)
         self.shutdown()
 
     def _after_fork_in_child(self) -> None:
