@@ -55,6 +55,7 @@ from otel_train.recording.recorder import (
     calibrate_ns_per_phase,
 )
 from otel_train.pipeline.profile_capture import ProfileCapture
+from otel_train.pipeline.profile_spans import span_emitter
 from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
 from otel_train.common.self_cost import SelfCostMeter
@@ -117,6 +118,8 @@ class Run:
         self._context_token = context_api.attach(
             trace_api.set_span_in_context(self._proxy))
         self._context_thread = threading.get_ident()
+        self._profiling = self._make_profiling()
+        self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
         atexit.register(self._atexit)
         process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
@@ -160,6 +163,9 @@ class Run:
     def steps(self, iterable: Iterable[Any], loader: str | None = "train") -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase."""
         self._check_open("steps")
+        prof = self._profiling
+        if prof is not None and prof.armed:  # only then: off, the loop is left as it is
+            iterable = prof.hooked(iterable)
         return self._recorder.steps(iterable, loader)
 
     def step(self, loader: str | None = None, index: int | None = None,
@@ -174,7 +180,33 @@ class Run:
         step = self._recorder.begin_step(loader, index)
         if start_ns is not None and start_ns < step.start_ns:
             step.start_ns = start_ns
+        prof = self._profiling
+        if prof is not None and prof.armed:
+            self._manual_step = step
+            prof.boundary(step)
         return step
+
+    def profile_next(self, steps: int = 1) -> None:
+        """Profile the next ``steps`` steps under ``torch.profiler`` (any thread).
+
+        The capture starts where the next step begins: in a ``run.steps`` loop started with
+        ``profile_on_slow_steps`` on or after this call, or at the next ``run.step()``. Its
+        trace goes to ``RUN_DIR/profiles/``; each step gets a ``train.profile`` child span
+        with its top operators (docs/telemetry.md). Not rate limited: you asked.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+            raise ValueError(f"profile_next(steps={steps!r}): steps must be an integer "
+                             "from 1 to 1000")
+        prof = self._profiling
+        if prof is None or self._closed:
+            return  # a disabled or ended run profiles nothing
+        prof.request(steps)
+        cur = self._recorder.current
+        if cur is not None and not prof.in_hooked_loop and cur is not self._manual_step:
+            _log.warning("otel-train: run.profile_next(%d): this run.steps loop started with "
+                         "profiling off; the capture starts with the next run.steps loop or "
+                         "run.step() (set profile_on_slow_steps, or call profile_next "
+                         "before the loop)", steps)
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
@@ -222,8 +254,8 @@ class Run:
         cut_open_step(rec, A.TRUNCATED_SHUTDOWN)  # a step still open is cut off here
         rec.release_held()
         rec.closed = True
-        if self._profiling is not None:
-            self._profiling.close()
+        if self._profiling is not None:  # its spans go out with the rest: before the stop
+            self._profiling.close(max(0.0, deadline - time.monotonic()) * 0.5)
         self._telemetry.shutdown(deadline)
         if self._context_token is not None and threading.get_ident() == self._context_thread:
             try:
@@ -289,6 +321,7 @@ class Run:
         """
         self._lock = threading.Lock()
         self._closed = True
+        self._profiling = None  # a capture running is the parent's
         rec = self._recorder
         rec.closed = True
         rec.queue = deque(maxlen=0)  # the child's copy records nothing (the parent exports)
@@ -300,6 +333,18 @@ class Run:
         except Exception:
             pass
         self._telemetry.after_fork_in_child()
+
+    def _make_profiling(self) -> ProfileCapture:
+        """The profile capture (profile_on_slow_steps, profile_next); imports no torch."""
+        tel = self._telemetry
+        assert isinstance(tel, RunTelemetry)
+        slow = tel.derived.slow  # its count comes back from the exporter process's chain
+        provider = tel.sdk_provider
+        emit = span_emitter(provider, tel.is_sampled) if provider is not None else None
+        opts = self.options
+        return ProfileCapture(self._recorder, self.status_dir, self.identity.run_id,
+                              opts.profile_on_slow_steps, opts.profile_min_interval_seconds,
+                              lambda: slow.slow_steps, emit)
 
     def _writes_report(self) -> bool:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,
