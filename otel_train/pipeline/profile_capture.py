@@ -84,11 +84,9 @@ class ProfileCapture:
         self.files: list[Path] = []  # traces written
         self._warn = RateLimitedLogger(_log)
         self._closed = False
-
-    @property
-    def armed(self) -> bool:
-        """Profiling can start: the option is on, or a request is pending or running."""
-        return bool(self.on_slow_steps or self._requested or self._prof is not None)
+        # Profiling can start: the option is on, or a request is pending or running. A plain
+        # attribute: run.step() reads it on every call.
+        self.armed = bool(on_slow_steps)
 
     @property
     def in_hooked_loop(self) -> bool:
@@ -99,6 +97,7 @@ class ProfileCapture:
         """Profile the next ``steps`` steps (any thread); a running capture is not extended."""
         with self._lock:
             self._requested = max(self._requested, steps)
+            self.armed = True
 
     # -- on the training thread ----------------------------------------------------------
     def hooked(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -158,6 +157,8 @@ class ProfileCapture:
             return
         steps, trigger = self._steps, self._trigger
         self._prof, self._steps, self._left = None, [], 0
+        with self._lock:
+            self.armed = bool(self.on_slow_steps or self._requested)
         self._ignore_until = self._clock() + _AFTER_CAPTURE_IGNORE_SECONDS
         try:
             self._close_range()
