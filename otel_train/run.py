@@ -344,7 +344,7 @@ class Run:
         opts = self.options
         return ProfileCapture(self._recorder, self.status_dir, self.identity.run_id,
                               opts.profile_on_slow_steps, opts.profile_min_interval_seconds,
-                              lambda: slow.slow_steps, emit)
+                              slow, emit)
 
     def _writes_report(self) -> bool:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,

@@ -20,7 +20,7 @@ checked and ``torch.profiler`` is never imported.
 Usage::
 
     capture = ProfileCapture(recorder, run_dir, run_id, on_slow_steps=2,
-                             min_interval_seconds=600, slow_count=lambda: slow.slow_steps,
+                             min_interval_seconds=600, slow=derived.slow,
                              emit=emit_spans)
     iterable = capture.hooked(iterable)      # run.steps, when capture.armed
     capture.boundary(step)                   # run.step()
@@ -55,7 +55,7 @@ class ProfileCapture:
     """Runs K steps under ``torch.profiler`` when asked; lives on the training thread."""
 
     def __init__(self, recorder: Any, run_dir: Path, run_id: str, on_slow_steps: int,
-                 min_interval_seconds: float, slow_count: Callable[[], int] | None,
+                 min_interval_seconds: float, slow: Any,
                  emit: Callable[[list[CapturedStep], str, str], None] | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._rec = recorder
@@ -63,8 +63,10 @@ class ProfileCapture:
         self._run_id = run_id
         self.on_slow_steps = on_slow_steps
         self.min_interval_seconds = min_interval_seconds
-        self._slow_count = slow_count if on_slow_steps else None
-        self._slow_seen = 0  # slow steps known at the last boundary
+        # The slow-step processor (derived/slow_steps.py): its ``slow_steps`` count, here or
+        # loaded from the exporter process's chain, is all that is read.
+        self._slow = slow if on_slow_steps else None
+        self._slow_seen = slow.slow_steps if self._slow is not None else 0
         self._emit = emit
         self._clock = clock
         self._next_allowed = 0.0  # monotonic: the next slow-step capture may start then
@@ -104,16 +106,19 @@ class ProfileCapture:
         """``iterable``, with a step boundary checked before each fetch."""
         rec = self._rec
         it = iter(iterable)
+        slow = self._slow  # locals: this runs once per step while armed
         self._hooked_loops += 1
         try:
             while True:
-                step = rec.current
-                if step is not None:
-                    self.boundary(step)
+                if (self._prof is not None or self._requested
+                        or (slow is not None and slow.slow_steps > self._slow_seen)):
+                    step = rec.current
+                    if step is not None:
+                        self.at_step_start(step)
                 try:
                     item = next(it)
                 except StopIteration:
-                    self._forget_unfetched_step(step)
+                    self._forget_unfetched_step(rec.current)
                     return
                 yield item
         finally:
@@ -191,8 +196,8 @@ class ProfileCapture:
         """A capture should start at this boundary (cheap: reads two numbers)."""
         if self._requested:
             return True
-        count = self._slow_count
-        return count is not None and count() > self._slow_seen
+        slow = self._slow
+        return slow is not None and slow.slow_steps > self._slow_seen
 
     def _take_due(self) -> int:
         """The steps of the capture to start now, 0 for none; takes the request or trigger."""
@@ -201,10 +206,10 @@ class ProfileCapture:
         if k:
             self._trigger = "request"
             return k
-        count = self._slow_count
-        if count is None:
+        slow = self._slow
+        if slow is None:
             return 0
-        seen = count()
+        seen = slow.slow_steps
         if seen <= self._slow_seen:
             return 0
         self._slow_seen = seen
