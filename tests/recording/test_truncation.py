@@ -52,8 +52,11 @@ def test_steps_that_ended_are_not_marked(tmp_path: Path) -> None:
         for step in run.steps(range(3)):
             with step.phase("forward"):
                 pass
+        for step in run.steps(range(3)):
+            break  # a loop left by break: its step ended, not cut off
         with run.step() as step:
             pass
+    assert len([s for s in run_spans(run) if s.name == "train.step"]) == 5
     assert not [s for s in run_spans(run) if "train.truncated" in s.attributes]
 
 
