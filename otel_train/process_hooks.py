@@ -8,8 +8,9 @@
   export nothing; a child that trains can start its own run.
 - **SIGTERM** (Slurm, Kubernetes and torchrun send it): when the application has not set a
   handler of its own, the first run installs one on the main thread. It cuts each live run's
-  step off (exported failed, ``train.truncated.reason = "sigterm"``), shuts the runs down within their ``shutdown_timeout_seconds`` (flush,
-  final ``monitoring_costs.json``, drops counted), then restores the default handler and
+  step off (exported failed, ``train.truncated.reason = "sigterm"``), shuts the runs down
+  within their ``shutdown_timeout_seconds`` (flush, final ``monitoring_costs.json``, drops
+  counted), then restores the default handler and
   re-sends the signal, so the process ends the way the scheduler expects (exit by SIGTERM).
   With a handler of your own, call ``run.shutdown()`` in it. SIGINT already raises
   ``KeyboardInterrupt``, which ends a ``with start_run()`` block (or interpreter exit) cleanly.
