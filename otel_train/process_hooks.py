@@ -7,9 +7,10 @@
   shutdown touches no inherited lock. DataLoader workers started by fork pay one callback and
   export nothing; a child that trains can start its own run.
 - **SIGTERM** (Slurm, Kubernetes and torchrun send it): when the application has not set a
-  handler of its own, the first run installs one on the main thread. It marks each live run's
-  step as interrupted, shuts the runs down within their ``shutdown_timeout_seconds`` (flush,
-  final ``monitoring_costs.json``, drops counted), then restores the default handler and
+  handler of its own, the first run installs one on the main thread. It cuts each live run's
+  step off (exported failed, ``train.truncated.reason = "sigterm"``), shuts the runs down
+  within their ``shutdown_timeout_seconds`` (flush, final ``monitoring_costs.json``, drops
+  counted), then restores the default handler and
   re-sends the signal, so the process ends the way the scheduler expects (exit by SIGTERM).
   With a handler of your own, call ``run.shutdown()`` in it. SIGINT already raises
   ``KeyboardInterrupt``, which ends a ``with start_run()`` block (or interpreter exit) cleanly.
@@ -35,7 +36,7 @@ class Run(Protocol):
 
     def _after_fork_in_child(self) -> None: ...
 
-    def _interrupt(self, error: BaseException) -> None: ...
+    def _interrupt(self, error: BaseException, reason: str = ...) -> None: ...
 
 _log = logging.getLogger("otel_train")
 _live: weakref.WeakSet[Run] = weakref.WeakSet()
@@ -144,6 +145,7 @@ def _shutdown_all(runs: list[Any], signum: int) -> None:
     name = signal.Signals(signum).name
     for run in runs:
         try:
-            run._interrupt(RunInterrupted(f"{name}: the run was interrupted"))
+            # The step in progress is exported cut off: train.truncated.reason = "sigterm".
+            run._interrupt(RunInterrupted(f"{name}: the run was interrupted"), name.lower())
         except Exception as exc:
             _log.warning("otel-train: shutdown on %s failed: %r", name, exc)

@@ -43,6 +43,7 @@ from otel_train.pipeline.assembly import (
 )
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resolve_identity
 from otel_train.common.options import RunOptions
@@ -53,6 +54,9 @@ from otel_train.recording.recorder import (
     Step,
     calibrate_ns_per_phase,
 )
+from otel_train.pipeline.profile_capture import ProfileCapture
+from otel_train.pipeline.profile_spans import span_emitter
+from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.common.trace_ids import new_span_id
@@ -78,6 +82,7 @@ class Run:
         self._closed = False
         self._lock = threading.Lock()
         self.drops = DropCounter()
+        self._profiling: ProfileCapture | None = None  # profile_on_slow_steps, profile_next
         self.disabled_by = disabled_reason(options)
         if self.disabled_by is not None:
             # Disabled means off: no collective, no device sync, no thread, socket or file.
@@ -113,6 +118,8 @@ class Run:
         self._context_token = context_api.attach(
             trace_api.set_span_in_context(self._proxy))
         self._context_thread = threading.get_ident()
+        self._profiling = self._make_profiling()
+        self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
         atexit.register(self._atexit)
         process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
@@ -162,6 +169,9 @@ class Run:
         the loop early ends the step in progress (docs/api.md, "Loops").
         """
         self._check_open("steps")
+        prof = self._profiling
+        if prof is not None and prof.armed:  # only then: off, the loop is left as it is
+            iterable = prof.hooked(iterable)
         return self._recorder.steps(iterable, loader, max_steps)
 
     def step(self, loader: str | None = None, index: int | None = None,
@@ -176,7 +186,33 @@ class Run:
         step = self._recorder.begin_step(loader, index)
         if start_ns is not None and start_ns < step.start_ns:
             step.start_ns = start_ns
+        prof = self._profiling
+        if prof is not None and prof.armed:
+            self._manual_step = step
+            prof.boundary(step)
         return step
+
+    def profile_next(self, steps: int = 1) -> None:
+        """Profile the next ``steps`` steps under ``torch.profiler`` (any thread).
+
+        The capture starts where the next step begins: in a ``run.steps`` loop started with
+        ``profile_on_slow_steps`` on or after this call, or at the next ``run.step()``. Its
+        trace goes to ``RUN_DIR/profiles/``; each step gets a ``train.profile`` child span
+        with its top operators (docs/telemetry.md). Not rate limited: you asked.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+            raise ValueError(f"profile_next(steps={steps!r}): steps must be an integer "
+                             "from 1 to 1000")
+        prof = self._profiling
+        if prof is None or self._closed:
+            return  # a disabled or ended run profiles nothing
+        prof.request(steps)
+        cur = self._recorder.current
+        if cur is not None and not prof.in_hooked_loop and cur is not self._manual_step:
+            _log.warning("otel-train: run.profile_next(%d): this run.steps loop started with "
+                         "profiling off; the capture starts with the next run.steps loop or "
+                         "run.step() (set profile_on_slow_steps, or call profile_next "
+                         "before the loop)", steps)
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""
@@ -221,11 +257,11 @@ class Run:
         budget = self.options.shutdown_timeout_seconds if timeout is None else timeout
         deadline = time.monotonic() + max(0.0, budget)
         rec = self._recorder
-        step = rec.current
-        if step is not None and not step.end_ns:
-            rec.finish_step(step, None)
+        cut_open_step(rec, A.TRUNCATED_SHUTDOWN)  # a step still open is cut off here
         rec.release_held()
         rec.closed = True
+        if self._profiling is not None:  # its spans go out with the rest: before the stop
+            self._profiling.close(max(0.0, deadline - time.monotonic()) * 0.5)
         self._telemetry.shutdown(deadline)
         if self._context_token is not None and threading.get_ident() == self._context_thread:
             try:
@@ -250,12 +286,8 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        rec = self._recorder
         if exc is not None:
-            step = rec.current
-            if step is not None and not step.end_ns:
-                rec.finish_step(step, exc)
-            rec.release_held(exc)
+            self._cut(exc, reason_of(exc, A.TRUNCATED_EXCEPTION))
         self.shutdown()
         return False
 
@@ -268,15 +300,23 @@ class Run:
         # Interpreter exit: the teardown that follows (modules, torch, gRPC) is part of the
         # bound too, so the run shuts down within the budget less a reserve for it.
         budget = self.options.shutdown_timeout_seconds
+        # An unhandled exception ended the interpreter (it is printed, and kept in
+        # sys.last_value, before atexit runs): the step it cut off says so.
+        error = getattr(sys, "last_value", None)
+        if isinstance(error, BaseException) and not self._closed:
+            self._cut(error, reason_of(error, A.TRUNCATED_EXCEPTION))
         self.shutdown(budget - min(_EXIT_TEARDOWN_RESERVE_SECONDS, budget * 0.25))
 
-    def _interrupt(self, error: BaseException) -> None:
-        """A signal ends the run: the step in progress fails with ``error``, then shutdown."""
+    def _cut(self, error: BaseException, reason: str) -> None:
+        """The step in progress, or the one its loop left as it unwound, was cut off."""
         rec = self._recorder
-        step = rec.current
-        if step is not None and not step.end_ns:
-            rec.finish_step(step, error)
-        rec.release_held(error)
+        cut_open_step(rec, reason, error)
+        release_held_cut(rec, reason, error)
+
+    def _interrupt(self, error: BaseException, reason: str = "sigterm") -> None:
+        """A signal ends the run: the step in progress is cut off (failed with ``error``,
+        marked with ``reason``), then shutdown."""
+        self._cut(error, reason)
         self.shutdown()
 
     def _after_fork_in_child(self) -> None:
@@ -287,6 +327,7 @@ class Run:
         """
         self._lock = threading.Lock()
         self._closed = True
+        self._profiling = None  # a capture running is the parent's
         rec = self._recorder
         rec.closed = True
         rec.queue = deque(maxlen=0)  # the child's copy records nothing (the parent exports)
@@ -298,6 +339,18 @@ class Run:
         except Exception:
             pass
         self._telemetry.after_fork_in_child()
+
+    def _make_profiling(self) -> ProfileCapture:
+        """The profile capture (profile_on_slow_steps, profile_next); imports no torch."""
+        tel = self._telemetry
+        assert isinstance(tel, RunTelemetry)
+        slow = tel.derived.slow  # its count comes back from the exporter process's chain
+        provider = tel.sdk_provider
+        emit = span_emitter(provider, tel.is_sampled) if provider is not None else None
+        opts = self.options
+        return ProfileCapture(self._recorder, self.status_dir, self.identity.run_id,
+                              opts.profile_on_slow_steps, opts.profile_min_interval_seconds,
+                              slow, emit)
 
     def _writes_report(self) -> bool:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,

@@ -36,6 +36,21 @@ DEVICE_DURATION = "train.device.duration_seconds"  # events mode: device time of
 MICRO_STEP = "train.micro_step"  # gradient-accumulation micro-step index (integrations)
 GPU_UTILIZATION = "train.gpu.utilization_ratio"  # NVML sample overlapping the step (max over GPUs)
 GPU_MEMORY_USED = "train.gpu.memory_used_bytes"
+# A span cut off (step or phase still open when the run ended): its end is the cut.
+TRUNCATED = "train.truncated"  # True, on the root span and on each phase open at the cut
+TRUNCATED_REASON = "train.truncated.reason"  # shutdown | sigterm | sigint | exception
+TRUNCATED_SHUTDOWN = "shutdown"  # run.shutdown() / interpreter exit with a step open
+TRUNCATED_EXCEPTION = "exception"  # an exception escaped the loop (or the interpreter)
+TRUNCATED_SIGINT = "sigint"  # KeyboardInterrupt escaped the loop
+# A profile of steps under torch.profiler (profile_on_slow_steps, run.profile_next)
+PROFILE_SPAN_NAME = "train.profile"  # child of a profiled step's root span
+PROFILE_FILE = "train.profile.file"  # the trace file, relative to the run directory
+PROFILE_TRIGGER = "train.profile.trigger"  # "slow_step" | "request"
+PROFILE_OP_EVENT = "train.profile.op"  # one event per top operator of the step
+PROFILE_OP_NAME = "train.profile.op.name"
+PROFILE_OP_SELF_SECONDS = "train.profile.op.self_seconds"  # CPU self time in the step
+PROFILE_OP_DEVICE_SECONDS = "train.profile.op.device_self_seconds"  # CUDA, when profiled
+PROFILE_OP_CALLS = "train.profile.op.calls"
 
 KIND_TRAIN = "train"
 KIND_MONITOR = "monitor"

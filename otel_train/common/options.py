@@ -88,6 +88,11 @@ class RunOptions:
     # rolling median of its loader's training times (and far outside their spread).
     slow_step_factor: float = 2.5
     slow_step_seconds: float | None = None
+    # -- profiling (pipeline/profile_capture.py) -----------------------------------------------
+    # After a slow step, the next K steps run under torch.profiler (0: never); at most one
+    # such capture per profile_min_interval_seconds. run.profile_next(k) asks by hand.
+    profile_on_slow_steps: int = 0
+    profile_min_interval_seconds: float = 600.0
     # The first N steps (compilation, caches, allocator) are warm-up: reported apart, out
     # of the slow-step baseline and of the steady-state figures the budget and advisor use.
     warmup_steps: int = 5
@@ -184,6 +189,7 @@ class RunOptions:
         self._validate_seconds()
         self._validate_ranks()
         self._validate_scale_out()
+        self._validate_profiling()
 
     def _validate_text_and_choices(self) -> None:
         for name in ("service_name", "run_id", "status_dir", "spans_path", "otlp_endpoint"):
@@ -267,6 +273,15 @@ class RunOptions:
             v = getattr(self, name)
             if v is not None and (not _is_number(v) or not v > 0):
                 self._fail(name, "must be a number > 0 or None")
+
+    def _validate_profiling(self) -> None:
+        v = self.profile_on_slow_steps
+        if not _is_int(v) or not 0 <= v <= 1000:
+            self._fail("profile_on_slow_steps", "must be an integer from 0 (off) to 1000 (steps "
+                       "profiled after a slow step)")
+        v = self.profile_min_interval_seconds
+        if not _is_number(v) or not v >= 0 or math.isinf(v):
+            self._fail("profile_min_interval_seconds", "must be a finite number of seconds >= 0")
 
     def _validate_ranks(self) -> None:
         for name in ("rank", "world_size", "local_rank"):

@@ -85,6 +85,20 @@ OPTION_DOCS: dict[str, OptionDoc] = {
     "slow_step_seconds": OptionDoc("budget", "a step whose training time is over this many "
                                    "seconds is slow too", "off"),
     "slow_operation_seconds": OptionDoc("budget", "one monitoring call longer than this warns"),
+    "profile_on_slow_steps": OptionDoc(
+        "budget", "after a slow step, profile the next this many steps under `torch.profiler` "
+        "(`0`: never)", details=(
+            "The trace goes to `profiles/step-<first>-<last>.json` in the run directory "
+            "(Chrome/Perfetto, with each step's trace id), and each profiled step gets a "
+            "`train.profile` child span whose `train.profile.op` events are its top operators "
+            "by self time (docs/telemetry.md). The capture starts at the step boundary after "
+            "the slow-step verdict reaches the training process (within about a second when "
+            "the derived metrics run in the exporter process). Only `run.steps` loops and "
+            "`run.step()` check it; with this at `0` and no `run.profile_next` call, neither "
+            "checks anything and `torch.profiler` is never imported.")),
+    "profile_min_interval_seconds": OptionDoc(
+        "budget", "at most one slow-step profile per this many seconds (`run.profile_next` "
+        "is not limited)"),
     "stall_seconds": OptionDoc("budget", "a step running longer than this is a stall",
                                "10 x the median step, at least `stall_min_seconds`"),
     "stall_min_seconds": OptionDoc("budget", "the least stall threshold when `stall_seconds` "

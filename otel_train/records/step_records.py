@@ -39,6 +39,7 @@ _getrandbits = random.getrandbits
 _STEP = A.STEP
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
+_TRUNCATED, _TRUNCATED_REASON = A.TRUNCATED, A.TRUNCATED_REASON
 
 
 def run_constant_attributes(identity: RunIdentity, device_synced: bool,
@@ -124,6 +125,8 @@ class StepRecordBuilder:
         """The record's phases, and device seconds, of any step, decoded."""
         off, step_end, step_loader = self._offset, step.end_ns, step.loader
         phase_attrs = step.phase_attrs
+        # A step cut off (recording/truncation.py): its phases still open carry the mark too.
+        cut = step.attrs.get(_TRUNCATED_REASON) if step.attrs else None
         decoded = decode_events(step.ev)  # the one decoder of a step's event list
         device_seconds = _device_durations(step, decoded) if step.dev else None
         limits, room = self._limits, self._room
@@ -142,6 +145,8 @@ class StepRecordBuilder:
             status, events = _status_and_events(ph.error, end)
             device = device_seconds.get(ph.ordinal) if device_seconds else None
             extra = phase_attrs.get(ph.ordinal) if phase_attrs else None
+            if cut is not None and not ph.end_ns:
+                extra = {**(extra or {}), _TRUNCATED: True, _TRUNCATED_REASON: cut}
             if extra:
                 extra = _plain_attributes(
                     extra, limits, room - 3 - (loader is not None) - (device is not None))

@@ -31,6 +31,7 @@ TRACE_NAME = "trace.json"
 _TID = 1
 _ARG_KEYS = {"train.step": "step", "train.phase.kind": "kind", "train.dataloader": "loader",
              "train.slow": "slow", "train.loss": "loss", "train.device.synced": "synced",
+             "train.truncated": "truncated", "train.truncated.reason": "truncated_reason",
              "error": "error"}
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 

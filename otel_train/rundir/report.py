@@ -144,7 +144,7 @@ class _Page:
             self._section("Slowest steps", slow_section(d)),
             self._section("Warm-up", self._warmup()),
             self._section("Timeline of chosen steps, every rank", self._timeline()),
-            self._section("Dropped and removed spans", drops_section(d)),
+            self._section("Dropped, removed and cut-off spans", drops_section(d)),
             self._section("GPU", self._gpu()),
         ]
         figures = json.dumps(compact({"charts": self.charts, "timeline": self.timelines}),

@@ -39,10 +39,11 @@ from otel_train.rundir.span_files import (
 __all__ = ["Bucket", "RunData", "RunReader", "StepRecord", "load_run"]
 
 _STEP_SPAN = "train.step"
+_MAX_TRUNCATED = 100  # steps cut off listed (a run ends once per rank: a handful)
 # Only what the report uses: each attribute found costs time on a 1M-step run.
 _REPORT_ATTRS = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
-    "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes"])
+    "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes", "train.truncated.reason"])
 
 
 @dataclass
@@ -99,6 +100,7 @@ class RunData:
     removed: list[dict[str, Any]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     torn_lines: int = 0
+    truncated: list[tuple[int, int, str]] = field(default_factory=list)  # rank, step, reason
     # Set when reading stopped at the time limit: the page says how far it got.
     stopped_early: str | None = None
 
@@ -207,6 +209,9 @@ class RunReader:
                          [(p[0], p[1], p[2], p[3], p[4] not in ids) for p in phases])
         if rec.slow:
             data.slow_flagged += 1
+        cut = a.get("train.truncated.reason")
+        if cut is not None and len(data.truncated) < _MAX_TRUNCATED:
+            data.truncated.append((rank, step, str(cut)))
         per_phase: dict[tuple[str, str], float] = {}
         monitor = 0.0
         for label, kind, s, e, top in rec.phases:

@@ -163,6 +163,10 @@ def drops_section(data: RunData) -> str:
         rows.append((f"steps missing from the span files, rank {rank}", n))
     if data.torn_lines:
         rows.append(("unreadable lines (torn writes)", data.torn_lines))
+    for rank, step, reason in data.truncated:
+        # A step still open when the run ended: exported with the end it was cut at.
+        rows.append((f"step {step} cut off ({html.escape(reason)}, <code>train.truncated"
+                     f"</code>), rank {rank}", 1))
     if not rows:
         return "<p class='empty'>No span file read yet.</p>"
     body = "".join(f"<tr><th>{k}</th><td class='count'>{v:,}</td></tr>" for k, v in rows)

@@ -154,7 +154,7 @@ def attribute_pattern(keys: Sequence[str]) -> re.Pattern[bytes]:
 _ATTR_RE = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
     "train.loss", "train.device.synced", "train.gpu.utilization_ratio",
-    "train.gpu.memory_used_bytes"])
+    "train.gpu.memory_used_bytes", "train.truncated", "train.truncated.reason"])
 
 
 def _fast_value(kind: bytes, raw: bytes) -> Any:
