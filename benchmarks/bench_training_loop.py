@@ -78,6 +78,13 @@ collections per 1000 steps (all generations, all threads) are counted through
 ``gc.callbacks`` in the timed blocks, and a separate block under ``tracemalloc`` gives the
 Python memory blocks allocated at peak and kept after the block (per step), bare beside it.
 
+Beside each otel-train run's row, ``own cost``: the share of the block's time the run reports
+it lost (``run.self_cost.lost_ns`` over the block: hot path + the training thread's measured
+wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share of the same
+blocks, 1 - bare / variant block wall, and their paired difference in percentage points. Read
+it in the all-in mode (``--block-steps 1500``), where the exporter process and the receiver
+work inside the clock. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter process un-niced.
+
 The machine is shared: absolute figures are noisy; read the paired ratios.
 
 Usage::
@@ -85,6 +92,8 @@ Usage::
     python benchmarks/bench_training_loop.py                 # full (~10-15 min)
     python benchmarks/bench_training_loop.py --smoke         # seconds; the test runs it
     python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --pairs 20
+    python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --block-steps 1500 \
+        --pairs 20 --variants otel-otlp --no-memory          # all-in, own cost beside it
 """
 
 from __future__ import annotations
