@@ -2,9 +2,9 @@
 
 The child is ``python -I -c`` (child.py's ``child_main``) with two pipe ends: commands down
 one, reports up the other, niced by ``export_process_nice`` (its CPU then yields to the
-training process's threads when they compete for a core). Its configuration is the first frame, written blocking while the
-pipe is empty; then both ends turn non-blocking, so nothing this process does waits on the
-child.
+training process's threads when they compete for a core). Its configuration is the first
+frame, written blocking while the pipe is empty; then both ends turn non-blocking, so nothing
+this process does waits on the child.
 
 Usage::
 
