@@ -112,3 +112,32 @@ def test_a_busy_background_thread_shows_as_the_training_threads_wait() -> None:
     assert busy["share_of_step_time"] > 0
     quiet = _worker_run(busy_seconds=0.0)
     assert quiet["wait_gil_us_per_step"] < busy["wait_gil_us_per_step"]
+
+
+def test_the_gauge_serves_the_recent_share_of_the_loops_time(tmp_path: Path) -> None:
+    import re
+    import urllib.request
+
+    run = start_test_run(tmp_path, exporter="none", prometheus_port=0, console=False)
+    try:
+        for step in run.steps(range(500)):
+            with step.phase("forward"):
+                sum(range(1000))
+        own = run.costs()["own_cost"]
+        text = urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=10).read().decode()
+    finally:
+        run.shutdown()
+    got = re.findall(r"^otel_train_instrumentation_overhead_ratio\{[^}]*\} (\S+)$", text, re.M)
+    assert len(got) == 1, text
+    assert 0.0 < float(got[0]) <= 1.0
+    assert float(got[0]) == pytest.approx(own["recent_share_of_step_time"], rel=0.5)
+
+
+def test_the_summary_line_says_why_the_wait_is_missing_where_it_cannot_be_measured() -> None:
+    own = SelfCostMeter(2_000.0, started_ns=0)
+    own.schedstat.unavailable = "no per-thread schedstat on darwin"
+    own.add_hot_path_spans(500)
+    own.note_steps(100, 0, 100_000_000)
+    line = format_costs_table({"own_cost": own.figures()}).splitlines()[-1]
+    assert "1.00% of the training loop's time" in line
+    assert "wait on its threads not measured: no per-thread schedstat on darwin" in line
