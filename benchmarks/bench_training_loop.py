@@ -587,8 +587,9 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
     for group in groups:
         before = receiver.count()
         try:
-            results = _spawn(dict(base, variants=group, mode="pairs",
-                                  memory=args.memory))
+            # Long blocks on a loaded machine take long: 0.1 s per step is ten GPT steps.
+            results = _spawn(dict(base, variants=group, mode="pairs", memory=args.memory),
+                             timeout_seconds=600 + 0.1 * 2 * (args.pairs + 1) * n * len(group))
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"{','.join(group):<16}  failed: {exc}")
             continue
