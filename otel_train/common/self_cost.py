@@ -125,8 +125,7 @@ class SelfCostMeter:
             if self.first_step_ns is None and first_start_ns is not None:
                 self.first_step_ns = first_start_ns
             self.steps += steps
-            if last_end_ns > self.last_step_end_ns:
-                self.last_step_end_ns = last_end_ns
+            self.last_step_end_ns = max(self.last_step_end_ns, last_end_ns)
             if steps:
                 self._marks.append((self.steps, self.last_step_end_ns, self._lost_locked()))
 

@@ -5,9 +5,9 @@ thread shows as the training thread's wait."""
 from __future__ import annotations
 
 import json
-import threading
+import re
 import time
-from collections import deque
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -115,9 +115,6 @@ def test_a_busy_background_thread_shows_as_the_training_threads_wait() -> None:
 
 
 def test_the_gauge_serves_the_recent_share_of_the_loops_time(tmp_path: Path) -> None:
-    import re
-    import urllib.request
-
     run = start_test_run(tmp_path, exporter="none", prometheus_port=0, console=False)
     try:
         for step in run.steps(range(500)):
@@ -127,7 +124,7 @@ def test_the_gauge_serves_the_recent_share_of_the_loops_time(tmp_path: Path) -> 
         text = urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=10).read().decode()
     finally:
         run.shutdown()
-    got = re.findall(r"^otel_train_instrumentation_overhead_ratio\{[^}]*\} (\S+)$", text, re.M)
+    got = re.findall(r"^otel_train_instrumentation_overhead_ratio\{[^}]*\} (\S+)$", text, re.MULTILINE)
     assert len(got) == 1, text
     assert 0.0 < float(got[0]) <= 1.0
     assert float(got[0]) == pytest.approx(own["recent_share_of_step_time"], rel=0.5)
