@@ -78,6 +78,13 @@ collections per 1000 steps (all generations, all threads) are counted through
 ``gc.callbacks`` in the timed blocks, and a separate block under ``tracemalloc`` gives the
 Python memory blocks allocated at peak and kept after the block (per step), bare beside it.
 
+Beside each otel-train run's row, ``own cost``: the share of the block's time the run reports
+it lost (``run.self_cost.lost_ns`` over the block: hot path + the training thread's measured
+wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share of the same
+blocks, 1 - bare / variant block wall, and their paired difference in percentage points. Read
+it in the all-in mode (``--block-steps 1500``), where the exporter process and the receiver
+work inside the clock. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter process un-niced.
+
 The machine is shared: absolute figures are noisy; read the paired ratios.
 
 Usage::
@@ -85,6 +92,8 @@ Usage::
     python benchmarks/bench_training_loop.py                 # full (~10-15 min)
     python benchmarks/bench_training_loop.py --smoke         # seconds; the test runs it
     python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --pairs 20
+    python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --block-steps 1500 \
+        --pairs 20 --variants otel-otlp --no-memory          # all-in, own cost beside it
 """
 
 from __future__ import annotations
@@ -376,12 +385,18 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     bare = lambda: loop_bare(w, n)  # noqa: E731
     child = ProcessCpu(exporter_pid(run)) if run is not None else None
 
+    meter = run.self_cost if run is not None else None
+
     def run_variant() -> dict[str, int]:
         if variant == "instrument":  # hooks go on outside the clock (off in the drain)
             holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
+        lost0 = meter.lost_ns if meter is not None else 0
         # The exporter process finishes sending outside the clock: its work is another
         # process's (expCPU), and must not spill into the next (bare) block either.
-        return timed_block(clock, body, drain, child, settle=run.flush if run else None)
+        got = timed_block(clock, body, drain, child, settle=run.flush if run else None)
+        if meter is not None:  # what the run reports it cost the block's steps
+            got["reported_lost"] = meter.lost_ns - lost0
+        return got
 
     # Warm-up: caches, allocator, first-use paths of both loops.
     run_variant(), timed_block(clock, bare)
@@ -521,6 +536,16 @@ def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: i
             f"{child:8.0f}  {delivered}")
 
 
+def _own_cost_line(pairs: list[tuple[dict[str, int], dict[str, int]]]) -> str:
+    """The share of the loop's time the run reports it lost (``SelfCostMeter.lost_ns`` over
+    the block's wall) beside the A/B's share, 1 - bare / variant, and their difference."""
+    ab = [1.0 - b["wall"] / v["wall"] for b, v in pairs]
+    reported = [v["reported_lost"] / v["wall"] for _, v in pairs]
+    diff = [100.0 * (r - a) for r, a in zip(reported, ab)]
+    return (f"{'':<16}  own cost: A/B share {_fmt_ci([100 * a for a in ab])} %, reported "
+            f"{_fmt_ci([100 * r for r in reported])} %, reported - A/B {_fmt_ci(diff)} pp")
+
+
 HEADER = (f"{'variant':<16}{'ratio [95% CI]':>24}{'ratio+drain [95% CI]':>24}"
           f"{'stall':>9}{'+stall':>8}{'+runq':>8}{'+GIL':>8}{'+thrCPU':>9}{'+procCPU':>9}"
           f"{'+bgCPU':>8}{'expCPU':>8}  spans delivered")
@@ -562,8 +587,9 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
     for group in groups:
         before = receiver.count()
         try:
-            results = _spawn(dict(base, variants=group, mode="pairs",
-                                  memory=args.memory))
+            # Long blocks on a loaded machine take long: 0.1 s per step is ten GPT steps.
+            results = _spawn(dict(base, variants=group, mode="pairs", memory=args.memory),
+                             timeout_seconds=600 + 0.1 * 2 * (args.pairs + 1) * n * len(group))
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"{','.join(group):<16}  failed: {exc}")
             continue
@@ -602,6 +628,8 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
     else:
         delivered = "- (no export)"
     print(_row(variant, pairs, n, delivered), flush=True)
+    if all("reported_lost" in v for _, v in pairs):
+        print(_own_cost_line(pairs), flush=True)
     gc_steps = res["gc_steps"]
     if variant in ("otel-otlp", "otel-thread", "otel-sdk"):
         per_k = lambda c: "/".join(f"{1000 * x / gc_steps:.1f}" for x in c)  # noqa: E731
@@ -698,7 +726,11 @@ def main(argv: list[str] | None = None) -> int:
           "(waiting for the GIL, mostly); +thrCPU / +procCPU "
           "= training-thread / whole-process CPU added per step (procCPU includes the drain); "
           "+bgCPU = this process's threads but the training thread, drain included; expCPU = "
-          "the exporter process's CPU per step (another process: no GIL of ours).")
+          "the exporter process's CPU per step (another process: no GIL of ours); own cost: "
+          "the share of the block's time the run reports it lost (SelfCostMeter: hot path + "
+          "measured wait on its threads) beside the A/B's, 1 - bare/variant block wall, in %, "
+          "and their paired difference in percentage points (read it in the all-in mode, "
+          "--block-steps 1500, where the background works inside the clock).")
     return 0
 
 

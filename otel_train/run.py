@@ -78,6 +78,7 @@ class Run:
     """One training run: steps, phases, monitoring, and the telemetry they produce."""
 
     def __init__(self, options: RunOptions) -> None:
+        started_ns = time.perf_counter_ns()  # own cost: start-up is reported apart from the steps
         self.options = options
         self._closed = False
         self._lock = threading.Lock()
@@ -104,7 +105,8 @@ class Run:
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
         self.device = resolve_device_timing(options.device_sync)
-        self.self_cost = SelfCostMeter(calibrate_ns_per_phase())
+        self.self_cost = SelfCostMeter(calibrate_ns_per_phase(), started_ns=started_ns,
+                                       window_steps=options.recent_window_steps)
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
                                   self.device.make_event)
         self._telemetry = assemble_telemetry(
@@ -123,6 +125,7 @@ class Run:
         atexit.register(self._atexit)
         process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
+        self.self_cost.note_ready()
 
     # -- public API ---------------------------------------------------------------------
     @property

@@ -140,6 +140,9 @@ class RunOptions:
     # Prometheus histograms, the console) run there too; this process serves a copy of their
     # state, refreshed once a second (derived/chain.py). False: they run here.
     metrics_in_export_process: bool = True
+    # The exporter process's niceness (added to this process's, 0..19): its CPU yields to
+    # the training threads when they compete for a core.
+    export_process_nice: int = 10
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -251,6 +254,10 @@ class RunOptions:
         if port is not DEFAULT and port is not None:
             if not _is_int(port) or not 0 <= port <= 65535:
                 self._fail("prometheus_port", "must be None (off), 0 (a free port) or 1..65535")
+        v = self.export_process_nice
+        if not _is_int(v) or not 0 <= v <= 19:
+            self._fail("export_process_nice", "must be an integer from 0 (as the training "
+                       "process) to 19 (the lowest priority)")
         if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
             self._fail("warmup_steps", "must be an integer >= 0 (0: no warm-up)")
 

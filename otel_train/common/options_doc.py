@@ -175,6 +175,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "ignores the launcher's SIGINT/SIGTERM (the run's shutdown flushes through it) and "
         "leaves when the run ends or the training process dies; if it cannot start, export "
         "falls back to a thread."),
+    "export_process_nice": OptionDoc(
+        "export", "with `export_process`: the exporter process's niceness, added to the "
+        "training process's (0..19; 0: the same priority)",
+        details="Niced, its CPU yields to the training threads when both want a core, so on "
+        "a busy machine the exporter process takes its time rather than the training "
+        "loop's; spans wait a little longer in its bounded queue. The default is the one "
+        "that measured lowest in the all-in A/B (docs/benchmarks.md)."),
     "metrics_in_export_process": OptionDoc(
         "export", "with `export_process`: the derived metrics run in the exporter process "
         "too; `False`: they always run in the training process",

@@ -1,23 +1,101 @@
-"""The library's own CPU cost (``otel_train_instrumentation_overhead_ratio``)."""
+"""otel-train's own cost to a run: what the training thread loses, per step, and the CPU beside it.
+
+The figures (``SelfCostMeter.figures``, under ``own_cost`` in ``run.costs()`` and
+monitoring_costs.json; docs/monitoring-costs.md explains each):
+
+- ``hot_path_us_per_step``: the step and phase context managers on the training thread,
+  estimated as recorded spans x a calibrated cost per span (timing the hot path on the hot
+  path would double it). Drains the training thread runs itself when it asks for them
+  (``run.costs()``, ``run.flush()``) are measured and reported apart
+  (``training_thread_drains_seconds``): they come when the user calls, not with each step;
+- ``wait_us_per_step``: the training thread's measured wait caused by otel-train's threads,
+  from its ``/proc/self/task/<tid>/schedstat`` sampled by the span worker around each drain
+  and poll: over each interval, time the training thread was neither on a CPU nor runnable
+  (on CPython: waiting for the GIL) up to the CPU otel-train's background thread spent in
+  it (``gil``), and time it was runnable but waiting for a CPU up to what the exporter
+  process (and the rest of the background thread's CPU) ran in it (``run_queue``). ``None``
+  with ``wait_unavailable`` saying why where schedstat is missing (not Linux);
+- ``share_of_step_time``: (hot path + wait) / the loop's wall time (first step's start to the
+  last step's end), 0..1: the share of its time the training loop loses, the figure an A/B
+  of the same loop with and without otel-train measures (1 - bare / instrumented);
+- ``background_cpu_us_per_step`` (this process's otel-train threads) and
+  ``exporter_process_cpu_us_per_step`` (start-up left out): CPU that runs beside training;
+- ``startup``: start_run's own time, the time until the first step, the exporter process's
+  start-up CPU: reported apart, never averaged into the steps.
+
+Usage::
+
+    meter = SelfCostMeter(calibrate_ns_per_phase(), started_ns=perf_counter_ns())
+    meter.note_ready()                                 # start_run returned
+    meter.note_steps(steps, first_start_ns, last_end_ns)   # the span worker, per drain
+    meter.sample(background_ns, exporter_cpu_ns, loop_active)   # the span worker, per poll
+    meter.figures(exporter_cpu_seconds=1.2, exporter_startup_cpu_seconds=0.4)
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from collections import deque
+from time import perf_counter_ns
+from typing import Any
+
+_MARKS = 64  # drains remembered for the recent window
+
+
+class TrainingThreadSchedstat:
+    """The training thread's scheduler clock: ns on a CPU and ns runnable, waiting for one."""
+
+    def __init__(self, native_tid: int) -> None:
+        self.path = f"/proc/self/task/{native_tid}/schedstat"
+        self.unavailable: str | None = None
+        if not sys.platform.startswith("linux"):
+            self.unavailable = f"no per-thread schedstat on {sys.platform}"
+        elif not os.path.exists(self.path):
+            self.unavailable = f"{self.path} is missing (kernel without schedstats)"
+
+    def read(self) -> tuple[int, int] | None:
+        """(on-CPU ns, run-queue wait ns) so far, or None where it cannot be read."""
+        if self.unavailable is not None:
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                on, wait = f.read().split()[:2]
+            return int(on), int(wait)
+        except (OSError, ValueError):  # the thread has exited
+            return None
 
 
 class SelfCostMeter:
-    """The library's own CPU cost, in nanoseconds, monotonically increasing.
+    """otel-train's own cost so far, in nanoseconds, monotonically increasing.
 
     Background threads add their measured thread CPU time; the hot path is accounted as
-    ``phases x calibrated cost per phase`` (measuring it on the hot path would double it).
+    ``spans x calibrated cost per span``; the span worker samples the training thread's wait.
     """
 
-    def __init__(self, hot_path_ns_per_span: float = 0.0) -> None:
+    def __init__(self, hot_path_ns_per_span: float = 0.0, started_ns: int | None = None,
+                 training_tid: int | None = None, window_steps: int = 100) -> None:
         self.hot_path_ns_per_span = hot_path_ns_per_span
+        self.window_steps = window_steps
+        # The thread that started the run trains (run.steps is driven from it).
+        self.training_tid = training_tid or threading.get_native_id()
+        self.schedstat = TrainingThreadSchedstat(self.training_tid)
         self._lock = threading.Lock()
         self._background_ns = 0
         self._hot_path_ns = 0.0
+        self._on_training_thread_ns = 0  # drains the training thread ran itself
+        self._gil_wait_ns = 0
+        self._runq_wait_ns = 0
+        self.started_ns = perf_counter_ns() if started_ns is None else started_ns
+        self.ready_ns: int | None = None
+        self.steps = 0
+        self.first_step_ns: int | None = None
+        self.last_step_end_ns = 0
+        self._prev: tuple[int, tuple[int, int] | None, int | None] | None = None
+        self._marks: deque[tuple[int, int, float]] = deque(maxlen=_MARKS)
 
+    # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
         """Add CPU time a background thread spent on telemetry."""
         with self._lock:
@@ -28,9 +106,129 @@ class SelfCostMeter:
         with self._lock:
             self._hot_path_ns += spans * self.hot_path_ns_per_span
 
+    def add_training_thread_ns(self, ns: int) -> None:
+        """Add otel-train work the training thread did itself (a drain in ``run.costs()``)."""
+        with self._lock:
+            self._on_training_thread_ns += ns
+
+    def on_training_thread(self) -> bool:
+        """The calling thread is the training thread."""
+        return threading.get_native_id() == self.training_tid
+
+    def note_ready(self) -> None:
+        """start_run has returned: what came before is start-up."""
+        self.ready_ns = perf_counter_ns()
+
+    def note_steps(self, steps: int, first_start_ns: int | None, last_end_ns: int) -> None:
+        """``steps`` more steps were drained; the first one's start and the latest end."""
+        with self._lock:
+            if self.first_step_ns is None and first_start_ns is not None:
+                self.first_step_ns = first_start_ns
+            self.steps += steps
+            self.last_step_end_ns = max(self.last_step_end_ns, last_end_ns)
+            if steps:
+                self._marks.append((self.steps, self.last_step_end_ns, self._lost_locked()))
+
+    def sample(self, background_ns: int, exporter_cpu_ns: int | None, loop_active: bool) -> None:
+        """One interval of the span worker: its CPU (``background_ns``), the exporter
+        process's CPU so far, and whether training ran in it; attributes the training
+        thread's wait in the interval to otel-train's threads, bounded by their CPU."""
+        now = perf_counter_ns()
+        stat = self.schedstat.read()
+        with self._lock:
+            self._background_ns += background_ns
+            prev, self._prev = self._prev, (now, stat, exporter_cpu_ns)
+            if prev is None or stat is None or prev[1] is None or not loop_active:
+                return
+            wall = now - prev[0]
+            on_cpu = stat[0] - prev[1][0]
+            runq = stat[1] - prev[1][1]
+            blocked = max(0, wall - on_cpu - runq)
+            gil = min(blocked, background_ns)
+            exporter = 0
+            if exporter_cpu_ns is not None and prev[2] is not None:
+                exporter = max(0, exporter_cpu_ns - prev[2])
+            self._gil_wait_ns += gil
+            self._runq_wait_ns += min(max(0, runq), exporter + background_ns - gil)
+
+    # -- reading ------------------------------------------------------------------------
+    def _lost_locked(self) -> float:
+        return self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
+
     @property
     def total_ns(self) -> int:
         """Background plus estimated hot-path CPU time so far."""
         with self._lock:
             return int(self._background_ns + self._hot_path_ns)
 
+    @property
+    def lost_ns(self) -> int:
+        """What the training loop lost so far: the hot path and the attributed wait."""
+        with self._lock:
+            return int(self._lost_locked())
+
+    def recent_share(self) -> float | None:
+        """Share of the loop's wall time lost over the last ``window_steps`` steps (at least
+        one drain), None before any step was drained."""
+        with self._lock:
+            marks = self._marks
+            if not marks:
+                return None
+            steps, end, lost = marks[-1]
+            base: tuple[int, int, float] | None = None
+            for mark in reversed(marks):
+                if steps - mark[0] >= self.window_steps:
+                    base = mark
+                    break
+            if base is None:  # fewer steps than the window: the whole loop so far
+                if self.first_step_ns is None:
+                    return None
+                base = (0, self.first_step_ns, 0.0)
+            wall = end - base[1]
+            return min(1.0, max(0.0, (lost - base[2]) / wall)) if wall > 0 else None
+
+    def figures(self, exporter_cpu_seconds: float | None = None,
+                exporter_startup_cpu_seconds: float | None = None) -> dict[str, Any]:
+        """The own-cost figures as plain data (the costs file's ``own_cost``)."""
+        with self._lock:
+            steps = self.steps
+            lost = self._lost_locked()
+            wall = (self.last_step_end_ns - self.first_step_ns
+                    if self.first_step_ns is not None else 0)
+            hot, own = self._hot_path_ns, self._on_training_thread_ns
+            gil, runq, background = self._gil_wait_ns, self._runq_wait_ns, self._background_ns
+        unavailable = self.schedstat.unavailable
+
+        def per_step(ns: float | None) -> float | None:
+            return None if ns is None or not steps else round(ns / steps / 1e3, 3)
+
+        exporter_steady = None
+        if exporter_cpu_seconds is not None:
+            exporter_steady = max(0.0, exporter_cpu_seconds - (exporter_startup_cpu_seconds
+                                                               or 0.0)) * 1e9
+        waits = None if unavailable else gil + runq
+        return {
+            "steps": steps,
+            "step_wall_us": per_step(wall) if wall > 0 else None,
+            "share_of_step_time": (min(1.0, lost / wall) if wall > 0 and steps else None),
+            "recent_share_of_step_time": self.recent_share(),
+            "lost_us_per_step": per_step(lost),
+            "hot_path_us_per_step": per_step(hot),
+            "wait_us_per_step": per_step(waits),
+            "wait_gil_us_per_step": None if unavailable else per_step(gil),
+            "wait_run_queue_us_per_step": None if unavailable else per_step(runq),
+            "wait_unavailable": unavailable,
+            "background_cpu_us_per_step": per_step(background),
+            "exporter_process_cpu_us_per_step": per_step(exporter_steady),
+            "training_thread_drains_seconds": round(own / 1e9, 6),
+            "startup": self._startup(exporter_startup_cpu_seconds),
+        }
+
+    def _startup(self, exporter_startup_cpu_seconds: float | None) -> dict[str, Any]:
+        """Start-up, apart: start_run's own time, until the first step, the exporter's CPU."""
+        def secs(end: int | None) -> float | None:
+            return None if end is None else round(max(0, end - self.started_ns) / 1e9, 6)
+
+        return {"start_run_seconds": secs(self.ready_ns),
+                "until_first_step_seconds": secs(self.first_step_ns),
+                "exporter_process_cpu_seconds": exporter_startup_cpu_seconds}

@@ -8,7 +8,9 @@ percent, everything counted) and ``budget_status`` at the top, and per operation
 Beside them: the same figures as ratios 0..1 (``total_share``, ``share``), the steady-state
 figure the budget status and the advisor use (``steady_share``: first calls and warm-up
 steps replaced by their steady figures), the recent window, the share of wall time, the
-warm-up steps, and the advisor's projections.
+warm-up steps, and the advisor's projections. otel-train's own cost is under ``own_cost``
+(``SelfCostMeter.figures``: per step in µs, its share of the loop's time, start-up apart),
+its share also as ``instrumentation_overhead_ratio``.
 
 ``run.costs()`` returns a ``CostsReport``: a dict (the JSON content) whose ``str()`` is the
 table ``otel-train costs`` prints, so ``print(run.costs())`` reads like the command.
@@ -161,18 +163,51 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                   + ", ".join(f"{k} x{v}" for k, v in slow.items())]
     if data.get("slow_steps"):
         lines.append(f"slow steps: {data['slow_steps']}")
-    own = data.get("instrumentation_overhead_ratio")
-    exporter = data.get("exporter_process_cpu_seconds")
-    if own is not None or exporter is not None:
-        cost = [f"{_share(own)} of this process's wall time"] if own is not None else []
-        if exporter is not None:
-            per_step = data.get("exporter_process_cpu_seconds_per_step")
-            each = f", {per_step * 1e6:.0f} us per step" if per_step is not None else ""
-            startup = data.get("exporter_process_startup_cpu_seconds")
-            start = f" ({_secs(startup)} of it start-up)" if startup else ""
-            cost.append(f"exporter process {_secs(exporter)} CPU{start}{each} (its own core)")
-        lines += ["", "otel-train's own cost: " + "; ".join(cost)]
+    own_line = own_cost_line(data)
+    if own_line:
+        lines += ["", own_line]
     return "\n".join(lines)
+
+
+def add_own_cost(data: dict[str, Any], figures: Mapping[str, Any]) -> None:
+    """otel-train's own cost (``SelfCostMeter.figures``) into a costs report: ``own_cost``,
+    and ``instrumentation_overhead_ratio`` = its share of the loop's wall time (whole run,
+    start-up apart)."""
+    data["own_cost"] = dict(figures)
+    data["instrumentation_overhead_ratio"] = figures.get("share_of_step_time")
+
+
+def own_cost_line(data: Mapping[str, Any]) -> str:
+    """The summary line of otel-train's own cost ('' when the report has none)."""
+    own = data.get("own_cost")
+    if not own:
+        return ""
+    if not own.get("steps"):
+        return "otel-train's own cost: no step drained yet"
+
+    def us(key: str) -> str:
+        v = own.get(key)
+        return "-" if v is None else f"{v:.0f} us"
+
+    share = own.get("share_of_step_time")
+    head = (f"otel-train's own cost: {_share(share)} of the training loop's time "
+            f"({us('lost_us_per_step')} per step of {us('step_wall_us')}: hot path "
+            f"{us('hot_path_us_per_step')}, ")
+    if own.get("wait_unavailable"):
+        head += f"wait on its threads not measured: {own['wait_unavailable']})"
+    else:
+        head += f"waiting for its threads {us('wait_us_per_step')})"
+    beside = f"; beside it, CPU per step: {us('background_cpu_us_per_step')} in this process"
+    if own.get("exporter_process_cpu_us_per_step") is not None:
+        beside += f", {us('exporter_process_cpu_us_per_step')} in the exporter process"
+    start = own.get("startup") or {}
+    parts = []
+    if start.get("start_run_seconds") is not None:
+        parts.append(f"start_run {_secs(start['start_run_seconds'])}")
+    if start.get("exporter_process_cpu_seconds"):
+        parts.append(f"exporter process {_secs(start['exporter_process_cpu_seconds'])} CPU")
+    tail = f"; start-up apart: {', '.join(parts)}" if parts else ""
+    return head + beside + tail
 
 
 def costs_verdict(data: Mapping[str, Any]) -> BudgetVerdict:

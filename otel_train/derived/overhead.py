@@ -23,8 +23,8 @@ Definitions (the telemetry contract's ``otel_train_monitoring_overhead_ratio``):
   notes' table gives 10.9% both ways).
 
 Per operation: calls, total, max, first call, and its share of the training time. The
-library's own cost (``SelfCostMeter``) over the recent window gives the instrumentation
-overhead ratio (CPU time over wall time).
+library's own cost (``SelfCostMeter.recent_share``: what the training thread loses over the
+loop's wall time, recent window) gives the instrumentation overhead ratio.
 
 Usage::
 
@@ -109,7 +109,7 @@ class OverheadSpanProcessor(StepViewProcessor):
 
     state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
                     "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
-                    "_between_ns", "_ops", "_cost_marks")
+                    "_between_ns", "_ops")
 
     def __init__(self, recent_window_steps: int = 100,
                  self_cost: SelfCostMeter | None = None, warmup_steps: int = 5) -> None:
@@ -133,11 +133,6 @@ class OverheadSpanProcessor(StepViewProcessor):
         self._recent_monitor = 0
         self._between_ns = 0  # operations since the last step, folded into the next entry
         self._ops: dict[str, list[int]] = {}
-        # (self cost ns, cumulative wall ns) every _mark_every steps over the recent window:
-        # reading the meter takes its lock, so not on every step
-        self._mark_every = max(1, recent_window_steps // 16)
-        self._cost_marks: deque[tuple[int, int]] = deque(
-            maxlen=recent_window_steps // self._mark_every + 1)
 
     # -- feeding ------------------------------------------------------------------------
     def on_step(self, view: StepView) -> None:
@@ -165,8 +160,6 @@ class OverheadSpanProcessor(StepViewProcessor):
         self._recent_monitor += mon
         if view.operations:
             self._count_operations(view)
-        if self._self_cost is not None and self.steps % self._mark_every == 1 % self._mark_every:
-            self._cost_marks.append((self._self_cost.total_ns, self._wall_ns))
 
     def on_operation(self, view: StepView) -> None:
         """Count monitoring done between steps (monitoring, not training)."""
@@ -277,14 +270,9 @@ class OverheadSpanProcessor(StepViewProcessor):
             )
 
     def _instrumentation_ratio(self) -> float | None:
-        """Library CPU time / wall time over the recent window (None without a meter)."""
-        if self._self_cost is None:
-            return None
-        marks = self._cost_marks
-        cost, wall = self._self_cost.total_ns, self._wall_ns
-        if marks and len(marks) == marks.maxlen:
-            base_cost, base_wall = marks[0]
-        else:
-            base_cost, base_wall = 0, 0  # the window is not full yet: the whole run so far
-        dwall = wall - base_wall
-        return max(0.0, (cost - base_cost) / dwall) if dwall > 0 else 0.0
+        """The share of the loop's wall time otel-train takes from the training thread over
+        the recent window (None without a meter, or before the first drained step)."""
+        # The exporter process's copy of the chain has a stand-in meter: the training
+        # process's copy answers for the gauge and the costs.
+        recent_share = getattr(self._self_cost, "recent_share", None)
+        return recent_share() if recent_share is not None else None

@@ -340,7 +340,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             labels=["operation", "rank"])
         own = GaugeMetricFamily(
             A.METRIC_INSTRUMENTATION_OVERHEAD,
-            "CPU time of otel-train itself / training wall time (recent window).",
+            "Share of the training loop's wall time otel-train takes from the training thread "
+            "(hot path + its wait for otel-train's threads; recent window, start-up apart).",
             labels=["rank"])
         if self.overhead is not None:
             snap = self.overhead.snapshot()

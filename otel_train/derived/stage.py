@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.derived import otlp_metrics as om
 from otel_train.derived.console import ConsoleReportSpanProcessor
-from otel_train.derived.costs import CostsFileWriter, CostsReport, build_costs
+from otel_train.derived.costs import CostsFileWriter, CostsReport, add_own_cost, build_costs
 from otel_train.common.files import write_json_atomic
 from otel_train.derived.chain import StepChain, chain_settings, feed_records
 from otel_train.common.drop_counter import DropCounter
@@ -246,6 +246,7 @@ class DerivedMetricsStage:
         if data["rank"] is None:
             data["rank"] = self.identity.rank
         data["dropped_spans"] = self.drops.counts()
+        seconds = startup = None
         for source in self._exporter_cpu:
             seconds = source.cpu_seconds()
             if seconds is not None:
@@ -258,6 +259,7 @@ class DerivedMetricsStage:
                 data["exporter_process_startup_cpu_seconds"] = startup
                 data["exporter_process_cpu_seconds_per_step"] = (
                     (seconds - startup) / snapshot.steps if snapshot.steps else None)
+        add_own_cost(data, self.self_cost.figures(seconds, startup))
         return data
 
     def after_fork_in_child(self) -> None:

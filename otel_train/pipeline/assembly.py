@@ -272,7 +272,8 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
             client = ExportProcessClient(
                 plan.export, factory.resource, factory.scope, factory.run_constants, drops,
                 options.max_queued_spans, options.export_batch_size,
-                options.export_interval_seconds, fallback=in_process_stage)
+                options.export_interval_seconds, fallback=in_process_stage,
+                nice=options.export_process_nice)
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)

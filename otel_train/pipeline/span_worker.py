@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter
+from otel_train.export.process.cpu import process_cpu_seconds
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.span_rows import record_span_count, view_from_record
 from otel_train.records.step_records import StepRecordBuilder
@@ -91,6 +92,8 @@ class SpanBuildWorker:
         self._warn = RateLimitedLogger(_log)
         self._thread = threading.Thread(target=self._run, name="otel-train-spans", daemon=True)
         self.spans_built = 0
+        self._cpu_mark = 0  # this thread's CPU at the last own-cost sample
+        self._seen_step_end = 0
         self.paused = False  # benchmarks pause the worker to time the hot path alone
 
     def start(self) -> None:
@@ -98,6 +101,7 @@ class SpanBuildWorker:
         self._thread.start()
 
     def _run(self) -> None:
+        self._cpu_mark = thread_time_ns()
         q = self._recorder.queue
         user_rows = self._route.user_rows
         tick = getattr(self._export, "tick", None)
@@ -106,6 +110,7 @@ class SpanBuildWorker:
             self._stop.wait(self._interval)
             if self.paused:
                 continue
+            self._sample_cost()
             if q or (user_rows is not None and user_rows.waiting):
                 now = monotonic()
                 if not waiting_since:
@@ -113,6 +118,9 @@ class SpanBuildWorker:
                 if len(q) >= self._drain_at or now - waiting_since >= self._max_delay:
                     waiting_since = 0.0
                     self.drain()
+                    # The drain's interval apart: the training thread's wait in it is
+                    # bounded by the drain's own CPU, not by the whole poll's.
+                    self._sample_cost()
                     continue
             if tick is not None:
                 try:
@@ -137,6 +145,30 @@ class SpanBuildWorker:
         finally:
             self._drain_lock.release()
 
+    def _sample_cost(self) -> None:
+        """Own cost: this thread's CPU since the last sample, and the training thread's wait
+        in that interval (``SelfCostMeter.sample``); never raises."""
+        try:
+            cpu = thread_time_ns()
+            used, self._cpu_mark = cpu - self._cpu_mark, cpu
+            exporter = self._exporter_cpu_ns()
+            rec = self._recorder
+            end = rec.last_step_end_ns
+            # Training ran in the interval: a step is open, or one ended since the last look.
+            active = rec.current is not None or end != self._seen_step_end
+            self._seen_step_end = end
+            self._self_cost.sample(used, exporter, active)
+        except Exception as exc:
+            self._warn.warning("cost", "otel-train: own-cost sample failed: %r", exc)
+
+    def _exporter_cpu_ns(self) -> int | None:
+        """The exporter process's CPU so far (ns), None without one or where unreadable."""
+        pid = getattr(self._export, "pid", None)
+        if pid is None:
+            return None
+        seconds = process_cpu_seconds(pid)
+        return None if seconds is None else int(seconds * 1e9)
+
     def _drain_locked(self, deadline_ns: int | None) -> int:
         cpu0 = thread_time_ns()
         try:
@@ -149,7 +181,13 @@ class SpanBuildWorker:
                 except Exception as exc:
                     self._warn.warning("send", "otel-train: could not hand spans to the "
                                        "exporter: %r", exc)
-            self._self_cost.add_background_ns(thread_time_ns() - cpu0)
+            used = thread_time_ns() - cpu0
+            if threading.current_thread() is self._thread:
+                pass  # the worker's own CPU is counted by _sample_cost, with its wait
+            elif self._self_cost.on_training_thread() and not self._stop.is_set():
+                self._self_cost.add_training_thread_ns(used)  # run.costs(), run.flush()
+            else:  # another thread's, or the last drain at shutdown (teardown, not a step's)
+                self._self_cost.add_background_ns(used)
 
     def _queued(self, deadline_ns: int | None) -> Iterator[Step | MonitorRecord]:
         """Pop queued records until the queue is empty or ``deadline_ns`` passed."""
@@ -176,8 +214,13 @@ class SpanBuildWorker:
         record_of, metrics, rank = self._builder.record, route.metrics, route.rank
         made: list[tuple[Any, ...]] = []
         views = []
-        built = 0
+        built = steps = 0
+        first_start: int | None = None
         for record in self._queued(deadline_ns):
+            if isinstance(record, Step):
+                steps += 1
+                if first_start is None:
+                    first_start = record.start_ns
             try:
                 rec = record_of(record)
                 # No metrics here when the exporter process feeds them (derived/chain.py).
@@ -195,6 +238,7 @@ class SpanBuildWorker:
             self._hand_on(route.export, made, rows)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built)  # once per drain: it takes a lock
+        self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)
         return len(made)
 
     def _hand_on(self, sink: RecordSink, made: list[tuple[Any, ...]],

@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_training_loop.py"
 _RATIO = r"\s+(\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]"
+_SIGNED = r"\s+(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]"
 
 
 def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_delivers_spans():
@@ -37,6 +38,15 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     # otel-otlp, otel-thread and the SDK: gc counts and allocations, both workloads.
     assert len(re.findall(r"gc collections per 1000 steps", out)) == 6
     assert len(re.findall(r"tracemalloc per step: bare kept", out)) == 6
+    # Beside each otel-train run's row: the share the run reports of itself for the same
+    # blocks, the A/B's share and their difference, each a finite median in its interval.
+    own = re.findall(rf"^\s+own cost: A/B share{_SIGNED}\s*%, reported{_SIGNED}\s*%, "
+                     rf"reported - A/B{_SIGNED}\s*pp$", out, re.M)
+    assert len(own) == 2 * 6, out  # otel-otlp/-thread/-paused/-sampled/-none, instrument
+    for row in own:
+        ab, ab_lo, ab_hi, rep, rep_lo, rep_hi, diff, d_lo, d_hi = map(float, row)
+        assert ab_lo <= ab <= ab_hi and rep_lo <= rep <= rep_hi and d_lo <= diff <= d_hi
+        assert 0.0 <= rep <= 100.0  # a share of the block's time, not 28395%
     # Spans really reached the real receiver, and otel-train built them.
     delivered = [int(n) for n in re.findall(r"spans delivered to the receiver by this process: "
                                             r"(\d+)", out)]

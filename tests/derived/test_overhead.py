@@ -116,12 +116,12 @@ def test_steady_ratio_weighs_a_first_call_like_the_later_ones() -> None:
     assert snap.steady_ratio == pytest.approx(0.004 / (10 * 0.1))  # 4 ms every 10 steps
 
 
-def test_instrumentation_overhead_is_self_cost_over_wall_time() -> None:
-    meter = SelfCostMeter()
+def test_instrumentation_overhead_is_the_meters_share_of_the_loops_time() -> None:
+    meter = SelfCostMeter(hot_path_ns_per_span=100_000.0, window_steps=100)
     ov = OverheadSpanProcessor(recent_window_steps=100, self_cost=meter)
-    for i in range(10):
-        meter.add_background_ns(1_000_000)  # 1 ms of library CPU per 100 ms step
-        feed(ov, train_step(i, step_ms=100))
+    meter.add_background_ns(50_000_000)  # background CPU beside training is not a loss
+    meter.add_hot_path_spans(10 * 10)  # 10 spans of 0.1 ms: 1 ms per 100 ms step
+    meter.note_steps(10, 0, 10 * 100_000_000)
     assert ov.snapshot().instrumentation_ratio == pytest.approx(0.01)
     assert OverheadSpanProcessor().snapshot().instrumentation_ratio is None
 

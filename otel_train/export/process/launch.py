@@ -1,13 +1,14 @@
 """Starting and stopping the exporter process, and this process's ends of its two pipes.
 
 The child is ``python -I -c`` (child.py's ``child_main``) with two pipe ends: commands down
-one, reports up the other. Its configuration is the first frame, written blocking while the
-pipe is empty; then both ends turn non-blocking, so nothing this process does waits on the
-child.
+one, reports up the other, niced by ``export_process_nice`` (its CPU then yields to the
+training process's threads when they compete for a core). Its configuration is the first
+frame, written blocking while the pipe is empty; then both ends turn non-blocking, so nothing
+this process does waits on the child.
 
 Usage::
 
-    process = ExporterProcess(exporter_config(plan, resource, scope, constants, ...))
+    process = ExporterProcess(exporter_config(plan, resource, scope, constants, ...), nice=10)
     process.cmd_fd; process.reader.read_available()
     process.close_pipes(); process.stop(seconds)
 """
@@ -33,9 +34,12 @@ _log = logging.getLogger("otel_train")
 # Signals are ignored before anything is imported: the launcher's SIGINT/SIGTERM are for the
 # training process, whose shutdown flushes through the child; the child leaves when the pipe
 # closes or the training process is gone.
+# The niceness comes next, before the imports, so the child's start-up yields to training too
+# (threads it starts later inherit it).
 _BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
          "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
+         "import json, os, sys; int(sys.argv[4]) and os.nice(int(sys.argv[4])); "
+         "sys.path[:0] = json.loads(sys.argv[3]); "
          "from otel_train.export.process.child import child_main; "
          "child_main(int(sys.argv[1]), int(sys.argv[2]))")
 
@@ -58,7 +62,7 @@ def exporter_config(plan: Any, resource: Resource, scope: InstrumentationScope,
 class ExporterProcess:
     """The running child and this process's non-blocking ends of its pipes."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], nice: int = 0) -> None:
         # os.pipe() descriptors are not inherited across exec; the child gets its two ends
         # through pass_fds only.
         cmd_r, self.cmd_fd = os.pipe()
@@ -69,7 +73,7 @@ class ExporterProcess:
                 # in argv), so a sitecustomize such as opentelemetry-instrument's does not
                 # instrument the exporter itself, and start-up stays short.
                 [sys.executable, "-I", "-c", _BOOT, str(cmd_r), str(report_w),
-                 json.dumps([p for p in sys.path if isinstance(p, str)])],
+                 json.dumps([p for p in sys.path if isinstance(p, str)]), str(int(nice))],
                 # Its own session: a terminal's Ctrl-C or a launcher's signal to the process
                 # group is for training, whose shutdown then flushes through this child.
                 pass_fds=(cmd_r, report_w), stdin=subprocess.DEVNULL, close_fds=True,

@@ -1,0 +1,127 @@
+"""otel-train's own cost: what the training loop loses per step, its share of the loop's time,
+the CPU beside it, start-up apart, and a plain answer where schedstat is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_train.common.self_cost import SelfCostMeter, TrainingThreadSchedstat
+
+MS = 1_000_000
+
+
+class ScriptedSchedstat:
+    """The training thread's (on-CPU, run-queue) ns, as a test scripts them."""
+
+    unavailable = None
+
+    def __init__(self) -> None:
+        self.now = (0, 0)
+
+    def read(self) -> tuple[int, int]:
+        return self.now
+
+
+def _meter_with_steps(steps: int = 100, step_ms: int = 10, spans_per_step: int = 5,
+                      ns_per_span: float = 2_000.0) -> SelfCostMeter:
+    meter = SelfCostMeter(ns_per_span, started_ns=0, window_steps=50)
+    meter.add_hot_path_spans(steps * spans_per_step)
+    meter.note_steps(steps, 1_000 * MS, 1_000 * MS + steps * step_ms * MS)
+    return meter
+
+
+def test_the_hot_path_per_step_and_its_share_of_the_loops_time() -> None:
+    meter = _meter_with_steps()  # 5 spans x 2 us per 10 ms step
+    fig = meter.figures()
+    assert fig["steps"] == 100
+    assert fig["hot_path_us_per_step"] == pytest.approx(10.0)
+    assert fig["step_wall_us"] == pytest.approx(10_000.0)
+    assert fig["share_of_step_time"] == pytest.approx(0.001)
+    assert fig["lost_us_per_step"] == pytest.approx(10.0)
+
+
+def test_background_cpu_is_reported_beside_the_loss_not_in_it() -> None:
+    meter = _meter_with_steps()
+    meter.add_background_ns(100 * 40_000)  # 40 us per step on another core
+    fig = meter.figures(exporter_cpu_seconds=0.5 + 100 * 120e-6,
+                        exporter_startup_cpu_seconds=0.5)
+    assert fig["background_cpu_us_per_step"] == pytest.approx(40.0)
+    assert fig["exporter_process_cpu_us_per_step"] == pytest.approx(120.0)
+    assert fig["share_of_step_time"] == pytest.approx(0.001)  # the hot path only
+
+
+def test_empty_steps_read_at_most_the_whole_loop_not_thousands_of_percent() -> None:
+    # 2 us of hot path per 1 us step: the loop is all otel-train, not 28395% of it.
+    meter = SelfCostMeter(2_000.0, started_ns=0)
+    meter.add_hot_path_spans(1000)
+    meter.note_steps(1000, 1_000 * MS, 1_000 * MS + 1000 * 1_000)
+    assert meter.figures()["share_of_step_time"] == 1.0
+    assert meter.recent_share() == 1.0
+
+
+def test_start_up_is_reported_apart_and_not_averaged_into_the_steps() -> None:
+    meter = SelfCostMeter(2_000.0, started_ns=0)
+    meter.ready_ns = 300 * MS  # start_run took 0.3 s
+    meter.add_hot_path_spans(500)
+    meter.note_steps(100, 1_000 * MS, 2_000 * MS)  # the first step 1 s after start_run
+    fig = meter.figures(exporter_cpu_seconds=0.8, exporter_startup_cpu_seconds=0.6)
+    assert fig["startup"] == {"start_run_seconds": 0.3, "until_first_step_seconds": 1.0,
+                              "exporter_process_cpu_seconds": 0.6}
+    assert fig["lost_us_per_step"] == pytest.approx(10.0)  # 0.3 s of start-up not in it
+    assert fig["exporter_process_cpu_us_per_step"] == pytest.approx(2_000.0)  # 0.2 s / 100
+
+
+def test_the_training_threads_wait_is_attributed_only_up_to_the_background_cpu() -> None:
+    meter = _meter_with_steps()
+    clock = meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, True)  # the first sample only sets the marks
+    # 50 ms: 30 ms on a CPU, 5 ms runnable, 15 ms blocked (the GIL) while the worker ran 8 ms
+    # and the exporter process 3 ms: 8 ms of GIL wait, 5 ms of run-queue wait.
+    clock.now = (30 * MS, 5 * MS)
+    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0)
+    meter.sample(8 * MS, 3 * MS, True)
+    fig = meter.figures()
+    assert fig["wait_gil_us_per_step"] == pytest.approx(80.0)  # 8 ms / 100 steps
+    # run queue: min(5 ms, exporter 3 ms + the worker's CPU beyond the GIL wait 0) = 3 ms
+    assert fig["wait_run_queue_us_per_step"] == pytest.approx(30.0)
+    assert fig["wait_us_per_step"] == pytest.approx(110.0)
+    assert fig["lost_us_per_step"] == pytest.approx(120.0)
+
+
+def test_an_interval_without_training_charges_no_wait() -> None:
+    meter = _meter_with_steps()
+    clock = meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, False)
+    clock.now = (0, 5 * MS)
+    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0)
+    meter.sample(20 * MS, 10 * MS, False)  # the training thread slept: nothing lost
+    fig = meter.figures()
+    assert fig["wait_us_per_step"] == 0.0
+    assert fig["background_cpu_us_per_step"] == pytest.approx(200.0)
+
+
+def test_without_schedstat_the_wait_says_why_and_nothing_breaks() -> None:
+    meter = _meter_with_steps()
+    meter.schedstat = TrainingThreadSchedstat(2**31 - 1)  # no such thread
+    meter.sample(MS, MS, True)
+    meter.sample(MS, MS, True)
+    fig = meter.figures()
+    assert fig["wait_us_per_step"] is None and fig["wait_gil_us_per_step"] is None
+    assert "missing" in fig["wait_unavailable"] or "schedstat" in fig["wait_unavailable"]
+    assert fig["share_of_step_time"] == pytest.approx(0.001)  # the hot path still counts
+
+
+def test_the_recent_share_covers_the_last_window_of_steps() -> None:
+    meter = SelfCostMeter(1_000.0, started_ns=0, window_steps=100)
+    meter.add_hot_path_spans(100)  # 1 us per step over the first 100 steps of 1 ms
+    meter.note_steps(100, 0, 100 * MS)
+    meter.add_hot_path_spans(100 * 50)  # then 50 us per step
+    meter.note_steps(100, None, 200 * MS)
+    assert meter.recent_share() == pytest.approx(0.05)
+    assert meter.figures()["share_of_step_time"] == pytest.approx(0.0255)
+
+
+def test_nothing_drained_yet_reads_none() -> None:
+    fig = SelfCostMeter(1_000.0).figures()
+    assert fig["share_of_step_time"] is None and fig["lost_us_per_step"] is None
+    assert SelfCostMeter().recent_share() is None
