@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import gmtime, strftime, time_ns
+from time import gmtime, monotonic, strftime, time_ns
 
 from otel_train.common.options import catchable_signal as signal_number
 
@@ -131,6 +131,7 @@ class StallStacks:
         self._header_len = 0
         self._header_key: object = None
         self._armed = False
+        self._deadline = 0.0  # monotonic seconds the armed timer fires at
         self._answered: set[str] = set()
         self._dir_mtime_ns = -1
         self._signal_file = None
@@ -139,9 +140,17 @@ class StallStacks:
             self._register_signal(signal_name)
 
     # -- the later-timer (works while the training thread holds the GIL) ------------------
-    def arm(self, key: object, header: str, seconds: float) -> None:
-        """Fire in ``seconds`` into the pending file, whose header is ``header`` for ``key``."""
+    def arm(self, key: object, header: str, seconds: float, slack_seconds: float = 0.0) -> None:
+        """Fire in ``seconds`` into the pending file, whose header is ``header`` for ``key``.
+
+        A timer already armed to fire at most ``slack_seconds`` before that is kept: re-arming
+        stops and starts faulthandler's C thread with the GIL held (~0.2 ms), so with steps
+        shorter than the check interval it happens once per slack, not on every check.
+        """
         if not self.timer:
+            return
+        deadline = monotonic() + max(seconds, 0.001)
+        if self._armed and -0.01 <= deadline - self._deadline <= slack_seconds:
             return
         if self._fd is None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +161,8 @@ class StallStacks:
             os.write(self._fd, data)
             os.ftruncate(self._fd, len(data))
             self._header_len, self._header_key = len(data), key
-        faulthandler.dump_traceback_later(max(seconds, 0.001), repeat=False, file=self._fd)
-        self._armed = True
+        faulthandler.dump_traceback_later(deadline - monotonic(), repeat=False, file=self._fd)
+        self._armed, self._deadline = True, deadline
 
     def disarm(self) -> None:
         """Cancel the timer (between steps, and before a direct dump)."""

@@ -195,7 +195,8 @@ class StallWatchdog:
         header = self._header(index, "stall (written by faulthandler's timer at the stall "
                               "threshold, before the watchdog could look: the GIL held?); "
                               "the step named is the one armed for (or a later one)")
-        stacks.arm(index, header, seconds)
+        # Up to a tenth of the threshold early for a later step: few re-arms with short steps.
+        stacks.arm(index, header, seconds, slack_seconds=0.1 * self.threshold_seconds())
 
     def _collect_fired(self) -> int | None:
         """Move the timer's stacks to their step's file; that step, or None if it did not fire."""

@@ -99,12 +99,17 @@ def test_a_stuck_phase_gets_its_stacks_file_naming_the_users_line_within_the_thr
 
 def test_a_signal_dumps_every_threads_stack(tmp_path: Path) -> None:
     proc, script, out = _child(tmp_path, "free")
-    proc.send_signal(signal.SIGUSR1)
     where = f'File "{script}", line {_line_of(script, "GIL FREE")} in <module>'
-    took = _wait_for_stacks(out / "stalls", where, 3.0)
+    signal_file = out / "stalls" / "signal-rank0.txt"
+    assert signal_file.read_text() == ""  # opened at start, written on the signal only
+    # the stall's own stacks first: then the child is surely inside the sleep
+    assert _wait_for_stacks(out / "stalls", where, STALL_SECONDS + 2.0) is not None
+    proc.send_signal(signal.SIGUSR1)
+    t0 = time.monotonic()
+    while where not in signal_file.read_text() and time.monotonic() - t0 < 1.0:
+        time.sleep(0.05)
     proc.communicate(timeout=30)
-    assert took is not None
-    assert where in (out / "stalls" / "signal-rank0.txt").read_text()
+    assert where in signal_file.read_text()
     assert proc.returncode == 0  # the dump replaces SIGUSR1's default action (terminate)
 
 
