@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,33 @@ def default_flight_recorder() -> bytes | None:
     return dump() if dump is not None else None  # type: ignore[no-any-return]
 
 
+# faulthandler's later-timer across fork: a child inherits its state with the C thread gone,
+# and arming or cancelling there waits forever for that thread. So the timer is cancelled
+# before every os.fork and re-armed after it in the parent (a forked child's copy of the run
+# is inert: its timer stays off).
+_LIVE: weakref.WeakSet[StallStacks] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for stacks in list(_LIVE):
+        stacks.pause_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for stacks in list(_LIVE):
+        stacks.resume_after_fork()
+
+
+def _after_fork_in_child() -> None:
+    for stacks in list(_LIVE):
+        stacks.timer = False
+        stacks._armed = False
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
 class StallStacks:
     """The stacks files of one process: the armed timer, direct dumps, requests between ranks."""
 
@@ -138,6 +166,7 @@ class StallStacks:
         self.signal_name = signal_name
         if signal_name is not None:
             self._register_signal(signal_name)
+        _LIVE.add(self)
 
     # -- the later-timer (works while the training thread holds the GIL) ------------------
     def arm(self, key: object, header: str, seconds: float, slack_seconds: float = 0.0) -> None:
@@ -163,6 +192,17 @@ class StallStacks:
             self._header_len, self._header_key = len(data), key
         faulthandler.dump_traceback_later(deadline - monotonic(), repeat=False, file=self._fd)
         self._armed, self._deadline = True, deadline
+
+    def pause_for_fork(self) -> None:
+        """Cancel the timer before os.fork (see _LIVE); resume_after_fork re-arms it."""
+        if self.timer and self._fd is not None:
+            faulthandler.cancel_dump_traceback_later()  # a no-op when none is armed
+
+    def resume_after_fork(self) -> None:
+        """Re-arm the timer the watchdog wants armed, for the same deadline."""
+        if self.timer and self._armed and self._fd is not None:
+            faulthandler.dump_traceback_later(max(self._deadline - monotonic(), 0.001),
+                                              repeat=False, file=self._fd)
 
     def disarm(self) -> None:
         """Cancel the timer (between steps, and before a direct dump)."""

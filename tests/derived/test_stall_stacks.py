@@ -172,3 +172,29 @@ def test_a_clean_run_leaves_no_stalls_folder(tmp_path: Path) -> None:
     assert (tmp_path / "stalls" / "pending-rank0.txt").exists()
     dog.stop()
     assert not (tmp_path / "stalls").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_forked_child_can_arm_its_own_timer(tmp_path: Path) -> None:
+    """faulthandler's inherited timer state would hang the child on its first arming."""
+    stacks = StallStacks(tmp_path / "stalls", 0, 1, 1)
+    stacks.arm(0, "# header\n", 100.0)
+    pid = os.fork()
+    if pid == 0:  # the child: arm and cancel a timer of its own, then leave at once
+        import faulthandler
+        faulthandler.dump_traceback_later(50.0)
+        faulthandler.cancel_dump_traceback_later()
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung arming faulthandler's timer")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert stacks._armed  # the parent's timer is armed again
+    stacks.close()
