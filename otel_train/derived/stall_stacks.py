@@ -255,15 +255,15 @@ class StallStacks:
 
     def save_flight_recorder(self, stacks_path: Path) -> Path | None:
         """The flight recorder's dump beside ``stacks_path``, when there is one."""
+        path = stacks_path.with_name(stacks_path.stem + FLIGHT_RECORDER_SUFFIX)
         try:
             data = self.flight_recorder()
-        except Exception as exc:  # a torch internal: never let it stop the stacks
+            if not data:
+                return None
+            path.write_bytes(data)
+        except Exception as exc:  # a torch internal or the disk: never stop the stacks
             _log.warning("otel-train: flight recorder dump failed: %r", exc)
             return None
-        if not data:
-            return None
-        path = stacks_path.with_name(stacks_path.stem + FLIGHT_RECORDER_SUFFIX)
-        path.write_bytes(data)
         return path
 
     def _stacks_path(self, step: int, epoch_ns: int) -> Path:
@@ -282,8 +282,11 @@ class StallStacks:
             return
         name = f"{REQUEST_PREFIX}step{step}-rank{self.rank}.txt"
         self._answered.add(name)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / name).write_text(text)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / name).write_text(text)
+        except OSError as exc:
+            _log.warning("otel-train: cannot ask the other ranks for their stacks: %r", exc)
 
     def new_requests(self) -> list[tuple[int, int]]:
         """(step, rank) of requests from other ranks not answered yet; marks them answered."""
@@ -291,13 +294,14 @@ class StallStacks:
             return []
         try:
             mtime = os.stat(self.dir).st_mtime_ns
+            if mtime == self._dir_mtime_ns:  # one stat per check while nothing changes
+                return []
+            names = sorted(os.listdir(self.dir))
         except OSError:
-            return []
-        if mtime == self._dir_mtime_ns:  # one stat per check while nothing changes
             return []
         self._dir_mtime_ns = mtime
         found = []
-        for name in sorted(os.listdir(self.dir)):
+        for name in names:
             m = _REQUEST_NAME.match(name)
             if m and name not in self._answered and int(m.group(2)) != self.rank:
                 self._answered.add(name)

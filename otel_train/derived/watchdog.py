@@ -196,7 +196,12 @@ class StallWatchdog:
                               "threshold, before the watchdog could look: the GIL held?); "
                               "the step named is the one armed for (or a later one)")
         # Up to a tenth of the threshold early for a later step: few re-arms with short steps.
-        stacks.arm(index, header, seconds, slack_seconds=0.1 * self.threshold_seconds())
+        try:
+            stacks.arm(index, header, seconds, slack_seconds=0.1 * self.threshold_seconds())
+        except OSError as exc:  # the run directory is not writable: direct dumps only
+            stacks.timer = False
+            self._warn.warning("stacks-error", "otel-train: cannot arm stall stacks (%r); "
+                               "stacks are written only when the watchdog can run", exc)
 
     def _collect_fired(self) -> int | None:
         """Move the timer's stacks to their step's file; that step, or None if it did not fire."""
@@ -276,10 +281,7 @@ class StallWatchdog:
         if self._thread is not None:
             return
         self._stop.clear()
-        try:
-            self._rearm(None, 0.0)  # a first step that holds the GIL before the first check
-        except OSError as exc:
-            self._warn.warning("stacks-error", "otel-train: cannot arm stall stacks: %r", exc)
+        self._rearm(None, 0.0)  # a first step that holds the GIL before the first check
         self._thread = threading.Thread(target=self._run, name="otel-train-watchdog",
                                         daemon=True)
         self._thread.start()

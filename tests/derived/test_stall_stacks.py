@@ -198,3 +198,19 @@ def test_a_forked_child_can_arm_its_own_timer(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert stacks._armed  # the parent's timer is armed again
     stacks.close()
+
+
+def test_a_run_directory_that_cannot_be_written_never_raises_into_the_watchdog(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    rec = Recorder(10, DropCounter(), None)
+    stacks = StallStacks(blocker / "stalls", 0, 2, 1)
+    dog = StallWatchdog(rec, stall_seconds=0.01, stacks=stacks)
+    _stuck_step(rec, 0)
+    time.sleep(0.05)
+    text = dog.check()  # stalled: the warning still comes, the stacks cannot
+    dog.stop()
+    assert text is not None and "looks stalled" in text
+    assert not stacks.timer and dog.stacks_written == []
+    assert "cannot write stall stacks" in caplog.text
