@@ -102,6 +102,7 @@ class StallWatchdog:
         self._run_id = run_id
         self.stacks_written: list[Path] = []
         self._armed_step: int | None = None  # the step the timer's pending file names
+        self._flight_recorder_for: list[Path] = []  # stacks files to save its dump beside
 
     # -- reading (any thread) -----------------------------------------------------------
     def progress(self) -> tuple[float, float]:
@@ -133,6 +134,16 @@ class StallWatchdog:
     # -- checking -----------------------------------------------------------------------
     def check(self) -> str | None:
         """One look: warn (and return the text) when the current step is stalled."""
+        text = self._check()
+        if self._flight_recorder_for:  # last: torch's dump can take seconds
+            paths, self._flight_recorder_for = self._flight_recorder_for, []
+            for path in paths:
+                fr = self.stacks.save_flight_recorder(path) if self.stacks else None
+                if fr is not None:
+                    self._log.warning("otel-train: flight recorder dump in %s", fr)
+        return text
+
+    def _check(self) -> str | None:
         cur = self._recorder.in_progress()
         fired = self._collect_fired() if self.stacks is not None else None
         if cur is None:
@@ -159,12 +170,12 @@ class StallWatchdog:
         if self._warn.warning("stall", "%s", text):
             self.stalls_warned += 1
         if self.stacks is not None:
+            self.stacks.request_others(index, text + "\n")  # first: the others dump sooner
             if fired != index:  # the timer did not already write this stall's stacks
                 reason = f"stall (running {running:.1f} s, threshold {limit:.3g} s)"
                 path = self._dump(index, reason, phase)
                 if path is not None:
                     self._stacks_written(index, path, phase, reason)
-            self.stacks.request_others(index, text + "\n")
             self._rearm(index, running)  # the next dump when the stall has doubled
         return text
 
@@ -262,9 +273,7 @@ class StallWatchdog:
         where = stack.innermost() if stack is not None else "(not in the dump)"
         self._log.warning("otel-train: step %d stacks in %s; training thread at %s",
                           index, path, where)
-        fr = self.stacks.save_flight_recorder(path)
-        if fr is not None:
-            self._log.warning("otel-train: flight recorder dump in %s", fr)
+        self._flight_recorder_for.append(path)
         step = self._recorder.current
         if step is not None and step.index == index and not step.end_ns:
             attrs = {STALL_EVENT_FILE: str(path), STALL_EVENT_REASON: reason}
