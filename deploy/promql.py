@@ -179,6 +179,13 @@ _MEAN_STEP = ("(otel_train_step_duration_seconds_sum / "
               "(otel_train_step_duration_seconds_count > 0))")
 _WHO = "{{ $labels.job }}/{{ $labels.instance }} rank {{ $labels.rank }}"
 
+# A step in progress far older than usual (OtelTrainStepStalled, before the phase is joined).
+_STALLED = (
+    "otel_train_step_in_progress_seconds\n  > on (job, instance, rank)\n"
+    f"    clamp_min({num(_D['stall_step_factor'])} * {_MEAN_STEP}, "
+    f"{num(_D['stall_min_seconds'])})\nor\n(\n"
+    f"  otel_train_step_in_progress_seconds > {num(_D['stall_first_step_seconds'])}\n"
+    "  unless on (job, instance, rank) (otel_train_step_duration_seconds_count > 0)\n)")
 
 def _op_over_limit(offset: str = "") -> str:
     count = ('sum by (job, instance, rank, phase) '
@@ -267,17 +274,20 @@ ALERTS: list[Alert] = [
         "OtelTrainStepStalled", "otel-train-stalled", "otel-train: training step stalled",
         f"The step running now is far older than usual: {num(_D['stall_step_factor'])}x the mean "
         f"step time and at least\n{num(_D['stall_min_seconds'])} s; before any step completed "
-        f"(compilation, first batch), {num(_D['stall_first_step_seconds'])} s.",
-        "otel_train_step_in_progress_seconds\n  > on (job, instance, rank)\n"
-        f"    clamp_min({num(_D['stall_step_factor'])} * {_MEAN_STEP}, "
-        f"{num(_D['stall_min_seconds'])})\nor\n(\n"
-        f"  otel_train_step_in_progress_seconds > {num(_D['stall_first_step_seconds'])}\n"
-        "  unless on (job, instance, rank) (otel_train_step_duration_seconds_count > 0)\n)",
+        f"(compilation, first batch), {num(_D['stall_first_step_seconds'])} s. Labelled with\n"
+        "the phase running (otel_train_step_phase_in_progress_seconds), when the run exports it.",
+        f"(\n{indent(_STALLED, 2)}\n)\n"
+        "+ on (job, instance, rank) group_left (phase)\n"
+        "  (0 * otel_train_step_phase_in_progress_seconds)\n"
+        f"or\n(\n{indent(_STALLED, 2)}\n)\n"
+        "unless on (job, instance, rank) otel_train_step_phase_in_progress_seconds",
         "1m", "critical",
         "A training step has been running far longer than usual.",
         "Rank {{ $labels.rank }} of {{ $labels.job }}/{{ $labels.instance }} has been inside "
-        "the same training step for {{ humanizeDuration VALUE }}, far longer than its usual "
-        "step time. The run looks stalled.",
+        "the same training step for {{ humanizeDuration VALUE }}"
+        '{{ if $labels.phase }}, in phase "{{ $labels.phase }}"{{ end }}, far longer than its '
+        "usual step time. The run looks stalled; each rank's stacks are in its run "
+        "directory's stalls/ folder.",
         "Stall: current step age",
     ),
     Alert(

@@ -10,6 +10,7 @@ Usage::
     otel-train report                             # costs, report, export without a run
                                                   # directory: the latest run under
                                                   # otel-train-runs/ (named on stderr)
+    otel-train stalls otel-train-runs/<run>/      # each rank's stall stacks: which collective
     otel-train plan [--exporter otlp ...]         # what a run started here would do, and why
     otel-train version                            # and whether the hot path runs in C
 """
@@ -98,6 +99,21 @@ def _write_from_span_files(command: str, write: Any, args: argparse.Namespace) -
     return 0
 
 
+def _stalls(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from otel_train.rundir.run_dirs import resolve_run_input
+    from otel_train.rundir.stalls import print_stalls
+
+    def stall_files(run_dir: Path) -> list[Path]:
+        return sorted((run_dir / "stalls").glob("*.txt"))
+
+    run = resolve_run_input("stalls", Path(args.run_dir), stall_files, "stalls/ files")
+    if run is None:
+        return 1
+    return print_stalls(run.run_dir)
+
+
 def _version(args: argparse.Namespace) -> int:
     from otel_train.recording.recorder import HOT_PATH
 
@@ -145,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", default=None,
                         help="where to write it (default RUN_DIR/trace.json)")
     export.set_defaults(func=_export)
+    stalls = sub.add_parser("stalls", help="list a run's stall stacks per rank, and which "
+                            "rank was inside which collective and which in none")
+    stalls.add_argument("run_dir", nargs="?", default="otel-train-runs", help=_RUN_DIR_HELP)
+    stalls.set_defaults(func=_stalls)
     plan = sub.add_parser("plan", help="print what a run started here would do (the route "
                           "its spans take, where the metrics run, sampling) and why; options "
                           "from these flags, then OTEL_TRAIN_*")

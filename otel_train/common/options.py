@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,12 @@ class RunOptions:
     stall_min_seconds: float = 300.0
     costs_interval_seconds: float = 10.0  # how often monitoring_costs.json is rewritten
     watchdog_interval_seconds: float = 1.0
+    # -- stall evidence (derived/stall_stacks.py) --------------------------------------------
+    # Every thread's stack into RUN_DIR/stalls/ on a stall; arms faulthandler's process-wide
+    # later-timer on each watchdog check (False leaves an application's own timer alone).
+    stall_stacks: bool = True
+    # A signal ("SIGUSR1") that dumps every thread's stack into stalls/signal-rank<R>.txt.
+    stall_stacks_signal: str | None = None
     gpu_sample_interval_seconds: float = 5.0
     max_queued_steps: int = 4096
     max_queued_spans: int = 16384
@@ -205,7 +212,13 @@ class RunOptions:
             self._fail("exporter", f"must be one of {', '.join(_EXPORTERS)} or None")
         if self.otlp_protocol is not None and self.otlp_protocol not in _PROTOCOLS:
             self._fail("otlp_protocol", f"must be one of {', '.join(_PROTOCOLS)} or None")
-        for name in ("console", "enabled"):
+        if self.stall_stacks_signal is not None:
+            try:
+                catchable_signal(str(self.stall_stacks_signal))
+            except ValueError:
+                self._fail("stall_stacks_signal", "must be a signal name that can be caught "
+                           "(SIGUSR1, SIGUSR2, SIGQUIT) or None")
+        for name in ("console", "enabled", "stall_stacks"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "must be True or False")
         if self.report is not None and not isinstance(self.report, bool):
@@ -317,6 +330,15 @@ class RunOptions:
             self._fail("sample_keep_first_steps", "must be an integer >= 0")
         if self.trace_export not in _TRACE_EXPORT:
             self._fail("trace_export", f"must be one of {', '.join(_TRACE_EXPORT)}")
+
+
+def catchable_signal(name: str) -> int:
+    """The number of a signal named 'SIGUSR1' or 'USR1'; ValueError when it cannot be caught."""
+    upper = name.upper()
+    sig = getattr(signal, upper if upper.startswith("SIG") else "SIG" + upper, None)
+    if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise ValueError(f"{name!r} is not a signal that can be caught")
+    return int(sig)
 
 
 def _is_number(v: Any) -> bool:

@@ -103,6 +103,14 @@ OPTION_DOCS: dict[str, OptionDoc] = {
                                "10 x the median step, at least `stall_min_seconds`"),
     "stall_min_seconds": OptionDoc("budget", "the least stall threshold when `stall_seconds` "
                                    "is unset"),
+    "stall_stacks": OptionDoc(
+        "budget", "on a stall, every thread's stack into `RUN_DIR/stalls/` (also while the "
+        "training thread holds the GIL: arms faulthandler's process-wide later-timer on each "
+        "watchdog check; turn off if your code arms its own); see docs/stalls.md"),
+    "stall_stacks_signal": OptionDoc(
+        "budget", "a signal (`SIGUSR1`) that writes every thread's stack into "
+        "`stalls/signal-rank<R>.txt` (faulthandler, chained to a handler already there)",
+        "off"),
     # -- console, report, background intervals
     "console": OptionDoc("console", "start-up banner and console timing reports; off, slow "
                          "steps are counted and said in a few summary lines, not one by one"),

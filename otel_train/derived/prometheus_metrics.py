@@ -56,6 +56,9 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 METRIC_MONITORING_WALL_SHARE = "otel_train_monitoring_wall_share_ratio"
 
 # (in-progress seconds, last step end as unix seconds); from the watchdog
+# The running phase of the step in progress: the stall alert carries it as a label.
+# (A contract name: belongs with the others in attributes.py when that file is free.)
+METRIC_PHASE_IN_PROGRESS = "otel_train_step_phase_in_progress_seconds"
 ProgressSource = Callable[[], tuple[float, float]]
 
 # The run's thresholds, exported so alerts compare against the run's own values (same labels
@@ -113,6 +116,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self.world_size = world_size
         self.overhead = overhead
         self.progress = progress
+        # (running phase or '', seconds in it); from the watchdog too
+        self.phase_progress: Callable[[], tuple[str, float]] | None = None
         self.drops = drops
         self._steps: dict[str, _Histogram] = {}
         # rank -> (phase, kind, loader or None) -> histogram
@@ -311,6 +316,14 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             last_g.add_metric([rank], ts)
         yield last_g
         yield prog_g
+        if self.phase_progress is not None:
+            phase_g = GaugeMetricFamily(
+                METRIC_PHASE_IN_PROGRESS, "Seconds the running phase of the current step has "
+                "been running, labelled with the phase ('' outside any phase; 0 between steps).",
+                labels=["rank", "phase"])
+            phase, seconds = self.phase_progress()
+            phase_g.add_metric([self.rank, phase], seconds)
+            yield phase_g
 
     def _drop_family(self) -> Metric:
         """Spans dropped, by reason."""

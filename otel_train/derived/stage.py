@@ -22,6 +22,7 @@ import errno
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from otel_train.recording.recorder import Recorder
 from otel_train.derived.sampling import SampledOutCollector
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
+from otel_train.derived.stall_stacks import StallStacks
 from otel_train.derived.watchdog import StallWatchdog
 
 _log = logging.getLogger("otel_train")
@@ -75,8 +77,10 @@ class DerivedMetricsStage:
         self.watchdog = StallWatchdog(
             recorder, options.watchdog_interval_seconds, options.stall_seconds,
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
-            slow_operation_seconds=options.slow_operation_seconds)
+            slow_operation_seconds=options.slow_operation_seconds,
+            stacks=self._stall_stacks(), run_id=identity.run_id)
         self.metrics.progress = self.watchdog.progress
+        self.metrics.phase_progress = self.watchdog.phase_progress
         self.metrics.drops = drops
         chain: list[StepViewProcessor] = self.chain.processors
         for collector in collectors:  # extra families (the exporter process's CPU)
@@ -103,6 +107,15 @@ class DerivedMetricsStage:
         # The exporter process that feeds the chain (run_in_exporter_process), or None.
         self.remote: Any = None
         self.state_loads = 0  # states loaded from the exporter process
+
+    def _stall_stacks(self) -> StallStacks | None:
+        """The stall stacks files (made on the thread that starts the run: the training one)."""
+        opts = self.options
+        if not opts.stall_stacks and opts.stall_stacks_signal is None:
+            return None
+        return StallStacks(self.status_dir / "stalls", self.identity.rank,
+                           self.identity.world_size, threading.get_ident(),
+                           timer=opts.stall_stacks, signal_name=opts.stall_stacks_signal)
 
     def run_in_exporter_process(self, client: Any) -> None:
         """Let the exporter process feed the chain; this one becomes its copy.

@@ -117,6 +117,9 @@ class StepRecordBuilder:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
+        stall = getattr(step, "stall_events", None)  # set by the stall watchdog, rarely
+        if stall:
+            events = events + tuple(stall)
         return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
                 root_attrs, status, events, phases, ids or None)
 

@@ -37,6 +37,7 @@ from otel_train.rundir.report_charts import (
     warmup_figure,
 )
 from otel_train.rundir.report_data import RunData, load_run
+from otel_train.rundir.stalls import report_section as stalls_section
 from otel_train.rundir.report_tables import (
     costs_section,
     drops_section,
@@ -147,6 +148,9 @@ class _Page:
             self._section("Dropped, removed and cut-off spans", drops_section(d)),
             self._section("GPU", self._gpu()),
         ]
+        stalls = stalls_section(d.run_dir)
+        if stalls:  # only runs that stalled
+            sections.insert(1, self._section("Stalls", stalls))
         figures = json.dumps(compact({"charts": self.charts, "timeline": self.timelines}),
                              separators=(",", ":")).replace("</", "<\\/")
         title = f"otel-train report: run {html.escape(str(d.run_id))}"

@@ -96,6 +96,9 @@ def test_prometheus_sees_a_10_percent_overhead_a_slow_step_and_a_stuck_step(
             # the stuck step: visible while its span has not ended
             stuck = prom.wait_for("otel_train_step_in_progress_seconds > 1.5", timeout=30)
             assert value(stuck) > 1.5
+            # the phase it is stuck in: a label the stall alert carries
+            phase = prom.wait_for("otel_train_step_phase_in_progress_seconds > 1", timeout=30)
+            assert [r["metric"]["phase"] for r in phase] == ["backward"]
             last = value(prom.query("otel_train_last_step_timestamp_seconds"))
             assert time.time() - last > 1.0  # not moving while stuck
             now = time.time()

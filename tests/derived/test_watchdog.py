@@ -126,3 +126,16 @@ def test_the_thread_starts_and_stops_within_its_bound() -> None:
     dog.stop(2.0)
     assert time.monotonic() - t0 < 2.0
     assert dog._thread is None
+
+
+def test_the_running_phase_and_its_seconds_are_read_for_the_stall_metric() -> None:
+    rec = Recorder(10, DropCounter(), None)
+    clock = Clock()
+    dog = StallWatchdog(rec, clock_ns=clock)
+    assert dog.phase_progress() == ("", 0.0)
+    step = Step(rec, 0, None)
+    step.phase("allreduce").__enter__()
+    progress = rec.in_progress()
+    assert progress is not None
+    clock.now = progress[3] + 5 * S
+    assert dog.phase_progress() == ("allreduce", pytest.approx(5.0))
