@@ -42,6 +42,7 @@ from otel_train.common.identity import RunIdentity, resource_attributes
 from otel_train.common.options import RunOptions
 from otel_train.common.sdk_config import ExportPlan, build_resource
 from otel_train.common.self_cost import SelfCostMeter
+from otel_train.derived.console import fast_log_min_interval_seconds
 from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.export.exporters import create_exporter
 from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
@@ -69,12 +70,7 @@ from otel_train.pipeline.plan import (
     process_failed,
 )
 from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
-from otel_train.pipeline.span_worker import (
-    CONSOLE_MAX_DRAIN_DELAY_SECONDS,
-    MAX_DRAIN_DELAY_SECONDS,
-    RowRoute,
-    SpanBuildWorker,
-)
+from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.device import DeviceTiming
 from otel_train.recording.recorder import Recorder
@@ -243,11 +239,11 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     route = _row_route(plan, derived, export, provider, builder, drops)
     sdk_provider = (_user_span_provider(resource, sampler, plan, route, export, derived)
                     if mode == MODE_OURS else None)
-    # With the console on, a step's lines are at most ~0.2 s behind it (drain, frame, print):
+    # With the console on, a step it prints a fast line for is drained at the next poll:
     # read next to the script's own output, a console line is only useful on time.
-    delay = CONSOLE_MAX_DRAIN_DELAY_SECONDS if options.console else MAX_DRAIN_DELAY_SECONDS
     worker = SpanBuildWorker(recorder, builder, route, drops, self_cost,
-                             max_drain_delay_seconds=delay,
+                             console_every_steps=options.log_every if options.console else None,
+                             console_min_interval_seconds=fast_log_min_interval_seconds(options),
                              export=export if isinstance(export, ExportProcessClient) else None)
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,

@@ -1,6 +1,7 @@
 """The span worker: the background thread that drains the recorder's queue.
 
-Once 256 steps wait, or the oldest has waited 0.5 s (0.15 s with the console on), it turns each step into a span record
+Once 256 steps wait, the oldest has waited 0.5 s, or (console on) a step the console prints a
+fast line for is queued, it turns each step into a span record
 (``records/step_records.py``), hands the drain's ``StepView``s to the derived metrics, then the
 records, with the rows of user spans that ended meanwhile (``user_spans.py``), to the route's
 sink (``record_sinks.py``). No ``ReadableSpan`` is made here.
@@ -35,11 +36,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("otel_train")
 
-# The oldest queued step waits at most this long for a drain; with the console on, less, so
-# that a step's console lines print ~0.2 s after it ends (the exporter process feeds the
-# chain and the lines come back at the next poll).
+# The oldest queued step waits at most this long for a drain.
 MAX_DRAIN_DELAY_SECONDS = 0.5
-CONSOLE_MAX_DRAIN_DELAY_SECONDS = 0.15
 
 
 class RowRoute:
@@ -53,6 +51,32 @@ class RowRoute:
         self.export = export
         self.rank = rank
         self.user_rows = user_rows
+
+
+class ConsoleDrainClock:
+    """When the console's next fast line is queued: a step whose index is the next multiple
+    of ``log_every``, at least ``min_interval_seconds`` after the last one (a cheap look at
+    the newest queued record, once per poll)."""
+
+    def __init__(self, every_steps: int, min_interval_seconds: float) -> None:
+        self._every = every_steps
+        self._interval = min_interval_seconds
+        self._next_index = 0
+        self._next_time = 0.0  # monotonic
+
+    def due(self, queue: Any, now: float) -> bool:
+        """The newest queued step has reached the next line's step, and its time has come."""
+        if now < self._next_time:
+            return False
+        try:
+            index = getattr(queue[-1], "index", None)
+        except IndexError:
+            return False
+        if not isinstance(index, int) or index < self._next_index:
+            return False
+        self._next_index = (index // self._every + 1) * self._every
+        self._next_time = now + self._interval
+        return True
 
 
 class SpanBuildWorker:
@@ -69,6 +93,8 @@ class SpanBuildWorker:
         drain_at_records: int = 256,
         max_drain_delay_seconds: float = MAX_DRAIN_DELAY_SECONDS,
         export: Any = None,
+        console_every_steps: int | None = None,
+        console_min_interval_seconds: float = 0.0,
     ) -> None:
         self._recorder = recorder
         self._route = route
@@ -87,6 +113,12 @@ class SpanBuildWorker:
         # large frames.
         self._drain_at = drain_at_records
         self._max_delay = max_drain_delay_seconds
+        # With the console on, a step it prints a fast line for (every ``log_every`` steps,
+        # at most once per its interval) is drained at the next poll, not after the delay:
+        # its line prints ~0.1 s after the step ends, and only those steps pay for an early
+        # drain (ConsoleDrainClock).
+        self._console = (ConsoleDrainClock(console_every_steps, console_min_interval_seconds)
+                         if console_every_steps else None)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._warn = RateLimitedLogger(_log)
@@ -115,7 +147,8 @@ class SpanBuildWorker:
                 now = monotonic()
                 if not waiting_since:
                     waiting_since = now
-                if len(q) >= self._drain_at or now - waiting_since >= self._max_delay:
+                if (len(q) >= self._drain_at or now - waiting_since >= self._max_delay
+                        or (self._console is not None and self._console.due(q, now))):
                     waiting_since = 0.0
                     self.drain()
                     # The drain's interval apart: the training thread's wait in it is
