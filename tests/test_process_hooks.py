@@ -47,9 +47,11 @@ _FORK_SCRIPT = textwrap.dedent("""
                     if kind == 1:
                         os._exit(0)
                     # kind 2: the child trains on its own run, then exits normally
+                    # stall_stacks=False: the run's stacks timer would replace the
+                    # process-wide later-timer armed above (this test's hang net)
                     with otel_train.start_run(
                             exporter="otlp", otlp_endpoint=endpoint, prometheus_port=None,
-                            run_id=f"child-{os.getpid()}", console=False,
+                            run_id=f"child-{os.getpid()}", console=False, stall_stacks=False,
                             device_sync="off", shutdown_timeout_seconds=10,
                             status_dir=status_dir + f"/child-{os.getpid()}") as child:
                         for s in child.steps(range(3)):
