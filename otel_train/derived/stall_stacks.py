@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,26 +122,36 @@ def default_flight_recorder() -> bytes | None:
 
 
 # faulthandler's later-timer across fork: a child inherits its state with the C thread gone,
-# and arming or cancelling there waits forever for that thread. So the timer is cancelled
-# before every os.fork and re-armed after it in the parent (a forked child's copy of the run
-# is inert: its timer stays off).
+# and arming or cancelling there (the interpreter's exit does) waits forever for that thread.
+# So the timer is cancelled before every os.fork and re-armed after it in the parent, under
+# _TIMER_LOCK, which every arming and cancelling takes too: a Python before-fork hook can be
+# preempted between its cancel and the fork, and without the lock the watchdog thread could
+# arm the timer in that gap (a forked child then hangs at exit: tests/derived/
+# test_stall_stacks.py forks beside a watchdog re-arming all the time). A forked child's
+# copy of the run is inert: its timer stays off and the parent's files are left alone.
 _LIVE: weakref.WeakSet[StallStacks] = weakref.WeakSet()
+_TIMER_LOCK = threading.Lock()
 
 
 def _before_fork() -> None:
+    _TIMER_LOCK.acquire()  # released after the fork in the parent; remade in the child
     for stacks in list(_LIVE):
         stacks.pause_for_fork()
 
 
 def _after_fork_in_parent() -> None:
-    for stacks in list(_LIVE):
-        stacks.resume_after_fork()
+    try:
+        for stacks in list(_LIVE):
+            stacks.resume_after_fork()
+    finally:
+        _TIMER_LOCK.release()
 
 
 def _after_fork_in_child() -> None:
+    global _TIMER_LOCK
+    _TIMER_LOCK = threading.Lock()  # the parent's copy is held: a fresh one
     for stacks in list(_LIVE):
-        stacks.timer = False
-        stacks._armed = False
+        stacks.forked()
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
@@ -194,13 +205,27 @@ class StallStacks:
             os.write(self._fd, data)
             os.ftruncate(self._fd, len(data))
             self._header_len, self._header_key = len(data), key
-        faulthandler.dump_traceback_later(deadline - monotonic(), repeat=False, file=self._fd)
+        with _TIMER_LOCK:  # never between a fork's cancel and the fork (see _TIMER_LOCK)
+            faulthandler.dump_traceback_later(max(deadline - monotonic(), 0.001),
+                                              repeat=False, file=self._fd)
         self._armed, self._deadline = True, deadline
 
     def pause_for_fork(self) -> None:
-        """Cancel the timer before os.fork (see _LIVE); resume_after_fork re-arms it."""
+        """Cancel the timer before os.fork, _TIMER_LOCK held (see _LIVE); resume_after_fork
+        re-arms it."""
         if self.timer and self._fd is not None:
             faulthandler.cancel_dump_traceback_later()  # a no-op when none is armed
+
+    def forked(self) -> None:
+        """In a forked child: no timer, and the parent's pending file is not this copy's."""
+        self.timer = False
+        self._armed = False
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # this process's copy of the descriptor only
+            except OSError:
+                pass
 
     def resume_after_fork(self) -> None:
         """Re-arm the timer the watchdog wants armed, for the same deadline."""
@@ -211,7 +236,8 @@ class StallStacks:
     def disarm(self) -> None:
         """Cancel the timer (between steps, and before a direct dump)."""
         if self._armed:
-            faulthandler.cancel_dump_traceback_later()
+            with _TIMER_LOCK:
+                faulthandler.cancel_dump_traceback_later()
             self._armed = False
 
     def fired(self) -> bool:

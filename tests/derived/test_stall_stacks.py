@@ -200,6 +200,52 @@ def test_a_forked_child_can_arm_its_own_timer(tmp_path: Path) -> None:
     stacks.close()
 
 
+def test_forks_racing_a_thread_that_rearms_the_timer_never_leave_a_child_hanging(
+        tmp_path: Path) -> None:
+    """A before-fork hook can be preempted between its cancel and the fork: the timer lock
+    keeps the watchdog from arming in that gap (else a child hangs at exit, in faulthandler's
+    cancel, waiting for a timer thread it does not have)."""
+    script = textwrap.dedent(f"""
+        import os, sys, threading, time
+        from pathlib import Path
+        from otel_train.derived.stall_stacks import StallStacks
+        stacks = StallStacks(Path({str(tmp_path / "stalls")!r}), 0, 1, threading.get_ident())
+        stop = False
+        def rearm():  # far more often than a watchdog: a new deadline every millisecond
+            n = 0
+            while not stop:
+                n += 1
+                stacks.arm(n % 2, "# header\\n", 300.0 + n % 7)
+                time.sleep(0.001)
+        threading.Thread(target=rearm, daemon=True).start()
+        kids = []
+        for _ in range(40):
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)  # the interpreter's exit cancels faulthandler's timer
+            kids.append(pid)
+            time.sleep(0.003)
+        hung = 0
+        for pid in kids:
+            end = time.monotonic() + 10
+            while not os.waitpid(pid, os.WNOHANG)[0]:
+                if time.monotonic() > end:
+                    hung += 1
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
+        stop = True
+        print("HUNG", hung, "PENDING", stacks.pending_path.exists(), flush=True)
+        stacks.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # none hung; no child removed the parent's pending file as it left
+    assert "HUNG 0 PENDING True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
 def test_a_run_directory_that_cannot_be_written_never_raises_into_the_watchdog(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "not-a-dir"
