@@ -55,27 +55,31 @@ class RowRoute:
 
 class ConsoleDrainClock:
     """When the console's next fast line is queued: a step whose index is the next multiple
-    of ``log_every``, at least ``min_interval_seconds`` after the last one (a cheap look at
-    the newest queued record, once per poll)."""
+    of ``log_every``, ending at least ``min_interval_seconds`` after the last one, as the
+    console counts it (by the steps' own end times; a cheap look at the newest queued record,
+    once per poll)."""
 
     def __init__(self, every_steps: int, min_interval_seconds: float) -> None:
         self._every = every_steps
-        self._interval = min_interval_seconds
+        self._interval_ns = int(min_interval_seconds * 1e9)
         self._next_index = 0
-        self._next_time = 0.0  # monotonic
+        self._next_end_ns = 0  # perf_counter_ns: no line for a step ending before this
 
-    def due(self, queue: Any, now: float) -> bool:
+    def due(self, queue: Any) -> bool:
         """The newest queued step has reached the next line's step, and its time has come."""
-        if now < self._next_time:
-            return False
         try:
-            index = getattr(queue[-1], "index", None)
+            newest = queue[-1]
         except IndexError:
             return False
-        if not isinstance(index, int) or index < self._next_index:
+        index = getattr(newest, "index", None)
+        end_ns = getattr(newest, "end_ns", 0)
+        if not isinstance(index, int) or index < self._next_index or not end_ns:
+            return False
+        if end_ns < self._next_end_ns:
             return False
         self._next_index = (index // self._every + 1) * self._every
-        self._next_time = now + self._interval
+        # The console's next line comes no earlier than this step's end + its interval.
+        self._next_end_ns = end_ns + self._interval_ns
         return True
 
 
@@ -148,7 +152,7 @@ class SpanBuildWorker:
                 if not waiting_since:
                     waiting_since = now
                 if (len(q) >= self._drain_at or now - waiting_since >= self._max_delay
-                        or (self._console is not None and self._console.due(q, now))):
+                        or (self._console is not None and self._console.due(q))):
                     waiting_since = 0.0
                     self.drain()
                     # The drain's interval apart: the training thread's wait in it is

@@ -219,3 +219,34 @@ def test_drain_survives_a_concurrent_drain_emptying_the_queue():
     rec.queue = racy
     worker = _worker(rec, Sink(), drops)
     worker.drain()  # must not raise
+
+
+def test_the_console_drain_clock_opens_for_the_console_s_next_fast_line_only() -> None:
+    """Early drains for the steps the console prints a fast line for: the next multiple of
+    log_every, no sooner than the console's interval after the last (by step end times)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from otel_train.pipeline.span_worker import ConsoleDrainClock
+
+    clock = ConsoleDrainClock(10, 1.0)
+    queue: deque = deque()
+
+    def step(index: int, end_s: float) -> SimpleNamespace:
+        return SimpleNamespace(index=index, end_ns=int(end_s * 1e9))
+
+    assert not clock.due(queue)  # nothing queued
+    queue.append(step(0, 0.01))
+    assert clock.due(queue)  # step 0: the first line
+    queue.append(step(3, 0.04))
+    assert not clock.due(queue)  # not a line's step yet
+    queue.append(step(10, 0.11))
+    assert not clock.due(queue)  # step 10 ends within the interval: the console skips it
+    queue.append(step(100, 1.02))
+    assert clock.due(queue)  # the console's next line (step 100, 1 s on) is queued
+    assert not clock.due(queue)  # said once
+    queue.append(SimpleNamespace(after_step=100, end_ns=0))  # a monitoring record
+    assert not clock.due(queue)
+    every = ConsoleDrainClock(5, 0.0)  # an explicit log_every: no interval
+    assert every.due(deque([step(0, 0.0005)])) and every.due(deque([step(5, 0.001)]))
+    assert not every.due(deque([step(7, 0.002)])) and every.due(deque([step(11, 0.003)]))
