@@ -70,7 +70,12 @@ from otel_train.pipeline.plan import (
     process_failed,
 )
 from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
-from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
+from otel_train.pipeline.span_worker import (
+    CONSOLE_MAX_DRAIN_DELAY_SECONDS,
+    MAX_DRAIN_DELAY_SECONDS,
+    RowRoute,
+    SpanBuildWorker,
+)
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.device import DeviceTiming
 from otel_train.recording.recorder import Recorder
@@ -242,6 +247,9 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # With the console on, a step it prints a fast line for is drained at the next poll:
     # read next to the script's own output, a console line is only useful on time.
     worker = SpanBuildWorker(recorder, builder, route, drops, self_cost,
+                             max_drain_delay_seconds=(CONSOLE_MAX_DRAIN_DELAY_SECONDS
+                                                      if options.console
+                                                      else MAX_DRAIN_DELAY_SECONDS),
                              console_every_steps=options.log_every if options.console else None,
                              console_min_interval_seconds=fast_log_min_interval_seconds(options),
                              export=export if isinstance(export, ExportProcessClient) else None)

@@ -241,9 +241,13 @@ def test_the_console_drain_clock_opens_for_the_console_s_next_fast_line_only() -
     queue.append(step(3, 0.04))
     assert not clock.due(queue)  # not a line's step yet
     queue.append(step(10, 0.11))
-    assert not clock.due(queue)  # step 10 ends within the interval: the console skips it
-    queue.append(step(100, 1.02))
-    assert clock.due(queue)  # the console's next line (step 100, 1 s on) is queued
+    assert not clock.due(queue)  # step 10 ends within half the interval: not yet
+    queue.append(step(60, 0.52))
+    assert clock.due(queue)  # half the interval on: the console may print here
+    queue.append(step(70, 0.62))
+    assert not clock.due(queue)
+    queue.append(step(110, 1.03))
+    assert clock.due(queue)  # the console's next line (1 s after step 0's) is queued
     assert not clock.due(queue)  # said once
     queue.append(SimpleNamespace(after_step=100, end_ns=0))  # a monitoring record
     assert not clock.due(queue)
