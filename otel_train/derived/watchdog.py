@@ -222,7 +222,10 @@ class StallWatchdog:
         fired_at = stacks.fired_at_ns()
         rec = self._recorder
         cur = rec.in_progress()
-        if cur is not None and cur[1] + self._offset_ns <= fired_at:
+        queued = self._queued_step_at(fired_at - self._offset_ns)
+        if queued is not None:  # ended since, not drained yet: its own start and end say
+            index, phase = queued, None
+        elif cur is not None and cur[1] + self._offset_ns <= fired_at:
             index, phase = cur[0], cur[2]  # the step running now ran when the timer fired
         elif rec.last_step_end_ns and rec.last_step_end_ns + self._offset_ns >= fired_at:
             # It has ended since, over the threshold: the step before the one running now
@@ -241,6 +244,22 @@ class StallWatchdog:
             return None
         self._stacks_written(index, path, phase, reason)
         return index
+
+    def _queued_step_at(self, at_ns: int) -> int | None:
+        """The finished step, still queued for the span worker, that ran at ``at_ns``
+        (perf_counter_ns), if any: exact where steps after a stall ended before the watchdog
+        could look."""
+        # list() copies the deque in one C call under the GIL: no append can interleave.
+        for record in reversed(list(self._recorder.queue)):
+            index = getattr(record, "index", None)
+            start, end = getattr(record, "start_ns", None), getattr(record, "end_ns", 0)
+            if not isinstance(index, int) or not isinstance(start, int) or not end:
+                continue
+            if start <= at_ns <= end:
+                return index
+            if end < at_ns:
+                return None  # older steps ended before it, too
+        return None
 
     def _dump(self, index: int, reason: str, phase: str | None) -> Path | None:
         """Every thread's stack now, in a new file (None, logged, when it cannot be written)."""

@@ -260,3 +260,26 @@ def test_a_run_directory_that_cannot_be_written_never_raises_into_the_watchdog(
     assert text is not None and "looks stalled" in text
     assert not stacks.timer and dog.stacks_written == []
     assert "cannot write stall stacks" in caplog.text
+
+
+def test_the_timer_s_stacks_are_named_after_the_step_running_when_it_fired(
+        tmp_path: Path) -> None:
+    """Empty steps after a stall end before the watchdog can look: the queued steps' own
+    start and end times say which one ran when the timer fired, not the one that ended last."""
+    rec = Recorder(10, DropCounter(), None)
+    stacks = StallStacks(tmp_path / "stalls", 0, 1, 1)
+    dog = StallWatchdog(rec, stall_seconds=60.0, stacks=stacks)
+    try:
+        for step in rec.steps(range(4), "train"):
+            pass
+        steps = list(rec.queue)
+        assert [s.index for s in steps] == [0, 1, 2, 3]
+        for s, (start, end) in zip(steps, [(0, 10), (20, 5_000), (5_001, 5_002),
+                                           (5_003, 5_004)]):
+            s.start_ns, s.end_ns = start, end  # step 1 ran from 20 to 5000 ns
+        assert dog._queued_step_at(2_000) == 1
+        assert dog._queued_step_at(5_001) == 2
+        assert dog._queued_step_at(15) is None  # between steps 0 and 1
+        assert dog._queued_step_at(9_999) is None  # after them all
+    finally:
+        dog.stop()
