@@ -23,22 +23,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from otel_train.common.self_cost import TrainingThreadSchedstat  # noqa: E402
 
 
 class ThreadClock:
     """Wall, thread CPU, process CPU and schedstat of the calling (training) thread."""
 
     def __init__(self) -> None:
-        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-        self._ok = os.path.exists(self._path)
+        # The reader the run's own-cost figures use (otel_train/common/self_cost.py).
+        self._schedstat = TrainingThreadSchedstat(threading.get_native_id())
 
     def read(self) -> tuple[int, int, int, int, int]:
         """(wall, thread cpu, process cpu, on-cpu, run-queue wait) in ns."""
-        on = wait = 0
-        if self._ok:
-            with open(self._path) as f:
-                fields = f.read().split()
-            on, wait = int(fields[0]), int(fields[1])
+        on, wait = self._schedstat.read() or (0, 0)
         return (time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns(), on, wait)
 
 
