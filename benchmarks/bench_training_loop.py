@@ -390,12 +390,15 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     def run_variant() -> dict[str, int]:
         if variant == "instrument":  # hooks go on outside the clock (off in the drain)
             holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
-        lost0 = meter.lost_ns if meter is not None else 0
+        parts0 = meter.lost_parts() if meter is not None else (0.0, 0.0)
         # The exporter process finishes sending outside the clock: its work is another
         # process's (expCPU), and must not spill into the next (bare) block either.
         got = timed_block(clock, body, drain, child, settle=run.flush if run else None)
-        if meter is not None:  # what the run reports it cost the block's steps
-            got["reported_lost"] = meter.lost_ns - lost0
+        if meter is not None:  # what the run reports it cost the block's steps: the
+            # interference's busy steps are charged at the slope the whole run ends with
+            parts = meter.lost_parts()
+            got["reported_accounted"] = int(parts[0] - parts0[0])
+            got["reported_busy_steps"] = int(round(parts[1] - parts0[1]))
         return got
 
     # Warm-up: caches, allocator, first-use paths of both loops.
@@ -415,6 +418,13 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             for g in range(3):
                 acc[g] += gcc.counts[g]
         pairs.append(got)
+    slope = None
+    if meter is not None:  # the blocks' busy steps at the slope the whole run ends with
+        slope = meter.interference.slope_ns()
+        for got in pairs:
+            v = got["var"]
+            v["reported_lost"] = int(v.pop("reported_accounted")
+                                     + (slope or 0.0) * v.pop("reported_busy_steps"))
 
     memory = None
     if cfg.get("memory") and variant in ("otel-otlp", "otel-thread", "otel-sdk"):
@@ -430,7 +440,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     devnull.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return {"pairs": pairs, "steps": n, "gc_bare": gc_bare, "gc_var": gc_var,
-            "gc_steps": n * cfg["pairs"], "spans_built": spans_built, "memory": memory}
+            "gc_steps": n * cfg["pairs"], "spans_built": spans_built, "memory": memory,
+            "interference_slope_ns": slope}
 
 
 def flush_in_process(run: Any) -> None:
@@ -629,7 +640,9 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
         delivered = "- (no export)"
     print(_row(variant, pairs, n, delivered), flush=True)
     if all("reported_lost" in v for _, v in pairs):
-        print(_own_cost_line(pairs), flush=True)
+        slope = res.get("interference_slope_ns") or 0.0
+        print(_own_cost_line(pairs) + f"; interference slope {slope / 1e3:.1f} us per busy "
+              f"step", flush=True)
     gc_steps = res["gc_steps"]
     if variant in ("otel-otlp", "otel-thread", "otel-sdk"):
         per_k = lambda c: "/".join(f"{1000 * x / gc_steps:.1f}" for x in c)  # noqa: E731

@@ -15,7 +15,11 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
   it (``gil``), and time it was runnable but waiting for a CPU up to what the exporter
   process (and the rest of the background thread's CPU) ran in it (``run_queue``). ``None``
   with ``wait_unavailable`` saying why where schedstat is missing (not Linux);
-- ``share_of_step_time``: (hot path + wait) / the loop's wall time (first step's start to the
+- ``cpu_interference_us_per_step``: the training thread's extra *on-CPU* time per step while
+  the background runs beside it (shared core, caches, memory bandwidth), estimated in the run
+  by regressing its CPU per step on the background's busy share, interval by interval
+  (cpu_interference.py); ``cpu_interference_us_per_busy_step`` is that line's slope;
+- ``share_of_step_time``: (hot path + wait + interference) / the loop's wall time (first step's start to the
   last step's end), 0..1: the share of its time the training loop loses, the figure an A/B
   of the same loop with and without otel-train measures (1 - bare / instrumented);
 - ``background_cpu_us_per_step`` (this process's otel-train threads) and
@@ -41,7 +45,10 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
+from otel_train.common.cpu_interference import CpuInterferenceRegression
+
 _MARKS = 64  # drains remembered for the recent window
+_MIN_STEP_NS = 2_000
 
 
 class TrainingThreadSchedstat:
@@ -92,8 +99,10 @@ class SelfCostMeter:
         self.steps = 0
         self.first_step_ns: int | None = None
         self.last_step_end_ns = 0
-        self._prev: tuple[int, tuple[int, int] | None, int | None] | None = None
-        self._marks: deque[tuple[int, int, float]] = deque(maxlen=_MARKS)
+        self._prev: tuple[int, tuple[int, int] | None, int | None, int | None] | None = None
+        # (steps drained, last step end ns, hot path + waits ns, interference's busy steps)
+        self._marks: deque[tuple[int, int, float, float]] = deque(maxlen=_MARKS)
+        self.interference = CpuInterferenceRegression()
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
@@ -127,17 +136,20 @@ class SelfCostMeter:
             self.steps += steps
             self.last_step_end_ns = max(self.last_step_end_ns, last_end_ns)
             if steps:
-                self._marks.append((self.steps, self.last_step_end_ns, self._lost_locked()))
+                self._marks.append((self.steps, self.last_step_end_ns, self._accounted_locked(),
+                                    self.interference.busy_steps))
 
-    def sample(self, background_ns: int, exporter_cpu_ns: int | None, loop_active: bool) -> None:
+    def sample(self, background_ns: int, exporter_cpu_ns: int | None, loop_active: bool,
+               steps_begun: int | None = None) -> None:
         """One interval of the span worker: its CPU (``background_ns``), the exporter
-        process's CPU so far, and whether training ran in it; attributes the training
-        thread's wait in the interval to otel-train's threads, bounded by their CPU."""
+        process's CPU so far, whether training ran in it and the steps begun so far;
+        attributes the training thread's wait in the interval to otel-train's threads,
+        bounded by their CPU, and adds the interval to the on-CPU interference regression."""
         now = perf_counter_ns()
         stat = self.schedstat.read()
         with self._lock:
             self._background_ns += background_ns
-            prev, self._prev = self._prev, (now, stat, exporter_cpu_ns)
+            prev, self._prev = self._prev, (now, stat, exporter_cpu_ns, steps_begun)
             if prev is None or stat is None or prev[1] is None or not loop_active:
                 return
             wall = now - prev[0]
@@ -150,10 +162,18 @@ class SelfCostMeter:
                 exporter = max(0, exporter_cpu_ns - prev[2])
             self._gil_wait_ns += gil
             self._runq_wait_ns += min(max(0, runq), exporter + background_ns - gil)
+            begun = None if steps_begun is None or prev[3] is None else steps_begun - prev[3]
+            # A jump of the index (a resumed run's first explicit index) is not steps run:
+            # no instrumented step takes under 2 us.
+            if begun is not None and 0 < begun and begun * _MIN_STEP_NS <= wall:
+                self.interference.add((background_ns + exporter) / wall, on_cpu / begun, begun)
 
     # -- reading ------------------------------------------------------------------------
-    def _lost_locked(self) -> float:
+    def _accounted_locked(self) -> float:
         return self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
+
+    def _lost_locked(self) -> float:
+        return self._accounted_locked() + self.interference.charge_ns()
 
     @property
     def total_ns(self) -> int:
@@ -167,6 +187,12 @@ class SelfCostMeter:
         with self._lock:
             return int(self._lost_locked())
 
+    def lost_parts(self) -> tuple[float, float]:
+        """(hot path + waits ns, interference's busy steps) so far: a caller that compares
+        two moments charges the busy steps between them at the final slope."""
+        with self._lock:
+            return self._accounted_locked(), self.interference.busy_steps
+
     def recent_share(self) -> float | None:
         """Share of the loop's wall time lost over the last ``window_steps`` steps (at least
         one drain), None before any step was drained."""
@@ -174,8 +200,8 @@ class SelfCostMeter:
             marks = self._marks
             if not marks:
                 return None
-            steps, end, lost = marks[-1]
-            base: tuple[int, int, float] | None = None
+            steps, end, waits, busy = marks[-1]
+            base: tuple[int, int, float, float] | None = None
             for mark in reversed(marks):
                 if steps - mark[0] >= self.window_steps:
                     base = mark
@@ -183,9 +209,10 @@ class SelfCostMeter:
             if base is None:  # fewer steps than the window: the whole loop so far
                 if self.first_step_ns is None:
                     return None
-                base = (0, self.first_step_ns, 0.0)
+                base = (0, self.first_step_ns, 0.0, 0.0)
             wall = end - base[1]
-            return min(1.0, max(0.0, (lost - base[2]) / wall)) if wall > 0 else None
+            lost = waits - base[2] + self.interference.charge_ns(busy - base[3])
+            return min(1.0, max(0.0, lost / wall)) if wall > 0 else None
 
     def figures(self, exporter_cpu_seconds: float | None = None,
                 exporter_startup_cpu_seconds: float | None = None) -> dict[str, Any]:
@@ -197,6 +224,8 @@ class SelfCostMeter:
                     if self.first_step_ns is not None else 0)
             hot, own = self._hot_path_ns, self._on_training_thread_ns
             gil, runq, background = self._gil_wait_ns, self._runq_wait_ns, self._background_ns
+            interference = self.interference.charge_ns()
+            slope = self.interference.slope_ns()
         unavailable = self.schedstat.unavailable
 
         def per_step(ns: float | None) -> float | None:
@@ -218,6 +247,9 @@ class SelfCostMeter:
             "wait_gil_us_per_step": None if unavailable else per_step(gil),
             "wait_run_queue_us_per_step": None if unavailable else per_step(runq),
             "wait_unavailable": unavailable,
+            "cpu_interference_us_per_step": None if unavailable else per_step(interference),
+            "cpu_interference_us_per_busy_step": (None if slope is None
+                                                  else round(slope / 1e3, 3)),
             "background_cpu_us_per_step": per_step(background),
             "exporter_process_cpu_us_per_step": per_step(exporter_steady),
             "training_thread_drains_seconds": round(own / 1e9, 6),

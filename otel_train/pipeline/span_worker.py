@@ -200,7 +200,9 @@ class SpanBuildWorker:
             # Training ran in the interval: a step is open, or one ended since the last look.
             active = rec.current is not None or end != self._seen_step_end
             self._seen_step_end = end
-            self._self_cost.sample(used, exporter, active)
+            begun = rec.next_index
+            self._self_cost.sample(used, exporter, active,
+                                   begun if isinstance(begun, int) else None)
         except Exception as exc:
             self._warn.warning("cost", "otel-train: own-cost sample failed: %r", exc)
 

@@ -41,10 +41,11 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     # Beside each otel-train run's row: the share the run reports of itself for the same
     # blocks, the A/B's share and their difference, each a finite median in its interval.
     own = re.findall(rf"^\s+own cost: A/B share{_SIGNED}\s*%, reported{_SIGNED}\s*%, "
-                     rf"reported - A/B{_SIGNED}\s*pp$", out, re.M)
+                     rf"reported - A/B{_SIGNED}\s*pp; interference slope (\d+\.\d) us per busy "
+                     r"step$", out, re.M)
     assert len(own) == 2 * 6, out  # otel-otlp/-thread/-paused/-sampled/-none, instrument
     for row in own:
-        ab, ab_lo, ab_hi, rep, rep_lo, rep_hi, diff, d_lo, d_hi = map(float, row)
+        ab, ab_lo, ab_hi, rep, rep_lo, rep_hi, diff, d_lo, d_hi, _slope = map(float, row)
         assert ab_lo <= ab <= ab_hi and rep_lo <= rep <= rep_hi and d_lo <= diff <= d_hi
         assert 0.0 <= rep <= 100.0  # a share of the block's time, not 28395%
     # Spans really reached the real receiver, and otel-train built them.

@@ -78,7 +78,7 @@ def test_the_training_threads_wait_is_attributed_only_up_to_the_background_cpu()
     # 50 ms: 30 ms on a CPU, 5 ms runnable, 15 ms blocked (the GIL) while the worker ran 8 ms
     # and the exporter process 3 ms: 8 ms of GIL wait, 5 ms of run-queue wait.
     clock.now = (30 * MS, 5 * MS)
-    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0)
+    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0, None)
     meter.sample(8 * MS, 3 * MS, True)
     fig = meter.figures()
     assert fig["wait_gil_us_per_step"] == pytest.approx(80.0)  # 8 ms / 100 steps
@@ -93,7 +93,7 @@ def test_an_interval_without_training_charges_no_wait() -> None:
     clock = meter.schedstat = ScriptedSchedstat()
     meter.sample(0, 0, False)
     clock.now = (0, 5 * MS)
-    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0)
+    meter._prev = (meter._prev[0] - 50 * MS, (0, 0), 0, None)
     meter.sample(20 * MS, 10 * MS, False)  # the training thread slept: nothing lost
     fig = meter.figures()
     assert fig["wait_us_per_step"] == 0.0
@@ -125,3 +125,36 @@ def test_nothing_drained_yet_reads_none() -> None:
     fig = SelfCostMeter(1_000.0).figures()
     assert fig["share_of_step_time"] is None and fig["lost_us_per_step"] is None
     assert SelfCostMeter().recent_share() is None
+
+
+def test_training_cpu_that_rises_with_the_background_is_charged_as_interference() -> None:
+    # 200 intervals of 50 ms, 90 steps each; the training thread computes 500 us per step
+    # alone and 40% more while the background is busy (busy share alternating 0 / 0.5).
+    meter = _meter_with_steps(steps=18_000, step_ms=1, spans_per_step=0)
+    clock = meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, True, 0)
+    on_cpu = background = begun = 0
+    for i in range(200):
+        busy = 0.5 if i % 2 else 0.0
+        on_cpu += int(90 * 500_000 * (1 + 0.4 * busy))
+        begun += 90
+        clock.now = (on_cpu, 0)
+        meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
+        background = int(busy * 50 * MS)
+        meter.sample(background, 0, True, begun)
+    fig = meter.figures()
+    # slope: 200 us of extra training CPU per step at full background activity
+    assert fig["cpu_interference_us_per_busy_step"] == pytest.approx(200.0, rel=0.02)
+    # charged: 200 us x 0.5 busy on half the 18,000 steps = 50 us per step
+    assert fig["cpu_interference_us_per_step"] == pytest.approx(50.0, rel=0.02)
+    assert fig["lost_us_per_step"] == pytest.approx(50.0, rel=0.02)
+
+
+def test_an_index_jump_is_not_taken_for_steps_run() -> None:
+    meter = _meter_with_steps()
+    clock = meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, True, 0)
+    clock.now = (40 * MS, 0)
+    meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
+    meter.sample(0, 0, True, 50_000)  # a resumed run's first index, not 50,000 steps in 50 ms
+    assert meter.interference.points == 0
