@@ -35,6 +35,7 @@ class DeviceTiming:
     device_type: str  # "cpu", "cuda", "mps", "xpu", ...
     synchronize: Callable[[], None] | None  # called at boundaries when not None
     make_event: Callable[[], Any] | None = None  # events mode: a recorded timing event
+    probes: Any = None  # device_probes.DeviceProbes: events / allocator peaks per boundary
 
     @property
     def synced(self) -> bool:
@@ -43,6 +44,12 @@ class DeviceTiming:
 
     def describe(self) -> str:
         """One line for the start-up banner."""
+        probes = self.probes
+        if probes is not None and probes.active:
+            return f"{self._clock()}; {probes.describe()}"
+        return self._clock()
+
+    def _clock(self) -> str:
         if self.synchronize is not None:
             return f"{self.device_type}: synchronized at phase boundaries"
         if self.make_event is not None:
