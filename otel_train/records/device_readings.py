@@ -15,9 +15,14 @@ The step's bound (``train.step.bound``), first rule that holds (``BOUND_*_SHARE`
 1. ``communication``: the root has ``train.comm.exposed_seconds`` >= 30% of the step;
 2. ``input``: the data phase took >= 30% of the step on the host clock, and (with device
    events) the device idled for at least half of that wait;
-3. ``compute``: the device was busy >= 50% of the step; without device readings (CPU, a step
-   not sampled) the host clock can't tell the host's own work from the device's: ``compute``;
-4. ``host``: otherwise (the device waited on Python, launches or synchronizations).
+3. ``compute``: the device was busy >= 50% of the step and ran behind the host: the phases'
+   device and host times differ by >= 20% of the step in all (the host queued work faster
+   than the device ran it, then waited for it). Without device readings (CPU, a step not
+   sampled) the host clock can't tell the host's own work from the device's: ``compute``;
+4. ``host``: otherwise: the device kept pace with the host (each phase's device time is its
+   host time: the stream waited on Python, launches or synchronizations) or idled. A single
+   phase around forward, backward and a ``.item()`` can't show the device running behind:
+   give the step its phases.
 
 Usage::
 
@@ -40,6 +45,7 @@ BOUND_COMM_SHARE = 0.3  # exposed communication / step wall
 BOUND_INPUT_SHARE = 0.3  # data phase host time / step wall
 BOUND_INPUT_IDLE_SHARE = 0.5  # device idle in the data phase / data phase host time
 BOUND_COMPUTE_SHARE = 0.5  # device busy / step wall
+BOUND_LAG_SHARE = 0.2  # sum over phases of |device - host| / step wall: the device ran behind
 _END = 1 << 62  # the step's end reading (-2) sorts after every boundary
 
 
@@ -119,7 +125,8 @@ def _resolve_events(step: Any, phases: Sequence[Any], dev: dict[int, Any], keys:
 
 
 def step_bound(wall_seconds: float, data_seconds: float, data_idle_seconds: float | None,
-               busy_seconds: float | None, comm_exposed_seconds: float | None) -> str:
+               busy_seconds: float | None, comm_exposed_seconds: float | None,
+               lag_seconds: float = 0.0) -> str:
     """The step's bound by the module's rule (``input`` | ``compute`` | ``communication`` |
     ``host``)."""
     if wall_seconds <= 0:
@@ -131,7 +138,10 @@ def step_bound(wall_seconds: float, data_seconds: float, data_idle_seconds: floa
             data_idle_seconds is None
             or data_idle_seconds >= BOUND_INPUT_IDLE_SHARE * data_seconds):
         return A.BOUND_INPUT
-    if busy_seconds is None or busy_seconds >= BOUND_COMPUTE_SHARE * wall_seconds:
+    if busy_seconds is None:
+        return A.BOUND_COMPUTE
+    if (busy_seconds >= BOUND_COMPUTE_SHARE * wall_seconds
+            and lag_seconds >= BOUND_LAG_SHARE * wall_seconds):
         return A.BOUND_COMPUTE
     return A.BOUND_HOST
 
@@ -142,12 +152,17 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     exposed communication time the step's own attributes carry, if any)."""
     data_ns = 0
     data_idle = None
+    lag = 0.0
     for ph in phases:  # record phases: name, kind, loader, duration_ns, ordinal+1, parent
-        if ph[0] == A.PHASE_DATA and ph[5] == root_id:
+        if ph[5] != root_id:
+            continue
+        if ph[0] == A.PHASE_DATA:
             data_ns += ph[3]
             extra = ph[10]
             if extra and A.DEVICE_IDLE in extra:
                 data_idle = (data_idle or 0.0) + extra[A.DEVICE_IDLE]
+        elif ph[11] is not None:  # device seconds: how far the device ran behind the host
+            lag += abs(ph[11] - ph[3] / 1e9)
     comm = (step_attrs or root_attrs).get(A.COMM_EXPOSED)
     if comm is not None and not isinstance(comm, (int, float)):
         try:
@@ -156,7 +171,7 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
             comm = None
     root_attrs[A.STEP_BOUND] = step_bound(
         wall_ns / 1e9, data_ns / 1e9, data_idle, root_attrs.get(A.DEVICE_BUSY),
-        comm)
+        comm, lag)
 
 
 class HostRss:
