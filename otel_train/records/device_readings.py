@@ -46,6 +46,9 @@ BOUND_INPUT_SHARE = 0.3  # data phase host time / step wall
 BOUND_INPUT_IDLE_SHARE = 0.5  # device idle in the data phase / data phase host time
 BOUND_COMPUTE_SHARE = 0.5  # device busy / step wall
 BOUND_LAG_SHARE = 0.2  # sum over phases of |device - host| / step wall: the device ran behind
+_DATA, _IDLE, _BUSY, _COMM, _BOUND = (A.PHASE_DATA, A.DEVICE_IDLE, A.DEVICE_BUSY,
+                                      A.COMM_EXPOSED, A.STEP_BOUND)
+_INPUT, _COMPUTE = A.BOUND_INPUT, A.BOUND_COMPUTE
 _END = 1 << 62  # the step's end reading (-2) sorts after every boundary
 
 
@@ -156,22 +159,25 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     for ph in phases:  # record phases: name, kind, loader, duration_ns, ordinal+1, parent
         if ph[5] != root_id:
             continue
-        if ph[0] == A.PHASE_DATA:
+        if ph[0] == _DATA:
             data_ns += ph[3]
             extra = ph[10]
-            if extra and A.DEVICE_IDLE in extra:
-                data_idle = (data_idle or 0.0) + extra[A.DEVICE_IDLE]
+            if extra and _IDLE in extra:
+                data_idle = (data_idle or 0.0) + extra[_IDLE]
         elif ph[11] is not None:  # device seconds: how far the device ran behind the host
             lag += abs(ph[11] - ph[3] / 1e9)
-    comm = (step_attrs or root_attrs).get(A.COMM_EXPOSED)
+    comm = step_attrs.get(_COMM) if step_attrs else None
     if comm is not None and not isinstance(comm, (int, float)):
         try:
             comm = float(comm)  # a 0-d tensor, read here in the background
         except (TypeError, ValueError):
             comm = None
-    root_attrs[A.STEP_BOUND] = step_bound(
-        wall_ns / 1e9, data_ns / 1e9, data_idle, root_attrs.get(A.DEVICE_BUSY),
-        comm, lag)
+    busy = root_attrs.get(_BUSY)
+    if comm is None and busy is None:  # the host clock alone (CPU, unsampled): input/compute
+        root_attrs[_BOUND] = (_INPUT if data_ns >= BOUND_INPUT_SHARE * wall_ns > 0
+                              else _COMPUTE)
+        return
+    root_attrs[_BOUND] = step_bound(wall_ns / 1e9, data_ns / 1e9, data_idle, busy, comm, lag)
 
 
 class HostRss:
