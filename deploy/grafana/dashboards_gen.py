@@ -47,6 +47,7 @@ from grafana_foundation_sdk.models.prometheus import QueryEditorMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "prometheus"))
+sys.path.insert(0, str(HERE))  # rows_<area>.py: a row per module
 from promql import ALERTS, T, num, run_gauge, straggler_ratio  # noqa: E402
 from rows_device import add_device_row  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
