@@ -37,17 +37,27 @@ class AllocatorPeaks:
     """Reads and resets the device allocator's peak allocated and reserved bytes (no sync)."""
 
     def __init__(self, get_stats: Callable[[int], Any], reset_peaks: Callable[[int], Any],
-                 device_index: int, oom_types: tuple[type[BaseException], ...]) -> None:
+                 device_index: int | Callable[[], int],
+                 oom_types: tuple[type[BaseException], ...],
+                 ready: Callable[[], bool] | None = None) -> None:
         self._get_stats = get_stats
         self._reset = reset_peaks
+        # The device index, or how to find it at the first reading: asking at start_run could
+        # initialize the device before the program does (and before it forks loader workers).
         self._index = device_index
+        self._ready = ready  # False until the program's first allocation: nothing to read
         self.oom_types = oom_types  # a phase that raises one of these keeps its peak
 
     def read_and_reset(self) -> tuple[int, int] | None:
         """The peaks since the last reset, then a reset; None when the allocator can't tell."""
         try:
-            stats = self._get_stats(self._index)
-            self._reset(self._index)
+            if self._ready is not None and not self._ready():
+                return None
+            index = self._index
+            if not isinstance(index, int):
+                index = self._index = int(index())
+            stats = self._get_stats(index)
+            self._reset(index)
             return (int(stats[_ALLOCATED][_ALL][_PEAK]), int(stats[_RESERVED][_ALL][_PEAK]))
         except Exception:  # an allocator not initialized yet, or no statistics: no reading
             return None
@@ -66,12 +76,12 @@ def torch_allocator_peaks(device_type: str) -> AllocatorPeaks | None:
         reset = getattr(c, "_cuda_resetPeakMemoryStats", None)
         if get is None or reset is None or device_type != "cuda":
             return None
-    try:
-        index = int(torch.accelerator.current_device_index())
-    except Exception:
-        index = 0
+    accelerator = getattr(torch, "accelerator", None)
+    index = getattr(accelerator, "current_device_index", None) or torch.cuda.current_device
+    ready = getattr(c, "_accelerator_isAllocatorInitialized", None)
     oom = getattr(torch, "OutOfMemoryError", None)
-    return AllocatorPeaks(get, reset, index, (oom,) if oom is not None else (MemoryError,))
+    return AllocatorPeaks(get, reset, index, (oom,) if oom is not None else (MemoryError,),
+                          ready)
 
 
 class DeviceProbes:
