@@ -77,6 +77,8 @@ def device_readings(step: Any, phases: Sequence[Any]
         _log.debug("device event timing unavailable: %r", exc)
     if peaks:
         for ph in phases:
+            if not (ph.start_pos in dev or ph.start_pos == 0 or ph.end_pos in dev):
+                continue  # a fetch timed without boundaries of its own (step.iter_data)
             end = ph.end_pos if ph.end_ns else _END
             inside = [p for k, p in peaks if ph.start_pos < k <= _end_key(keys, end)]
             if inside:

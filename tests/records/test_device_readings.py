@@ -220,3 +220,17 @@ def test_host_rss_reads_this_process_resident_bytes_on_every_nth_step():
         pass
     roots = [builder.record(s)[6] for s in rec.queue]
     assert [A.HOST_RSS in r for r in roots] == [True, False, True, False]
+
+
+def test_a_validation_fetch_without_boundaries_of_its_own_gets_no_peak_of_its_parents():
+    dev, mem = FakeAccelerator(), FakeAllocator(block_bytes=MIB)
+    rec = _recorder(dev, memory=mem)
+    for step in rec.steps(range(1), None):
+        with step.monitor("val_loss"):
+            for _ in step.iter_data([0], loader="val"):
+                pass
+            mem.allocate(64 * MIB)
+    record = _records(rec)[0]
+    fetch = next(ph for ph in record[9] if ph[0] == "data" and ph[2] == "val")
+    assert A.MEMORY_PEAK_ALLOCATED not in (fetch[10] or {})
+    assert _phase(record, "val_loss")[A.MEMORY_PEAK_ALLOCATED] == 64 * MIB
