@@ -7,7 +7,9 @@ launched in ``forward`` is paid for in whichever phase next waits on the device 
 - ``sync``: synchronize the accelerator at every step and phase boundary (exact attribution,
   at the cost of draining the device queue each time);
 - ``events``: host clock for the spans, plus device timing events recorded at every boundary
-  and resolved in the background into ``train.device.duration_seconds`` (no stall);
+  of one step in ``device_events_every_steps`` and resolved in the background into
+  ``train.device.duration_seconds`` / ``busy_seconds`` / ``idle_seconds`` (no stall;
+  ``device_probes.py``, which also reads the allocator's peaks per phase);
 - ``off``: host clock only (no stall; device time lands where the host waits);
 - ``auto`` (default): ``sync`` when an accelerator is present, else host clock (on CPU the
   host clock is exact, there is nothing to synchronize).
