@@ -58,8 +58,8 @@ def add_device_row(d: Any, ids: Any, series: Any, q: Any, run: str, rank: str) -
            "{{phase}} {{pool}}")], "bytes", w=5, h=8))
     d = d.with_panel(series(
         ids, PANEL_TITLES[3],
-        "Resident set size of each training process (CPU runs; read every "
-        "device_events_every_steps steps).",
+        "Resident set size of each training process (host memory the device allocator "
+        "can't see: loader copies, pinned buffers; read every device_events_every_steps steps).",
         [q(f"max by (instance, rank) (otel_train_host_rss_bytes{{{run}}})",
            "{{instance}} rank {{rank}}")], "bytes", w=5, h=8))
     return d

@@ -223,13 +223,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         details="Each sampled step records one event and one allocator reading per phase "
         "boundary on the training thread (no sync) and resolves them in the background into "
         "`train.device.busy_seconds`, `train.device.idle_seconds` and "
-        "`train.memory.peak_*_bytes` ([device-timing.md](device-timing.md)). On CPU, host RSS "
-        "is read on the same steps."),
+        "`train.memory.peak_*_bytes` ([device-timing.md](device-timing.md)). Host RSS is read "
+        "on the same steps, in the background."),
     "memory_peaks": OptionDoc(
         "run", "peak allocated/reserved bytes per phase from the accelerator's allocator "
         "(reset at phase start, read at its end, no sync): `auto`/`on` where the allocator "
-        "keeps statistics (CUDA, and others through `torch.accelerator`); on CPU the host RSS "
-        "on the root span; `off`: neither"),
+        "keeps statistics (CUDA, and others through `torch.accelerator`), and the host RSS on "
+        "the root span (CPU's only memory figure); `off`: neither"),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

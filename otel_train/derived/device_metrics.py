@@ -8,7 +8,7 @@ Metrics (on the run's own registry, beside ``prometheus_metrics.py``'s):
 - ``otel_train_steps_by_bound_total{bound, rank}``: steps by ``train.step.bound``;
 - ``otel_train_phase_memory_peak_bytes{phase, pool, rank}``: the last peak of each phase,
   ``pool`` ``allocated`` or ``reserved``;
-- ``otel_train_host_rss_bytes{rank}``: the last host RSS read (CPU's fallback).
+- ``otel_train_host_rss_bytes{rank}``: the last host RSS read.
 
 Usage::
 

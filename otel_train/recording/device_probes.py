@@ -92,7 +92,7 @@ class DeviceProbes:
         self.make_event = make_event
         self.memory = memory
         self.every_steps = max(1, int(every_steps))
-        # On CPU the background reads host RSS on every N-th step's record (no hot-path work).
+        # The background reads host RSS on every N-th step's record (no hot-path work).
         self.host_rss_every_steps = host_rss_every_steps
         read = memory.read_and_reset if memory is not None else None
         self._oom = memory.oom_types if memory is not None else ()
@@ -149,8 +149,8 @@ class DeviceProbes:
 def resolve_device_probes(make_event: Callable[[], Any] | None, device_type: str,
                           every_steps: int, memory_peaks: str,
                           memory: AllocatorPeaks | None = None) -> DeviceProbes | None:
-    """The run's probes from ``device_sync``'s event maker and ``memory_peaks``; None when the
-    training thread records nothing beyond timestamps (CPU: host RSS only, in the background).
+    """The run's probes from ``device_sync``'s event maker and ``memory_peaks``; inactive (host
+    RSS only, read in the background) or None when the training thread records nothing more.
 
     ``memory`` defaults to the running torch's allocator (tests pass a fake's).
     """
@@ -163,7 +163,9 @@ def resolve_device_probes(make_event: Callable[[], Any] | None, device_type: str
         if memory is None and memory_peaks == "on" and device_type != "cpu":
             _log.info("otel-train: memory_peaks=on but the %s allocator has no statistics",
                       device_type)
-    rss_every = every_steps if memory_peaks != "off" and device_type == "cpu" else 0
+    # Host RSS on every run with memory_peaks: CPU's only memory figure, and on an
+    # accelerator the host side (loader workers' copies, pinned buffers) the allocator can't see.
+    rss_every = every_steps if memory_peaks != "off" else 0
     if make_event is None and memory is None:
         if rss_every:
             return DeviceProbes(None, None, every_steps, rss_every)

@@ -91,6 +91,12 @@ def test_events_mode_measures_device_time_per_phase_without_stalling_training(mo
     assert all(r >= 0.29 for r in roots)
     assert all(_seconds(s) < 0.1 for s in spans["forward"])  # host time stays host time
     assert spans["forward"][0].attributes["train.device.synced"] is False
+    # Busy/idle and the bound travel to the span file with the spans.
+    assert [s.attributes["train.device.busy_seconds"] for s in spans["forward"]] == fwd
+    assert all("train.device.idle_seconds" in s.attributes for s in spans["data"])
+    assert {s.attributes["train.step.bound"] for s in spans["train.step"]} <= {
+        "compute", "host", "input"}
+    assert all(s.attributes["train.device.busy_seconds"] >= 0.29 for s in spans["train.step"])
 
 
 def test_device_modes_fall_back_to_the_host_clock_on_a_cpu_only_machine():
