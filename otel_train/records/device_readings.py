@@ -24,6 +24,9 @@ The step's bound (``train.step.bound``), first rule that holds (``BOUND_*_SHARE`
    phase around forward, backward and a ``.item()`` can't show the device running behind:
    give the step its phases.
 
+A step between sampled ones has no device readings: rules 1 and 2 still apply, and in place
+of 3/4 it takes the last sampled step's ``compute``/``host`` verdict.
+
 Usage::
 
     extra, root, durations = device_readings(step, decode_events(step.ev))
@@ -152,9 +155,15 @@ def step_bound(wall_seconds: float, data_seconds: float, data_idle_seconds: floa
 
 
 def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
-               wall_ns: int, root_id: int, step_attrs: dict[str, Any] | None = None) -> None:
+               wall_ns: int, root_id: int, step_attrs: dict[str, Any] | None = None,
+               last_device_bound: str | None = None) -> str | None:
     """Set ``train.step.bound`` on a step's root attributes from its record phases (and the
-    exposed communication time the step's own attributes carry, if any)."""
+    exposed communication time on the root or the step's own attributes, if any).
+
+    A step without device readings between sampled ones takes ``last_device_bound`` (the
+    last sampled step's ``compute`` or ``host``) where the host clock alone would say
+    ``compute``. Returns this step's device-based ``compute``/``host`` verdict, else None.
+    """
     data_ns = 0
     data_idle = None
     lag = 0.0
@@ -168,7 +177,9 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
                 data_idle = (data_idle or 0.0) + extra[_IDLE]
         elif ph[11] is not None:  # device seconds: how far the device ran behind the host
             lag += abs(ph[11] - ph[3] / 1e9)
-    comm = step_attrs.get(_COMM) if step_attrs else None
+    comm = root_attrs.get(_COMM)
+    if comm is None and step_attrs:
+        comm = step_attrs.get(_COMM)
     if comm is not None and not isinstance(comm, (int, float)):
         try:
             comm = float(comm)  # a 0-d tensor, read here in the background
@@ -177,9 +188,16 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     busy = root_attrs.get(_BUSY)
     if comm is None and busy is None:  # the host clock alone (CPU, unsampled): input/compute
         root_attrs[_BOUND] = (_INPUT if data_ns >= BOUND_INPUT_SHARE * wall_ns > 0
-                              else _COMPUTE)
-        return
-    root_attrs[_BOUND] = step_bound(wall_ns / 1e9, data_ns / 1e9, data_idle, busy, comm, lag)
+                              else last_device_bound or _COMPUTE)
+        return None
+    bound = step_bound(wall_ns / 1e9, data_ns / 1e9, data_idle, busy, comm, lag)
+    if busy is None and bound == _COMPUTE and last_device_bound is not None:
+        bound = last_device_bound
+    root_attrs[_BOUND] = bound
+    if busy is not None:
+        # What the device readings alone say, for the steps until the next sampled one.
+        return step_bound(wall_ns / 1e9, 0.0, None, busy, None, lag)
+    return None
 
 
 class HostRss:

@@ -86,6 +86,8 @@ class StepRecordBuilder:
         # here in the background when the step is built (0: never; set by the assembly).
         self.host_rss_every_steps = 0
         self.host_rss = HostRss()
+        # The last sampled step's compute/host verdict: the steps after it take it over.
+        self._device_bound: str | None = None
 
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
@@ -122,7 +124,10 @@ class StepRecordBuilder:
             rss = self.host_rss.read_bytes()
             if rss is not None:
                 root_attrs[A.HOST_RSS] = rss
-        label_step(root_attrs, phases, step_end - step.start_ns, root_id, step.attrs)
+        verdict = label_step(root_attrs, phases, step_end - step.start_ns, root_id, step.attrs,
+                             self._device_bound)
+        if verdict is not None:
+            self._device_bound = verdict
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))

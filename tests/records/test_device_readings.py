@@ -234,3 +234,15 @@ def test_a_validation_fetch_without_boundaries_of_its_own_gets_no_peak_of_its_pa
     fetch = next(ph for ph in record[9] if ph[0] == "data" and ph[2] == "val")
     assert A.MEMORY_PEAK_ALLOCATED not in (fetch[10] or {})
     assert _phase(record, "val_loss")[A.MEMORY_PEAK_ALLOCATED] == 64 * MIB
+
+
+def test_steps_between_sampled_ones_take_the_last_sampled_verdict_unless_input_bound():
+    dev = FakeAccelerator()
+    rec = _recorder(dev, every=3)
+    for step in rec.steps(_sleepy(6, 0.0), None):
+        for name in ("forward", "backward"):
+            with step.phase(name):
+                time.sleep(0.02)  # the device keeps pace with slow Python: host-bound
+                dev.launch(0.001)
+    labels = [r[6][A.STEP_BOUND] for r in _records(rec)]
+    assert labels == [A.BOUND_HOST] * 6  # not "compute", as the host clock alone would say
