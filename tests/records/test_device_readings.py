@@ -246,3 +246,17 @@ def test_steps_between_sampled_ones_take_the_last_sampled_verdict_unless_input_b
                 dev.launch(0.001)
     labels = [r[6][A.STEP_BOUND] for r in _records(rec)]
     assert labels == [A.BOUND_HOST] * 6  # not "compute", as the host clock alone would say
+
+
+def test_phases_opened_and_closed_by_timestamps_get_device_time_and_peaks_too():
+    dev, mem = FakeAccelerator(), FakeAllocator(block_bytes=MIB)
+    rec = _recorder(dev, memory=mem)
+    step = rec.begin_step(None, 0)  # as the integrations' hooks and callbacks do
+    step.open_phase("forward")
+    dev.launch(0.03)
+    mem.allocate(32 * MIB)
+    step.close_phase()
+    rec.finish_step(step, None)
+    forward = _phase(_records(rec)[0], "forward")
+    assert forward[A.DEVICE_BUSY] == pytest.approx(0.03, abs=0.015)
+    assert forward[A.MEMORY_PEAK_ALLOCATED] == 32 * MIB
