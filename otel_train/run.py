@@ -108,7 +108,8 @@ class Run:
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
         self.device = resolve_device_timing(options.device_sync)
         probes = resolve_device_probes(self.device.make_event, self.device.device_type,
-                                       options.device_events_every_steps, options.memory_peaks)
+                                       options.device_events_every_steps, options.memory_peaks,
+                                       host_clock_only=options.device_sync == "off")
         self.device = dataclasses.replace(self.device, probes=probes)
         self.self_cost = SelfCostMeter(calibrate_ns_per_phase(), started_ns=started_ns,
                                        window_steps=options.recent_window_steps)

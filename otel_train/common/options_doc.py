@@ -227,9 +227,10 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "on the same steps, in the background."),
     "memory_peaks": OptionDoc(
         "run", "peak allocated/reserved bytes per phase from the accelerator's allocator "
-        "(reset at phase start, read at its end, no sync): `auto`/`on` where the allocator "
-        "keeps statistics (CUDA, and others through `torch.accelerator`), and the host RSS on "
-        "the root span (CPU's only memory figure); `off`: neither"),
+        "(reset at phase start, read at its end, no sync) where it keeps statistics (CUDA, "
+        "and others through `torch.accelerator`), and the host RSS on the root span (CPU's "
+        "only memory figure): `on`; `auto`: the same, but no allocator peaks with "
+        "`device_sync=off` (which keeps the C phases); `off`: neither"),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

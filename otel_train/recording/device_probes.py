@@ -148,15 +148,19 @@ class DeviceProbes:
 
 def resolve_device_probes(make_event: Callable[[], Any] | None, device_type: str,
                           every_steps: int, memory_peaks: str,
-                          memory: AllocatorPeaks | None = None) -> DeviceProbes | None:
+                          memory: AllocatorPeaks | None = None, *,
+                          host_clock_only: bool = False) -> DeviceProbes | None:
     """The run's probes from ``device_sync``'s event maker and ``memory_peaks``; inactive (host
     RSS only, read in the background) or None when the training thread records nothing more.
 
-    ``memory`` defaults to the running torch's allocator (tests pass a fake's).
+    ``auto`` reads the allocator where it keeps statistics, except with
+    ``host_clock_only`` (``device_sync=off``): that choice keeps the C phases, which peaks
+    would replace by Python ones. ``memory`` defaults to the running torch's allocator
+    (tests pass a fake's).
     """
     if memory_peaks not in MEMORY_PEAKS_MODES:
         raise ValueError(f"memory_peaks must be one of {', '.join(MEMORY_PEAKS_MODES)}")
-    if memory_peaks == "off":
+    if memory_peaks == "off" or (memory_peaks == "auto" and host_clock_only):
         memory = None
     elif memory is None:
         memory = torch_allocator_peaks(device_type)

@@ -34,7 +34,8 @@ CHILD = textwrap.dedent(
     timing, probes = device.resolve_device_timing, device_probes.resolve_device_probes
     otel_train.run.resolve_device_timing = (
         lambda m: timing(m, accelerator=dev, event_class=dev.Event))
-    otel_train.run.resolve_device_probes = lambda *a: probes(*a, memory=mem.peaks())
+    otel_train.run.resolve_device_probes = (
+        lambda *a, **k: probes(*a, memory=mem.peaks(), **k))
 
     def batches():
         i = 0

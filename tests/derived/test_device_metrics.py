@@ -32,7 +32,7 @@ def _fake_run(monkeypatch, tmp_path, dev: FakeAccelerator, mem: FakeAllocator, *
     monkeypatch.setattr("otel_train.run.resolve_device_timing",
                         lambda m: real_timing(m, accelerator=dev, event_class=dev.Event))
     monkeypatch.setattr("otel_train.run.resolve_device_probes",
-                        lambda *a: real_probes(*a, memory=mem.peaks()))
+                        lambda *a, **k: real_probes(*a, memory=mem.peaks(), **k))
     return otel_train.start_run(device_sync="events", prometheus_port=0,
                                 status_dir=str(tmp_path), exporter="jsonl", **options)
 

@@ -63,6 +63,18 @@ def test_probes_need_the_python_phase_and_a_plain_cpu_run_keeps_the_fast_one():
     assert resolve_device_probes(None, "cpu", 10, "off") is None
 
 
+def test_auto_reads_the_allocator_unless_device_sync_off_chose_the_c_phases():
+    mem = FakeAllocator()
+    auto = resolve_device_probes(None, "cuda", 10, "auto", memory=mem.peaks())
+    assert auto is not None and auto.memory is not None
+    off = resolve_device_probes(None, "cuda", 10, "auto", memory=mem.peaks(),
+                                host_clock_only=True)
+    assert off is not None and not off.active and off.host_rss_every_steps == 10
+    forced = resolve_device_probes(None, "cuda", 10, "on", memory=mem.peaks(),
+                                   host_clock_only=True)
+    assert forced is not None and forced.memory is not None
+
+
 def test_sync_mode_with_memory_peaks_synchronizes_and_reads_the_allocator():
     dev, mem = FakeAccelerator(), FakeAllocator()
     timing = resolve_device_timing("sync", accelerator=dev)
