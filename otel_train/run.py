@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import sys
 import threading
@@ -43,6 +44,7 @@ from otel_train.pipeline.assembly import (
 )
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resolve_identity
@@ -105,10 +107,14 @@ class Run:
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
         self.device = resolve_device_timing(options.device_sync)
+        probes = resolve_device_probes(self.device.make_event, self.device.device_type,
+                                       options.device_events_every_steps, options.memory_peaks,
+                                       host_clock_only=options.device_sync == "off")
+        self.device = dataclasses.replace(self.device, probes=probes)
         self.self_cost = SelfCostMeter(calibrate_ns_per_phase(), started_ns=started_ns,
                                        window_steps=options.recent_window_steps)
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
-                                  self.device.make_event)
+                                  probes)
         self._telemetry = assemble_telemetry(
             options, ident, self.status_dir, self._recorder, self.drops, self.self_cost,
             self.device)

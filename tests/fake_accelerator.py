@@ -32,6 +32,7 @@ class FakeAccelerator:
         self._busy_until = 0.0  # time.monotonic() at which the stream drains
         self.synchronize_calls = 0
         self.launches = 0
+        self.events_recorded = 0
         self.Event = _make_event_class(self)
 
     # -- simulated device work ----------------------------------------------------------
@@ -94,6 +95,7 @@ def _make_event_class(dev: FakeAccelerator) -> type:
 
         def record(self, stream: Any = None) -> None:
             self._at = dev.stream_position()
+            dev.events_recorded += 1
 
         def query(self) -> bool:
             return self._at is None or time.monotonic() >= self._at
@@ -112,3 +114,55 @@ def _make_event_class(dev: FakeAccelerator) -> type:
             return (other._at - self._at) * 1000.0
 
     return FakeEvent
+
+
+class FakeAllocator:
+    """A caching allocator's host-side statistics, as ``torch._C._accelerator_getDeviceStats``
+    returns them (nested: pool -> "all" -> current/peak), with peaks that reset.
+
+    ``allocate`` past ``capacity_bytes`` raises ``torch.OutOfMemoryError`` as torch does;
+    ``stats_reads`` and ``resets`` count the calls (none of them waits for the device).
+    """
+
+    def __init__(self, capacity_bytes: int = 80 * 1024 ** 3, block_bytes: int = 2 * 1024 ** 2
+                 ) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.block_bytes = block_bytes  # reserved memory grows in blocks, as cached segments
+        self.allocated = self.reserved = 0
+        self.peak_allocated = self.peak_reserved = 0
+        self.stats_reads = self.resets = 0
+
+    def allocate(self, nbytes: int) -> None:
+        """Allocate ``nbytes`` (raises ``torch.OutOfMemoryError`` past the capacity)."""
+        if self.allocated + nbytes > self.capacity_bytes:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {nbytes / 1024 ** 2:.2f} MiB")
+        self.allocated += nbytes
+        if self.allocated > self.reserved:
+            blocks = -(-self.allocated // self.block_bytes)
+            self.reserved = blocks * self.block_bytes
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, nbytes: int) -> None:
+        """Free ``nbytes`` (reserved memory stays cached, as in torch)."""
+        self.allocated = max(0, self.allocated - nbytes)
+
+    def get_device_stats(self, device_index: int) -> dict[str, Any]:
+        self.stats_reads += 1
+        return {
+            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak_allocated}},
+            "reserved_bytes": {"all": {"current": self.reserved, "peak": self.peak_reserved}},
+            "num_ooms": 0,
+        }
+
+    def reset_peak_stats(self, device_index: int) -> None:
+        self.resets += 1
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def peaks(self) -> Any:
+        """The ``AllocatorPeaks`` otel-train reads this allocator through."""
+        from otel_train.recording.device_probes import AllocatorPeaks
+
+        return AllocatorPeaks(self.get_device_stats, self.reset_peak_stats, 0,
+                              (torch.OutOfMemoryError,))

@@ -71,3 +71,17 @@ METRIC_SPANS_DROPPED = "otel_train_spans_dropped_total"
 METRIC_INSTRUMENTATION_OVERHEAD = "otel_train_instrumentation_overhead_ratio"
 METRIC_GPU_UTILIZATION = "otel_train_gpu_utilization_ratio"
 METRIC_GPU_MEMORY_USED = "otel_train_gpu_memory_used_bytes"
+# Device busy vs idle, the step's bound, peak memory per phase (device_probes.py)
+DEVICE_BUSY = "train.device.busy_seconds"  # phase: device time between its events; root: sum
+DEVICE_IDLE = "train.device.idle_seconds"  # data phase: device idle for input; root: wall - busy
+STEP_BOUND = "train.step.bound"  # input | compute | communication | host (records/step_bound.py)
+BOUND_INPUT, BOUND_COMPUTE, BOUND_COMM, BOUND_HOST = "input", "compute", "communication", "host"
+COMM_EXPOSED = "train.comm.exposed_seconds"  # root, set by the communication timing (read here)
+MEMORY_PEAK_ALLOCATED = "train.memory.peak_allocated_bytes"  # phase: allocator peak inside it
+MEMORY_PEAK_RESERVED = "train.memory.peak_reserved_bytes"
+HOST_RSS = "train.memory.host_rss_bytes"  # root, one step in device_events_every_steps
+METRIC_PHASE_DEVICE_BUSY = "otel_train_phase_device_busy_seconds_total"
+METRIC_DEVICE_IDLE = "otel_train_device_idle_seconds_total"
+METRIC_STEPS_BY_BOUND = "otel_train_steps_by_bound_total"
+METRIC_PHASE_MEMORY_PEAK = "otel_train_phase_memory_peak_bytes"
+METRIC_HOST_RSS = "otel_train_host_rss_bytes"

@@ -150,6 +150,10 @@ class RunOptions:
     # The exporter process's niceness (added to this process's, 0..19): its CPU yields to
     # the training threads when they compete for a core.
     export_process_nice: int = 10
+    # -- device busy/idle and memory (recording/device_probes.py) ----------------------------
+    # Device events (device_sync=events) and allocator peaks on one step in N.
+    device_events_every_steps: int = 10
+    memory_peaks: str = _choice("auto")  # auto | on | off
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -208,6 +212,8 @@ class RunOptions:
                 self._fail(name, "must be a non-empty string or None")
         if self.device_sync not in _DEVICE_SYNC:
             self._fail("device_sync", f"must be one of {', '.join(_DEVICE_SYNC)}")
+        if self.memory_peaks not in ("auto", "on", "off"):
+            self._fail("memory_peaks", "must be one of auto, on, off")
         if self.exporter is not None and self.exporter not in _EXPORTERS:
             self._fail("exporter", f"must be one of {', '.join(_EXPORTERS)} or None")
         if self.otlp_protocol is not None and self.otlp_protocol not in _PROTOCOLS:
@@ -259,7 +265,7 @@ class RunOptions:
             self._fail("spans_total_max_bytes", "must be None (no cap) or an integer >= "
                        f"spans_file_max_bytes ({self.spans_file_max_bytes})")
         for name in ("log_every", "recent_window_steps", "max_queued_steps", "max_queued_spans",
-                     "export_batch_size"):
+                     "export_batch_size", "device_events_every_steps"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 self._fail(name, "must be an integer >= 1")

@@ -216,6 +216,21 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "`OTEL_TRACES_SAMPLER=traceidratio` + `_ARG`, else every step"),
     "sample_keep_first_steps": OptionDoc("sampling", "the first steps are always kept "
                                          "(start-up, compilation)"),
+    # -- device busy/idle and memory
+    "device_events_every_steps": OptionDoc(
+        "run", "device events (`device_sync=events`) and allocator peaks (`memory_peaks`) are "
+        "recorded on one step in N (steps whose index is a multiple of N); 1: every step",
+        details="Each sampled step records one event and one allocator reading per phase "
+        "boundary on the training thread (no sync) and resolves them in the background into "
+        "`train.device.busy_seconds`, `train.device.idle_seconds` and "
+        "`train.memory.peak_*_bytes` ([device-timing.md](device-timing.md)). Host RSS is read "
+        "on the same steps, in the background."),
+    "memory_peaks": OptionDoc(
+        "run", "peak allocated/reserved bytes per phase from the accelerator's allocator "
+        "(reset at phase start, read at its end, no sync) where it keeps statistics (CUDA, "
+        "and others through `torch.accelerator`), and the host RSS on the root span (CPU's "
+        "only memory figure): `on`; `auto`: the same, but no allocator peaks with "
+        "`device_sync=off` (which keeps the C phases); `off`: neither"),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

@@ -22,8 +22,12 @@
          Total:          8.234s
          inference:      6.123s (74.4%)  [monitor]
          ...
+         bound: compute (device busy 7.981s, idle 0.253s)
          monitoring: 92.0% of this step (training 4.2%, other/overhead 3.8%) | ...
 
+- The bound line is the step's ``train.step.bound`` (``derived/device_metrics.py``); a phase
+  that ran out of memory gets a line of its own on any step: ``⛔ out of memory in backward
+  (step 12): peak 71.2 GiB allocated``.
 - Warm-up is marked, not hidden: the first ``warmup_steps`` steps' lines say ``[warm-up]``
   and an operation's first call says ``first call`` (it is left out of the steady-state
   figures that drive the budget status).
@@ -46,6 +50,7 @@ from typing import TextIO
 from otel_train.common import attributes as A
 from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
+from otel_train.derived.device_metrics import bound_line, oom_line
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.steps_view import (
@@ -138,6 +143,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self._steps_seen += 1
         self._last_step_ns = view.duration_ns
         self._note_first_calls(view)
+        oom = oom_line(view)
+        if oom is not None:
+            self._write(oom, view)
         if view.operations and self.is_material(view):
             self._write(self.format_breakdown(view), view)
         elif view.slow or (view.step % self.log_every == 0
@@ -211,6 +219,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         loaders = _nested_data_by_loader(view)
         for loader, dur in loaders.items():
             lines.append(f"   (data[{loader}] inside monitoring: {dur / 1e9:.3f}s)")
+        bound = bound_line(view)
+        if bound is not None:
+            lines.append(bound)
         train = max(0, total - view.monitor_ns - other)
         lines.append(f"   monitoring: {_pct(view.monitor_ns, total)} of this step (training "
                      f"{_pct(train, total)}, other/overhead {_pct(other, total)})"

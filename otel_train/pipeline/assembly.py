@@ -230,6 +230,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                 InstrumentationScope(INSTRUMENTATION_SCOPE, __version__),
                                 device.synced, device.device_type, sampling_function(sampler),
                                 epoch_offset_ns())
+    if device.probes is not None:  # memory_peaks' CPU fallback: host RSS on every N-th step
+        builder.host_rss_every_steps = device.probes.host_rss_every_steps
     # The exporter process first: its CPU counter must be on the metrics registry before the
     # derived-metrics stage mirrors the registry's families over OTLP.
     export, collectors, plan = _build_export(plan, options, environment, provider, builder,

@@ -7,7 +7,9 @@ launched in ``forward`` is paid for in whichever phase next waits on the device 
 - ``sync``: synchronize the accelerator at every step and phase boundary (exact attribution,
   at the cost of draining the device queue each time);
 - ``events``: host clock for the spans, plus device timing events recorded at every boundary
-  and resolved in the background into ``train.device.duration_seconds`` (no stall);
+  of one step in ``device_events_every_steps`` and resolved in the background into
+  ``train.device.duration_seconds`` / ``busy_seconds`` / ``idle_seconds`` (no stall;
+  ``device_probes.py``, which also reads the allocator's peaks per phase);
 - ``off``: host clock only (no stall; device time lands where the host waits);
 - ``auto`` (default): ``sync`` when an accelerator is present, else host clock (on CPU the
   host clock is exact, there is nothing to synchronize).
@@ -35,6 +37,7 @@ class DeviceTiming:
     device_type: str  # "cpu", "cuda", "mps", "xpu", ...
     synchronize: Callable[[], None] | None  # called at boundaries when not None
     make_event: Callable[[], Any] | None = None  # events mode: a recorded timing event
+    probes: Any = None  # device_probes.DeviceProbes: events / allocator peaks per boundary
 
     @property
     def synced(self) -> bool:
@@ -43,6 +46,12 @@ class DeviceTiming:
 
     def describe(self) -> str:
         """One line for the start-up banner."""
+        probes = self.probes
+        if probes is not None and probes.active:
+            return f"{self._clock()}; {probes.describe()}"
+        return self._clock()
+
+    def _clock(self) -> str:
         if self.synchronize is not None:
             return f"{self.device_type}: synchronized at phase boundaries"
         if self.make_event is not None:

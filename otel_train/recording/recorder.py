@@ -49,6 +49,7 @@ from otel_train.recording.step_phase_events import StepPhaseEvents
 
 if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
+    from otel_train.recording.device_probes import DeviceProbes
 
 __all__ = ["ACCELERATED", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
            "Phase", "Recorder", "Step", "SyncedPhase", "calibrate_ns_per_phase",
@@ -140,11 +141,8 @@ class SyncedPhase(Phase):
 
 
 class DeviceEventPhase(Phase):
-    """A phase that also records a device timing event at each boundary (``events`` mode).
-
-    Events are kept in ``step.dev`` keyed by the position of their boundary in the event
-    list; the builder resolves them in the background, so training never waits for them.
-    """
+    """A phase whose boundaries record device events and/or allocator peaks on a sampled step
+    (``device_probes.py``; resolved in the background); with ``device_sync=sync``, synced too."""
 
     __slots__ = ()
 
@@ -153,16 +151,25 @@ class DeviceEventPhase(Phase):
         step = rec.current
         if step is None:
             raise outside_step_error(self.name)
+        if rec.synchronize is not None:
+            rec.synchronize()  # explicit: device_sync=sync, as SyncedPhase
         ev = step.ev
-        step.dev[len(ev)] = rec.make_event()  # type: ignore[index, misc]
+        if step.dev is not None:
+            rec.probes.boundary(step.dev, len(ev))  # type: ignore[union-attr]
         ev.extend((self, perf_counter_ns()))
         return self
 
     def __exit__(  # type: ignore[override]
             self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        step = self._rec.current
-        if step is not None and step.dev is not None:
-            step.dev[len(step.ev)] = self._rec.make_event()  # type: ignore[misc]
+        rec = self._rec
+        step = rec.current
+        if rec.synchronize is not None:
+            rec.synchronize()  # explicit: device_sync=sync, as SyncedPhase
+        if step is not None:
+            if step.dev is not None:
+                rec.probes.boundary(step.dev, len(step.ev))  # type: ignore[union-attr]
+            elif exc is not None:
+                rec.probes.phase_failed(step, len(step.ev), exc)  # type: ignore[union-attr]
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
@@ -186,7 +193,7 @@ class Recorder(_RecorderCore):
         max_queued: int,
         drops: DropCounter,
         synchronize: Callable[[], None] | None,
-        make_event: Callable[[], Any] | None = None,
+        probes: DeviceProbes | None = None,
     ) -> None:
         self.queue: deque[Step | MonitorRecord] = deque()
         self.max_queued = max_queued
@@ -203,10 +210,10 @@ class Recorder(_RecorderCore):
         self.held: Step | None = None
         # Re-entrant: a signal handler may end the run while this thread is inside.
         self._held_lock = threading.RLock()
-        self.make_event = make_event
-        self.plain = synchronize is None and make_event is None  # host clock only
-        self._phase_cls = (SyncedPhase if synchronize is not None
-                           else DeviceEventPhase if make_event is not None else Phase)
+        self.probes = probes if probes is not None and probes.active else None
+        self.plain = synchronize is None and self.probes is None  # host clock only
+        self._phase_cls = (DeviceEventPhase if self.probes is not None
+                           else SyncedPhase if synchronize is not None else Phase)
         self._phases: dict[tuple[str, str, str | None], Phase] = {}
         # The common lookups, by name alone: each running step's ``phase`` / ``monitor`` is
         # the bound ``__getitem__`` of these tables (a C call, no Python frame per phase).
@@ -271,15 +278,15 @@ class Recorder(_RecorderCore):
         """The device side of a step's start (device_sync or events mode only)."""
         if self.synchronize is not None:
             self.synchronize()  # explicit: the step starts when the device is idle
-        elif self.make_event is not None:
-            step.dev = {-1: self.make_event()}
+        if self.probes is not None:
+            self.probes.step_start(step)
 
     def device_step_end(self, step: Step) -> None:
         """The device side of a step's end (device_sync or events mode only)."""
+        if self.probes is not None:
+            self.probes.step_end(step)
         if self.synchronize is not None:
             self.synchronize()  # explicit: the step ends when its device work has ended
-        elif step.dev is not None:
-            step.dev[-2] = self.make_event()
 
     def steps(self, iterable: Iterable[Any], loader: str | None,
               max_steps: int | None = None) -> Iterator[Step]:
@@ -372,7 +379,7 @@ class Step(_StepCore, StepPhaseEvents):
     phase_attrs: dict[int, dict[str, Any]] | None = None
     span_ids: dict[int, int] | None = None  # ordinal (-1: root) -> id, drawn lazily
     trace_id = 0
-    dev: dict[int, Any] | None = None  # events mode: boundary position -> event; -1/-2 step
+    dev: dict[int, Any] | None = None  # sampled: boundary position -> (event, peaks); -1/-2 step
 
     def __init__(self, recorder: Recorder, index: int, loader: str | None,
                  first_phase: Phase | None = None) -> None:

@@ -34,6 +34,7 @@ class StepPhaseEvents:
     ev: list[Any]
     error: BaseException | None
     phase_attrs: dict[int, dict[str, Any]] | None
+    dev: dict[int, Any] | None
 
     def open_phase(self, name: str, kind: str = KIND_TRAIN, start_ns: int | None = None,
                    loader: str | None = None, attributes: dict[str, Any] | None = None
@@ -49,6 +50,8 @@ class StepPhaseEvents:
         ev = self.ev
         if attributes:
             self._attrs_for_next_phase(attributes)
+        if self.dev is not None:  # a sampled step: the boundary's device event and peaks, now
+            self._recorder.probes.boundary(self.dev, len(ev))
         ev.append(self._recorder.phase(name, kind, loader))
         ev.append(perf_counter_ns() if start_ns is None else start_ns)
 
@@ -56,6 +59,11 @@ class StepPhaseEvents:
                     ) -> None:
         """Close the innermost open phase at ``end_ns`` (default now), failed if ``error``."""
         ev = self.ev
+        probes = self._recorder.probes
+        if self.dev is not None:
+            probes.boundary(self.dev, len(ev))
+        elif error is not None and probes is not None:
+            probes.phase_failed(self, len(ev), error)  # out of memory: keep the peak
         ev.append(perf_counter_ns() if end_ns is None else end_ns)
         ev.append(error)
         if error is not None and self.error is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from time import perf_counter_ns, time_ns
 from typing import Any
 
@@ -30,6 +30,7 @@ from otel_train.recording.recorder import (
     flat_events,
 )
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
+from otel_train.records.device_readings import HostRss, device_readings, label_step
 from otel_train.records.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
@@ -81,6 +82,12 @@ class StepRecordBuilder:
         self.run_constants = dict(self._base)
         self.factory = RowSpanFactory(resource, scope, self._base)
         self.rank = identity.rank
+        # CPU's fallback for memory (memory_peaks): host RSS on every N-th step's root, read
+        # here in the background when the step is built (0: never; set by the assembly).
+        self.host_rss_every_steps = 0
+        self.host_rss = HostRss()
+        # The last sampled step's compute/host verdict: the steps after it take it over.
+        self._device_bound: str | None = None
 
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
@@ -104,15 +111,23 @@ class StepRecordBuilder:
         step_loader = step.loader
         phases = None if step.dev or step.phase_attrs else _flat_phases(
             step.ev, step_loader, root_id, off)
-        device_seconds = None
-        if phases is None:  # nested, failed, left open, with attributes or device events
-            phases, device_seconds = self._phases(step, root_id)
+        device_root = None
+        if phases is None:  # nested, failed, left open, with attributes or device readings
+            phases, device_root = self._phases(step, root_id)
         root_attrs: dict[str, Any] = {_STEP: step.index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
         root_attrs[_SLOW] = False  # the slow-step processor turns this on
-        if device_seconds and -1 in device_seconds:
-            root_attrs[A.DEVICE_DURATION] = device_seconds[-1]
+        if device_root:
+            root_attrs.update(device_root)
+        if self.host_rss_every_steps and step.index % self.host_rss_every_steps == 0:
+            rss = self.host_rss.read_bytes()
+            if rss is not None:
+                root_attrs[A.HOST_RSS] = rss
+        verdict = label_step(root_attrs, phases, step_end - step.start_ns, root_id, step.attrs,
+                             self._device_bound)
+        if verdict is not None:
+            self._device_bound = verdict
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))
@@ -124,14 +139,15 @@ class StepRecordBuilder:
                 root_attrs, status, events, phases, ids or None)
 
     def _phases(self, step: Step, root_id: int
-                ) -> tuple[list[tuple[Any, ...]], dict[int, float] | None]:
-        """The record's phases, and device seconds, of any step, decoded."""
+                ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None]:
+        """The record's phases, and the root's device attributes, of any step, decoded."""
         off, step_end, step_loader = self._offset, step.end_ns, step.loader
         phase_attrs = step.phase_attrs
         # A step cut off (recording/truncation.py): its phases still open carry the mark too.
         cut = step.attrs.get(_TRUNCATED_REASON) if step.attrs else None
         decoded = decode_events(step.ev)  # the one decoder of a step's event list
-        device_seconds = _device_durations(step, decoded) if step.dev else None
+        device_extra, device_root, device_seconds = (
+            device_readings(step, decoded) if step.dev else (None, None, None))
         limits, room = self._limits, self._room
         phases: list[tuple[Any, ...]] = []
         for ph in decoded:
@@ -148,6 +164,8 @@ class StepRecordBuilder:
             status, events = _status_and_events(ph.error, end)
             device = device_seconds.get(ph.ordinal) if device_seconds else None
             extra = phase_attrs.get(ph.ordinal) if phase_attrs else None
+            if device_extra and ph.ordinal in device_extra:
+                extra = {**device_extra[ph.ordinal], **(extra or {})}
             if cut is not None and not ph.end_ns:
                 extra = {**(extra or {}), _TRUNCATED: True, _TRUNCATED_REASON: cut}
             if extra:
@@ -157,7 +175,7 @@ class StepRecordBuilder:
             phases.append((name, kind, loader, end - start, ph.ordinal + 1,
                            parent + 1 if parent >= 0 else root_id, start, end, status,
                            events, extra or None, device))
-        return phases, device_seconds
+        return phases, device_root
 
     def _monitor_record(self, rec: MonitorRecord) -> tuple[Any, ...]:
         trace_id, span_id = operation_ids(rec)
@@ -170,30 +188,6 @@ class StepRecordBuilder:
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return (rec.name, trace_id, span_id, flags, rec.start_ns + off, rec.end_ns + off, attrs,
                 status, events, None, None)
-
-
-def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
-    """Device seconds per phase ordinal (-1: the step) from its timing events.
-
-    Runs in the background: waiting for the step's last event blocks this thread only, and by
-    the time a step is built its device work has usually long finished.
-    """
-    dev = step.dev or {}
-    out: dict[int, float] = {}
-    try:
-        last = dev.get(-2)
-        if last is not None:
-            last.synchronize()
-        first = dev.get(-1)
-        if first is not None and last is not None:
-            out[-1] = first.elapsed_time(last) / 1000.0
-        for ph in phases:
-            start, end = dev.get(ph.start_pos), dev.get(ph.end_pos)
-            if start is not None and end is not None:
-                out[ph.ordinal] = start.elapsed_time(end) / 1000.0
-    except Exception as exc:  # a device error must not lose the host-timed spans
-        _log.debug("device event timing unavailable: %r", exc)
-    return out
 
 
 def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int

@@ -43,6 +43,12 @@ CONTRACT_METRICS = {
     "otel_train_slow_step_factor",
     "otel_train_slow_operation_seconds",
     "otel_train_run_info",
+    # device busy/idle, the steps' bound, memory (issue 27)
+    "otel_train_phase_device_busy_seconds_total",
+    "otel_train_device_idle_seconds_total",
+    "otel_train_steps_by_bound_total",
+    "otel_train_phase_memory_peak_bytes",
+    "otel_train_host_rss_bytes",
 }
 
 

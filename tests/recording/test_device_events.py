@@ -13,7 +13,7 @@ import otel_train
 from otel_train.recording import device as device_mod
 
 
-def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str):
+def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str, **options):
     real = device_mod.resolve_device_timing
 
     def fake_resolve(m: str, accelerator=None, event_class=None):
@@ -21,7 +21,7 @@ def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str):
 
     monkeypatch.setattr("otel_train.run.resolve_device_timing", fake_resolve)
     return otel_train.start_run(device_sync=mode, prometheus_port=None, console=False,
-                                status_dir=str(tmp_path), exporter="jsonl")
+                                status_dir=str(tmp_path), exporter="jsonl", **options)
 
 
 def _spans_by_name(run):
@@ -71,7 +71,7 @@ def test_off_mode_lets_async_work_land_in_whichever_phase_waits_for_the_device(m
 def test_events_mode_measures_device_time_per_phase_without_stalling_training(monkeypatch,
                                                                               tmp_path):
     dev = FakeAccelerator()
-    with _run_with(monkeypatch, tmp_path, dev, "events") as run:
+    with _run_with(monkeypatch, tmp_path, dev, "events", device_events_every_steps=1) as run:
         assert "device events" in run.device.describe()
         host_t0 = time.monotonic()
         for step in run.steps(range(2)):
@@ -91,6 +91,12 @@ def test_events_mode_measures_device_time_per_phase_without_stalling_training(mo
     assert all(r >= 0.29 for r in roots)
     assert all(_seconds(s) < 0.1 for s in spans["forward"])  # host time stays host time
     assert spans["forward"][0].attributes["train.device.synced"] is False
+    # Busy/idle and the bound travel to the span file with the spans.
+    assert [s.attributes["train.device.busy_seconds"] for s in spans["forward"]] == fwd
+    assert all("train.device.idle_seconds" in s.attributes for s in spans["data"])
+    assert {s.attributes["train.step.bound"] for s in spans["train.step"]} <= {
+        "compute", "host", "input"}
+    assert all(s.attributes["train.device.busy_seconds"] >= 0.29 for s in spans["train.step"])
 
 
 def test_device_modes_fall_back_to_the_host_clock_on_a_cpu_only_machine():
