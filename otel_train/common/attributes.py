@@ -71,3 +71,18 @@ METRIC_SPANS_DROPPED = "otel_train_spans_dropped_total"
 METRIC_INSTRUMENTATION_OVERHEAD = "otel_train_instrumentation_overhead_ratio"
 METRIC_GPU_UTILIZATION = "otel_train_gpu_utilization_ratio"
 METRIC_GPU_MEMORY_USED = "otel_train_gpu_memory_used_bytes"
+
+# The job envelope and goodput (docs/telemetry.md, "The job envelope"): the job's time that
+# is not steps, as spans of their own between steps.
+STARTUP_SPAN_NAME = "train.startup"  # process start (or start_run) -> the first step's start
+CHECKPOINT_SPAN_NAME = "train.checkpoint"  # run.checkpoint() / run.monitor("checkpoint")
+CHECKPOINT_ACTION = "train.checkpoint.action"  # "save" | "load"
+CHECKPOINT_OPERATION = "checkpoint"  # the operation (train.phase) a checkpoint span counts as
+ATTEMPT = "train.attempt"  # 1, 2, ...: this process's attempt at the run (on train.startup)
+RESTART_PREVIOUS_ATTEMPT = "train.restart.previous_attempt"  # the previous startup's trace id
+RESTART_LOST_SECONDS = "train.restart.lost_seconds"  # what the restart cost (on train.startup)
+STARTUP_FROM = "train.startup.from"  # "process" (its start time) | "start_run" (fallback)
+KIND_ENVELOPE = "envelope"  # train.phase.kind of train.startup: neither training nor monitoring
+METRIC_GOODPUT = "otel_train_goodput_ratio"
+METRIC_JOB_SECONDS = "otel_train_job_seconds_total"  # label part: JOB_PARTS
+JOB_PARTS = ("startup", "steps", "checkpoint", "evaluation", "restart_lost", "other")

@@ -82,6 +82,11 @@ class StepRecordBuilder:
         self.factory = RowSpanFactory(resource, scope, self._base)
         self.rank = identity.rank
 
+    @property
+    def offset_ns(self) -> int:
+        """What turns this builder's ``perf_counter_ns`` stamps into epoch nanoseconds."""
+        return self._offset
+
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
 
@@ -168,8 +173,8 @@ class StepRecordBuilder:
             attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs)))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
-        return (rec.name, trace_id, span_id, flags, rec.start_ns + off, rec.end_ns + off, attrs,
-                status, events, None, None)
+        return (rec.span_name or rec.name, trace_id, span_id, flags, rec.start_ns + off,
+                rec.end_ns + off, attrs, status, events, None, None)
 
 
 def _device_durations(step: Step, phases: Sequence[Any]) -> dict[int, float]:
