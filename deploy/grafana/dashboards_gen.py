@@ -47,8 +47,10 @@ from grafana_foundation_sdk.models.prometheus import QueryEditorMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "prometheus"))
+sys.path.insert(0, str(HERE))  # rows_*.py beside this file
 from promql import ALERTS, T, num, run_gauge, straggler_ratio  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
+import rows_efficiency  # noqa: E402
 
 DASHBOARD_PATH = HERE / "dashboards" / "training-overview.json"
 ALERTING_PATH = HERE / "provisioning" / "alerting" / "otel-train-alerts.yaml"
@@ -380,6 +382,8 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
         [q(f"sum by (reason) (rate(otel_train_spans_dropped_total{{{RUN}}}[$__rate_interval]))",
            "{{reason}}")], "cps", w=8, h=8, bars=True))
 
+    d = rows_efficiency.add_efficiency_row(
+        d, ids, rows_efficiency.Blocks(q, series, single, dashed, RANK))
     d = d.with_row(db.Row("Traces").id(ids("Traces")))
     title = "Slow steps (traces)"
     d = d.with_panel(
