@@ -150,6 +150,9 @@ class RunOptions:
     # The exporter process's niceness (added to this process's, 0..19): its CPU yields to
     # the training threads when they compete for a core.
     export_process_nice: int = 10
+    # The job envelope (derived/goodput.py): a train.startup span (process start -> the first
+    # step) ahead of the first step. Goodput and the job's time by part are kept either way.
+    startup_span: bool = False
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -218,7 +221,7 @@ class RunOptions:
             except ValueError:
                 self._fail("stall_stacks_signal", "must be a signal name that can be caught "
                            "(SIGUSR1, SIGUSR2, SIGQUIT) or None")
-        for name in ("console", "enabled", "stall_stacks"):
+        for name in ("console", "enabled", "stall_stacks", "startup_span"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "must be True or False")
         if self.report is not None and not isinstance(self.report, bool):

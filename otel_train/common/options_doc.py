@@ -216,6 +216,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "`OTEL_TRACES_SAMPLER=traceidratio` + `_ARG`, else every step"),
     "sample_keep_first_steps": OptionDoc("sampling", "the first steps are always kept "
                                          "(start-up, compilation)"),
+    # -- the job envelope
+    "startup_span": OptionDoc(
+        "export", "a `train.startup` span from the process's start to the first step "
+        "(children: `before_start_run`, `start_run`, `to_first_step`), with `train.attempt` "
+        "and, on a resumed run, the previous attempt's link",
+        details="Goodput, `otel_train_job_seconds_total{part=\"startup\"}` and the costs' "
+        "`envelope` count the start-up either way (docs/telemetry.md, \"The job envelope\")."),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

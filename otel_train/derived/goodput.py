@@ -4,7 +4,8 @@ The job's time, from this process's start (``common/process_start.py``; ``start_
 that cannot be read) to the end of the latest step or operation the metrics have seen, is cut
 into parts (``attributes.JOB_PARTS``):
 
-- ``startup``: the ``train.startup`` span (process start -> the first step's start);
+- ``startup``: process start -> the first step's start (the ``train.startup`` span, option
+  ``startup_span``), less the checkpoints and evaluation recorded before that step;
 - ``steps``: the steps' wall time less the monitoring inside them;
 - ``checkpoint``: ``run.checkpoint()`` / ``run.monitor("checkpoint")`` between steps, and a
   ``checkpoint`` monitoring phase inside a step (the Hugging Face callback's);
@@ -102,7 +103,7 @@ class GoodputSpanProcessor(StepViewProcessor):
 
     takes_envelope = True
     state_fields = ("parts_ns", "horizon_ns", "steps_since_save_ns", "checkpoint_saves",
-                    "startup_trace_id")
+                    "startup_trace_id", "first_step_seen", "before_first_step_ns")
 
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__()
@@ -115,10 +116,16 @@ class GoodputSpanProcessor(StepViewProcessor):
         self.steps_since_save_ns = 0
         self.checkpoint_saves = 0
         self.startup_trace_id: str | None = None
+        self.first_step_seen = False
+        self.before_first_step_ns = 0  # operations between the process start and the first step
 
     def on_step(self, view: StepView) -> None:
         """A step: its time less its monitoring, which is evaluation (or checkpoint)."""
         parts = self.parts_ns
+        if not self.first_step_seen:  # start-up ends here, less what was recorded in it
+            self.first_step_seen = True
+            parts["startup"] = max(0, view.start_ns - self.job_start_ns
+                                   - self.before_first_step_ns)
         monitor = view.monitor_ns
         train = view.duration_ns - monitor
         parts["steps"] += train
@@ -135,10 +142,12 @@ class GoodputSpanProcessor(StepViewProcessor):
     def on_operation(self, view: StepView) -> None:
         """Between steps: start-up, a checkpoint, or evaluation."""
         parts = self.parts_ns
-        if view.envelope:
-            parts["startup"] += view.duration_ns
+        if view.envelope:  # train.startup: its time is counted at the first step
             self.startup_trace_id = f"{view.trace_id:032x}"
-        elif view.name == _CHECKPOINT:
+            return
+        if not self.first_step_seen:
+            self.before_first_step_ns += view.duration_ns
+        if view.name == _CHECKPOINT:
             parts["checkpoint"] += view.duration_ns
             attrs = getattr(view.span, "_attributes", None) or {}
             if attrs.get(A.CHECKPOINT_ACTION, "save") == "save":

@@ -255,7 +255,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                              console_min_interval_seconds=fast_log_min_interval_seconds(options),
                              export=export if isinstance(export, ExportProcessClient) else None,
                              startup=startup_maker(derived.settings["envelope"],
-                                                   self_cost.started_ns, builder.offset_ns))
+                                                   self_cost.started_ns, builder.offset_ns,
+                                                   options.startup_span))
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,

@@ -263,6 +263,7 @@ class SpanBuildWorker:
         views = []
         built = steps = 0
         first_start: int | None = None
+        first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
             if isinstance(record, Step):
                 steps += 1
@@ -270,8 +271,12 @@ class SpanBuildWorker:
                     first_start = record.start_ns
                     if self._startup is not None and not self._startup.done:
                         built += self._add_startup(record, made, views, metrics, rank)
+                        first_attrs = self._startup.first_step_attributes
             try:
                 rec = record_of(record)
+                if first_attrs:  # a resumed run's first step: which attempt, what it lost
+                    rec[6].update(first_attrs)
+                    first_attrs = None
                 # No metrics here when the exporter process feeds them (derived/chain.py).
                 view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
@@ -295,6 +300,8 @@ class SpanBuildWorker:
         """The run's train.startup record, ahead of its first step's; its span count."""
         try:
             rec = self._startup.record(first.start_ns, self._self_cost.ready_ns)  # type: ignore[union-attr]
+            if rec is None:  # option startup_span off
+                return 0
             view = view_from_record(rec, rank) if metrics is not None else None
         except Exception as exc:
             self._drops.add("build_error", 1)

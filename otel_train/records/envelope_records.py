@@ -11,9 +11,10 @@ that can be told apart without asking the user:
 - ``to_first_step``: ``start_run`` returned -> the first step's start (model build, compile,
   resuming from a checkpoint, ...; the first batch is the first step's ``data`` phase).
 
-When the process's start cannot be read (``common/process_start.py``), or this is not the
-process's first run, the span starts at ``start_run`` (``train.startup.from``: ``start_run``)
-and has no ``before_start_run`` child. Its kind is ``envelope``: neither training nor
+The span is made with the option ``startup_span`` on; a resumed run's first step carries
+``train.attempt`` and the restart's attributes either way. When the process's start cannot be
+read (``common/process_start.py``), or this is not the process's first run, the span starts at
+``start_run`` (``train.startup.from``: ``start_run``) and has no ``before_start_run`` child. Its kind is ``envelope``: neither training nor
 monitoring, the derived metrics count it in the job envelope only (``derived/goodput.py``).
 
 Usage::
@@ -38,7 +39,8 @@ class StartupRecordMaker:
     """Makes the one ``train.startup`` record of a run, at its first step."""
 
     def __init__(self, start_epoch_ns: int, source: str, start_run_ns: int, offset_ns: int,
-                 attributes: dict[str, Any] | None = None) -> None:
+                 attributes: dict[str, Any] | None = None, emit_span: bool = True) -> None:
+        self.emit_span = emit_span  # option startup_span
         self.start_epoch_ns = start_epoch_ns
         self.source = source
         self.offset_ns = offset_ns  # perf_counter_ns -> epoch ns (the step builder's)
@@ -47,11 +49,16 @@ class StartupRecordMaker:
         self.trace_id = random.getrandbits(128) or 1
         self.span_id = new_span_id()
         self.done = False
+        # A resumed run's first step carries the restart too (the span is optional).
+        self.first_step_attributes = {k: v for k, v in self.attributes.items()
+                                      if int(self.attributes.get(A.ATTEMPT, 1)) > 1}
 
-    def record(self, first_step_start_ns: int, ready_ns: int | None) -> tuple[Any, ...]:
+    def record(self, first_step_start_ns: int, ready_ns: int | None) -> tuple[Any, ...] | None:
         """The span record, ending where the first step started; ``ready_ns``: when
-        ``start_run`` returned (both ``perf_counter_ns``)."""
+        ``start_run`` returned (both ``perf_counter_ns``). None with the span off."""
         self.done = True
+        if not self.emit_span:
+            return None
         end = first_step_start_ns + self.offset_ns
         start = min(self.start_epoch_ns, end)
         run_start = min(max(self.start_run_epoch_ns, start), end)
@@ -72,8 +79,8 @@ class StartupRecordMaker:
                 attrs, None, None, phases, None)
 
 
-def startup_maker(envelope: dict[str, Any], start_run_ns: int,
-                  offset_ns: int) -> StartupRecordMaker:
+def startup_maker(envelope: dict[str, Any], start_run_ns: int, offset_ns: int,
+                  emit_span: bool = True) -> StartupRecordMaker:
     """The maker for a run's envelope settings (``derived/goodput.envelope_settings``)."""
     attrs: dict[str, Any] = {A.ATTEMPT: int(envelope.get("attempt", 1))}
     previous = envelope.get("previous_startup_trace_id")
@@ -83,4 +90,4 @@ def startup_maker(envelope: dict[str, Any], start_run_ns: int,
             attrs[A.RESTART_PREVIOUS_ATTEMPT] = str(previous)
     return StartupRecordMaker(int(envelope["job_start_epoch_ns"]),
                               str(envelope.get("start_from") or "start_run"), start_run_ns,
-                              offset_ns, attrs)
+                              offset_ns, attrs, emit_span)

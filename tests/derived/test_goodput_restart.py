@@ -28,7 +28,7 @@ import otel_train
 
 attempt = int(sys.argv[2])
 run = otel_train.start_run(run_id="resumed-run", status_dir=sys.argv[1], prometheus_port=None,
-                           console=False, export_interval_seconds=0.1)
+                           console=False, export_interval_seconds=0.1, startup_span=True)
 if attempt > 1:
     with run.checkpoint("load"):
         time.sleep(0.05)
@@ -85,10 +85,18 @@ def test_a_second_process_with_the_same_run_id_links_to_the_first_and_counts_los
     assert env["goodput_ratio"] == pytest.approx(
         env["parts_seconds"]["steps"] / env["job_seconds"])
 
-    startups = sorted((s for s in read_file_spans(run_dir) if s.name == A.STARTUP_SPAN_NAME),
+    spans = read_file_spans(run_dir)
+    startups = sorted((s for s in spans if s.name == A.STARTUP_SPAN_NAME),
                       key=lambda s: s.start_ns)
     assert [s.attributes[A.ATTEMPT] for s in startups] == [1, 2]
     assert A.RESTART_PREVIOUS_ATTEMPT not in startups[0].attributes
     assert startups[1].attributes[A.RESTART_PREVIOUS_ATTEMPT] == f"{startups[0].trace_id:032x}"
     assert startups[1].attributes[A.RESTART_LOST_SECONDS] == pytest.approx(
+        env["restart_lost_seconds"])
+    # The second attempt's first step says so too (with or without the start-up span).
+    firsts = sorted((s for s in spans if s.name == A.STEP_SPAN_NAME and s.attributes[A.STEP] == 0),
+                    key=lambda s: s.start_ns)
+    assert A.ATTEMPT not in firsts[0].attributes
+    assert firsts[1].attributes[A.ATTEMPT] == 2
+    assert firsts[1].attributes[A.RESTART_LOST_SECONDS] == pytest.approx(
         env["restart_lost_seconds"])
