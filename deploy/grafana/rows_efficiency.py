@@ -21,6 +21,7 @@ from promql import MFU_STEP, THROUGHPUT, T, efficiency_baseline, num  # noqa: E4
 # throughput code reads): tests/deploy/test_efficiency_row.py runs them against a fake
 # exporter; the end-to-end test's plain loops export none of them.
 THROUGHPUT_PANELS = ("Throughput per rank", "MFU per rank", "Achieved FLOP/s per rank")
+PANELS = THROUGHPUT_PANELS + ("Goodput", "Where the job's time went")
 
 
 class Blocks(NamedTuple):
