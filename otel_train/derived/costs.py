@@ -164,11 +164,11 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                   + ", ".join(f"{k} x{v}" for k, v in slow.items())]
     if data.get("slow_steps"):
         lines.append(f"slow steps: {data['slow_steps']}")
+    if data.get("envelope"):
+        lines += ["", "job: " + envelope_line(data["envelope"])]
     own_line = own_cost_line(data)
     if own_line:
         lines += ["", own_line]
-    if data.get("envelope"):
-        lines += ["", "job: " + envelope_line(data["envelope"])]
     return "\n".join(lines)
 
 

@@ -221,11 +221,13 @@ class GoodputCollector:
         for part in A.JOB_PARTS:
             parts_fam.add_metric([part, self._rank], parts[part])
         yield parts_fam
+        # The family even before a value: the OTLP mirror makes its instruments from the
+        # families it finds at start (otlp_metrics.py).
+        fam = GaugeMetricFamily(A.METRIC_GOODPUT, "Time in training steps / the job's wall "
+                                "time so far, every attempt.", labels=["rank"])
         if ratio is not None:
-            fam = GaugeMetricFamily(A.METRIC_GOODPUT, "Time in training steps / the job's wall "
-                                    "time so far, every attempt.", labels=["rank"])
             fam.add_metric([self._rank], ratio)
-            yield fam
+        yield fam
 
 
 def envelope_line(env: dict[str, Any]) -> str:
