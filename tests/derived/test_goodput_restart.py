@@ -24,6 +24,7 @@ ATTEMPT_SCRIPT = """
 import time
 T0 = time.time()  # first line: the process started just before
 import json, sys
+sys.modules["torch"] = None  # sleeping loops need no torch: start in a second, not ten
 import otel_train
 
 attempt = int(sys.argv[2])
