@@ -240,6 +240,8 @@ def test_an_mlp_loop_with_a_1s_checkpoint_every_100_steps_reports_goodput_within
     print(f"goodput {env_['goodput_ratio']:.4f}, truth {goodput_truth:.4f}, "
           f"job {env_['job_seconds']:.2f}s, parts {env_['parts_seconds']}")
     assert env_["goodput_ratio"] == pytest.approx(goodput_truth, abs=0.01)
+    # Start-up (torch's import) dominates this short job: the steps' part on its own too.
+    assert env_["parts_seconds"]["steps"] == pytest.approx(steps_truth, rel=0.03)
     assert env_["parts_seconds"]["checkpoint"] == pytest.approx(
         sum(clock["checkpoint_walls"]), abs=0.05)
     spans = read_file_spans(run_dir)
