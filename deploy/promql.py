@@ -198,6 +198,31 @@ def _op_over_limit(offset: str = "") -> str:
 
 _LOOKBACK = f" offset {dur(_D['operation_lookback_seconds'])}"
 
+
+# -- efficiency (throughput, MFU, goodput): each run against its own recent past -----------------
+_EFFICIENCY_OFFSET = "10m"  # the baseline ends here: a drop stays out of its own baseline
+# tokens and samples per second, one series each, told apart by the `throughput` label
+THROUGHPUT = ('label_replace({__name__=~"otel_train_(tokens|samples)_per_second"}, '
+              '"throughput", "$1", "__name__", "otel_train_(tokens|samples)_per_second")')
+MFU_STEP = 'otel_train_mfu_ratio{basis="step"}'
+
+
+def efficiency_baseline(expr: str) -> str:
+    """``expr``'s mean over the baseline window, ending 10 minutes ago, per series."""
+    return (f"avg_over_time(({expr})[{dur(_D['efficiency_baseline_seconds'])}:1m] "
+            f"offset {_EFFICIENCY_OFFSET})")
+
+
+def below_baseline(expr: str, drop_key: str) -> str:
+    """Series of ``expr`` more than the threshold's share below their own baseline."""
+    return (f"{expr}\n  < (1 - {num(_D[drop_key])}) * {efficiency_baseline(expr)}\n"
+            f"{_STEPPING}")
+
+
+def job_seconds(*matchers: str) -> str:
+    """The job's wall time so far per rank (every part of otel_train_job_seconds_total)."""
+    return f"sum by (job, instance, rank) (otel_train_job_seconds_total{sel(*matchers)})"
+
 ALERTS: list[Alert] = [
     Alert(
         "OtelTrainMonitoringOverBudget", "otel-train-budget-warning",
@@ -346,6 +371,46 @@ ALERTS: list[Alert] = [
         "Prometheus cannot scrape {{ $labels.job }}/{{ $labels.instance }}, which was up in the "
         "last 30 minutes: the training process crashed, hangs hard, or ended.",
         "Time since last step",
+    ),
+    Alert(
+        "OtelTrainThroughputBelowBaseline", "otel-train-throughput-drop",
+        "otel-train: throughput below the run's baseline",
+        "Tokens or samples per second of a rank more than the threshold's share below the same\n"
+        "series' mean over the baseline window (ending 10 minutes ago), while the rank steps.",
+        below_baseline(THROUGHPUT, "throughput_drop_ratio"),
+        "10m", "warning",
+        "A rank's throughput dropped well below its own recent baseline.",
+        "{{ $labels.throughput }} per second of " + _WHO + " is {{ humanize VALUE }}, more "
+        f"than {num(_D['throughput_drop_ratio'] * 100)}% below its mean over the "
+        f"{dur(_D['efficiency_baseline_seconds'])} before the last 10 minutes.",
+        "Throughput per rank",
+    ),
+    Alert(
+        "OtelTrainMFUBelowBaseline", "otel-train-mfu-drop",
+        "otel-train: MFU below the run's baseline",
+        "Model FLOPs utilization over the whole step (basis=\"step\") more than the threshold's\n"
+        "share below its own mean over the baseline window (ending 10 minutes ago).",
+        below_baseline(MFU_STEP, "mfu_drop_ratio"),
+        "10m", "warning",
+        "A rank's MFU dropped well below its own recent baseline.",
+        "MFU of " + _WHO + " is {{ humanizePercentage VALUE }}, more than "
+        f"{num(_D['mfu_drop_ratio'] * 100)}% below its mean over the "
+        f"{dur(_D['efficiency_baseline_seconds'])} before the last 10 minutes.",
+        "MFU per rank",
+    ),
+    Alert(
+        "OtelTrainGoodputLow", "otel-train-goodput-low", "otel-train: goodput under its floor",
+        "Time in training steps / the job's wall time (every attempt so far) under the floor,\n"
+        "once the job has run long enough for its start-up not to dominate the figure.",
+        f"otel_train_goodput_ratio < {num(_D['goodput_floor_ratio'])}\n"
+        f"and on (job, instance, rank)\n  {job_seconds()} > "
+        f"{num(_D['goodput_min_job_seconds'])}",
+        "10m", "warning",
+        "Too little of the job's wall time goes into training steps.",
+        "Only {{ humanizePercentage VALUE }} of the job's wall time on " + _WHO + " went into "
+        "training steps; otel_train_job_seconds_total by part says where the rest went "
+        "(start-up, checkpoints, evaluation, restarts).",
+        "Where the job's time went",
     ),
 ]
 

@@ -43,6 +43,7 @@ from otel_train.pipeline.assembly import (
     disabled_reason,
 )
 from otel_train.recording.context import ActivePhaseSpan
+from otel_train.recording.monitor_record import CheckpointRecord
 from otel_train.recording.device import DeviceTiming, resolve_device_timing
 from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.common import attributes as A
@@ -237,12 +238,24 @@ class Run:
         return step.phase(name)
 
     def monitor(self, name: str) -> Phase | MonitorRecord:
-        """Monitoring work: a phase of the current step, or its own span between steps."""
+        """Monitoring work: a phase of the current step, or its own span between steps
+        (``"checkpoint"`` between steps is ``run.checkpoint()``)."""
         step = self._recorder.current
         if step is not None and not step.end_ns:
             return step.monitor(name)
         self._check_open("monitor")
+        if name == A.CHECKPOINT_OPERATION:
+            return CheckpointRecord(self._recorder)
         return MonitorRecord(self._recorder, name)
+
+    def checkpoint(self, action: str = "save") -> Phase | MonitorRecord:
+        """A checkpoint save or load (``action``): span ``train.checkpoint`` between steps,
+        the monitoring phase ``checkpoint`` inside one; the job envelope counts it."""
+        step = self._recorder.current
+        if step is not None and not step.end_ns:
+            return step.monitor(A.CHECKPOINT_OPERATION)
+        self._check_open("checkpoint")
+        return CheckpointRecord(self._recorder, action)
 
     def costs(self) -> dict[str, Any]:
         """What monitoring cost so far (the content of monitoring_costs.json)."""

@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))  # rows_<area>.py: a row per module
 from promql import ALERTS, T, num, run_gauge, straggler_ratio  # noqa: E402
 from rows_device import add_device_row  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
+import rows_efficiency  # noqa: E402
 
 DASHBOARD_PATH = HERE / "dashboards" / "training-overview.json"
 ALERTING_PATH = HERE / "provisioning" / "alerting" / "otel-train-alerts.yaml"
@@ -383,6 +384,8 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
            "{{reason}}")], "cps", w=8, h=8, bars=True))
 
     d = add_device_row(d, ids, series, q, RUN, RANK)
+    d = rows_efficiency.add_efficiency_row(
+        d, ids, rows_efficiency.Blocks(q, series, single, dashed, RANK))
     d = d.with_row(db.Row("Traces").id(ids("Traces")))
     title = "Slow steps (traces)"
     d = d.with_panel(

@@ -85,3 +85,18 @@ METRIC_DEVICE_IDLE = "otel_train_device_idle_seconds_total"
 METRIC_STEPS_BY_BOUND = "otel_train_steps_by_bound_total"
 METRIC_PHASE_MEMORY_PEAK = "otel_train_phase_memory_peak_bytes"
 METRIC_HOST_RSS = "otel_train_host_rss_bytes"
+
+# The job envelope and goodput (docs/telemetry.md, "The job envelope"): the job's time that
+# is not steps, as spans of their own between steps.
+STARTUP_SPAN_NAME = "train.startup"  # process start (or start_run) -> the first step's start
+CHECKPOINT_SPAN_NAME = "train.checkpoint"  # run.checkpoint() / run.monitor("checkpoint")
+CHECKPOINT_ACTION = "train.checkpoint.action"  # "save" | "load"
+CHECKPOINT_OPERATION = "checkpoint"  # the operation (train.phase) a checkpoint span counts as
+ATTEMPT = "train.attempt"  # 1, 2, ...: this process's attempt at the run (on train.startup)
+RESTART_PREVIOUS_ATTEMPT = "train.restart.previous_attempt"  # the previous startup's trace id
+RESTART_LOST_SECONDS = "train.restart.lost_seconds"  # what the restart cost (on train.startup)
+STARTUP_FROM = "train.startup.from"  # "process" (its start time) | "start_run" (fallback)
+KIND_ENVELOPE = "envelope"  # train.phase.kind of train.startup: neither training nor monitoring
+METRIC_GOODPUT = "otel_train_goodput_ratio"
+METRIC_JOB_SECONDS = "otel_train_job_seconds_total"  # label part: JOB_PARTS
+JOB_PARTS = ("startup", "steps", "checkpoint", "evaluation", "restart_lost", "other")

@@ -154,6 +154,9 @@ class RunOptions:
     # Device events (device_sync=events) and allocator peaks on one step in N.
     device_events_every_steps: int = 10
     memory_peaks: str = _choice("auto")  # auto | on | off
+    # The job envelope (derived/goodput.py): a train.startup span (process start -> the first
+    # step) ahead of the first step. Goodput and the job's time by part are kept either way.
+    startup_span: bool = False
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -224,7 +227,7 @@ class RunOptions:
             except ValueError:
                 self._fail("stall_stacks_signal", "must be a signal name that can be caught "
                            "(SIGUSR1, SIGUSR2, SIGQUIT) or None")
-        for name in ("console", "enabled", "stall_stacks"):
+        for name in ("console", "enabled", "stall_stacks", "startup_span"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "must be True or False")
         if self.report is not None and not isinstance(self.report, bool):

@@ -231,6 +231,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "and others through `torch.accelerator`), and the host RSS on the root span (CPU's "
         "only memory figure): `on`; `auto`: the same, but no allocator peaks with "
         "`device_sync=off` (which keeps the C phases); `off`: neither"),
+    # -- the job envelope
+    "startup_span": OptionDoc(
+        "export", "a `train.startup` span from the process's start to the first step "
+        "(children: `before_start_run`, `start_run`, `to_first_step`), with `train.attempt` "
+        "and, on a resumed run, the previous attempt's link",
+        details="Goodput, `otel_train_job_seconds_total{part=\"startup\"}` and the costs' "
+        "`envelope` count the start-up either way (docs/telemetry.md, \"The job envelope\")."),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

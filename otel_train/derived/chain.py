@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from otel_train.derived.budget import BudgetSpanProcessor
 from otel_train.derived.device_metrics import DeviceMetricsSpanProcessor
 from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
+from otel_train.derived.goodput import GoodputSpanProcessor
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
@@ -111,6 +112,10 @@ class StepChain:
         self.console: ConsoleReportSpanProcessor | None = None
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
                                                     self.budget, self.metrics, self.device]
+        # The job envelope and goodput (goodput.py); absent from settings built by hand.
+        self.goodput = (GoodputSpanProcessor(s["envelope"]) if s.get("envelope") else None)
+        if self.goodput is not None:
+            self.processors.append(self.goodput)
         if s["console"]:
             self.console = ConsoleReportSpanProcessor(
                 s["log_every"], self.overhead, self.budget, stream=console_stream,
@@ -130,6 +135,8 @@ class StepChain:
             self._stateful["console"] = self.console
         if self.sampler is not None:
             self._stateful["sampler"] = self.sampler
+        if self.goodput is not None:
+            self._stateful["goodput"] = self.goodput
 
     def export_state(self) -> dict[str, Any]:
         """Every processor's running figures (take the chain's shared lock around it)."""

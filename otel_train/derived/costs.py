@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train.derived.budget import BudgetVerdict, VerdictContext, advise, budget_status
+from otel_train.derived.goodput import envelope_line
 from otel_train.derived.overhead import OverheadSnapshot
 from otel_train.common.files import write_json_atomic
 from otel_train.common.rate_limited_log import RateLimitedLogger
@@ -163,6 +164,8 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                   + ", ".join(f"{k} x{v}" for k, v in slow.items())]
     if data.get("slow_steps"):
         lines.append(f"slow steps: {data['slow_steps']}")
+    if data.get("envelope"):
+        lines += ["", "job: " + envelope_line(data["envelope"])]
     own_line = own_cost_line(data)
     if own_line:
         lines += ["", own_line]

@@ -184,6 +184,8 @@ class StepTailSampler(SpanProcessor):
                 monitored: Any) -> str | None:
         """Why a trace is kept, or None: the one rule of both paths. ``failed`` and
         ``monitored`` are asked only when the cheaper tests before them did not decide."""
+        if attrs.get(A.PHASE_KIND) == A.KIND_ENVELOPE:
+            return "envelope"  # the job's start-up: one span per run, always kept
         if not is_step:
             # Monitoring between steps, or a user's own root span: monitoring is always kept;
             # anything else follows the ratio.

@@ -22,6 +22,7 @@ import errno
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +37,12 @@ from otel_train.derived.costs import CostsFileWriter, CostsReport, add_own_cost,
 from otel_train.common.files import write_json_atomic
 from otel_train.derived.chain import StepChain, chain_settings, feed_records
 from otel_train.common.drop_counter import DropCounter
+from otel_train.derived.goodput import (
+    GoodputCollector,
+    envelope_line,
+    envelope_settings,
+    now_epoch_ns_of,
+)
 from otel_train.derived.gpu import NvmlGpuSampler
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
@@ -69,6 +76,10 @@ class DerivedMetricsStage:
         self.status_dir = Path(status_dir)
         self.self_cost = self_cost
         self.settings = chain_settings(options, identity)
+        self.costs_path = self.status_dir / costs_file_name(identity)
+        # The job envelope: this process's start, and what a previous attempt left (goodput.py).
+        self.settings["envelope"] = envelope_settings(
+            self.costs_path, now_epoch_ns_of(self_cost.started_ns))
         self.chain = StepChain(self.settings, self_cost)
         self.slow, self.overhead = self.chain.slow, self.chain.overhead
         self.budget = self.chain.budget
@@ -83,6 +94,9 @@ class DerivedMetricsStage:
         self.metrics.phase_progress = self.watchdog.phase_progress
         self.metrics.drops = drops
         chain: list[StepViewProcessor] = self.chain.processors
+        self.goodput = self.chain.goodput
+        if self.goodput is not None:
+            self.metrics.registry.register(GoodputCollector(self.goodput, identity.rank))
         for collector in collectors:  # extra families (the exporter process's CPU)
             self.metrics.registry.register(collector)
         # The exporter process's CPU, reported in the costs beside this process's own.
@@ -92,7 +106,6 @@ class DerivedMetricsStage:
         self.processors: list[SpanProcessor] = [self.shared]
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
                                           on_sample=self.gpu_steps.on_samples)
-        self.costs_path = self.status_dir / costs_file_name(identity)
         # Prometheus's file discovery globs only the last path element, so every run of a
         # runs root writes into one directory: <runs root>/prometheus-targets/<run>-rank<N>.json
         # (a copy in the run's own directory says where it was served).
@@ -253,12 +266,15 @@ class DerivedMetricsStage:
             snapshot = self.overhead.snapshot()
             slow_steps = self.slow.slow_steps
             slow_ops = dict(self.budget.slow_operations)
+            envelope = self.goodput.envelope() if self.goodput is not None else None
         data = build_costs(snapshot, self.options.budget, self.options.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
                            run_id=self.identity.run_id)
         if data["rank"] is None:
             data["rank"] = self.identity.rank
         data["dropped_spans"] = self.drops.counts()
+        if envelope is not None:
+            data["envelope"] = envelope
         seconds = startup = None
         for source in self._exporter_cpu:
             seconds = source.cpu_seconds()
@@ -296,6 +312,9 @@ class DerivedMetricsStage:
             return
         self._started = False
         self.costs_writer.stop(left(0.3))  # joins, then the final write
+        if self.options.console and self.goodput is not None:
+            print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
+                  file=sys.stderr, flush=True)
         self.watchdog.stop(left(0.3))
         self.gpu_sampler.stop(left(0.3))
         self.shared.shutdown()

@@ -79,6 +79,7 @@ from otel_train.pipeline.span_worker import (
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.device import DeviceTiming
 from otel_train.recording.recorder import Recorder
+from otel_train.records.envelope_records import startup_maker
 from otel_train.records.step_records import (
     StepRecordBuilder,
     epoch_offset_ns,
@@ -254,7 +255,10 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                                       else MAX_DRAIN_DELAY_SECONDS),
                              console_every_steps=options.log_every if options.console else None,
                              console_min_interval_seconds=fast_log_min_interval_seconds(options),
-                             export=export if isinstance(export, ExportProcessClient) else None)
+                             export=export if isinstance(export, ExportProcessClient) else None,
+                             startup=startup_maker(derived.settings["envelope"],
+                                                   self_cost.started_ns, builder.offset_ns,
+                                                   options.startup_span))
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,

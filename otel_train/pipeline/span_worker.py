@@ -26,6 +26,7 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.export.process.cpu import process_cpu_seconds
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
+from otel_train.records.envelope_records import StartupRecordMaker
 from otel_train.records.span_rows import record_span_count, view_from_record
 from otel_train.records.step_records import StepRecordBuilder
 from otel_train.records.steps_view import SharedStepSpanProcessor
@@ -105,6 +106,7 @@ class SpanBuildWorker:
         export: Any = None,
         console_every_steps: int | None = None,
         console_min_interval_seconds: float = 0.0,
+        startup: StartupRecordMaker | None = None,
     ) -> None:
         self._recorder = recorder
         self._route = route
@@ -112,6 +114,8 @@ class SpanBuildWorker:
         # per drain) and ticked between drains (``tick``: user spans, the child's counts).
         self._export = export
         self._builder = builder
+        # The train.startup record, made with the first step's (records/envelope_records.py).
+        self._startup = startup
         self._drops = drops
         self._self_cost = self_cost
         self._interval = poll_interval_seconds
@@ -261,13 +265,20 @@ class SpanBuildWorker:
         views = []
         built = steps = 0
         first_start: int | None = None
+        first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
             if isinstance(record, Step):
                 steps += 1
                 if first_start is None:
                     first_start = record.start_ns
+                    if self._startup is not None and not self._startup.done:
+                        built += self._add_startup(record, made, views, metrics, rank)
+                        first_attrs = self._startup.first_step_attributes
             try:
                 rec = record_of(record)
+                if first_attrs:  # a resumed run's first step: which attempt, what it lost
+                    rec[6].update(first_attrs)
+                    first_attrs = None
                 # No metrics here when the exporter process feeds them (derived/chain.py).
                 view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
@@ -285,6 +296,23 @@ class SpanBuildWorker:
         self._self_cost.add_hot_path_spans(built)  # once per drain: it takes a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)
         return len(made)
+
+    def _add_startup(self, first: Step, made: list[tuple[Any, ...]], views: list[Any],
+                     metrics: Any, rank: Any) -> int:
+        """The run's train.startup record, ahead of its first step's; its span count."""
+        try:
+            rec = self._startup.record(first.start_ns, self._self_cost.ready_ns)  # type: ignore[union-attr]
+            if rec is None:  # option startup_span off
+                return 0
+            view = view_from_record(rec, rank) if metrics is not None else None
+        except Exception as exc:
+            self._drops.add("build_error", 1)
+            self._warn.warning("build", "otel-train: could not build train.startup: %r", exc)
+            return 0
+        if view is not None:
+            views.append(view)
+        made.append(rec)
+        return record_span_count(rec)
 
     def _hand_on(self, sink: RecordSink, made: list[tuple[Any, ...]],
                  rows: list[tuple[Any, ...]]) -> None:

@@ -16,11 +16,20 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
+from otel_train.common.attributes import (
+    CHECKPOINT_ACTION,
+    CHECKPOINT_OPERATION,
+    CHECKPOINT_SPAN_NAME,
+)
 from otel_train.recording.call_checks import bad_key_error, detached
+
+CHECKPOINT_ACTIONS = ("save", "load")
 
 
 class MonitorRecord:
     """Monitoring work done outside any step (``run.monitor``): one root span."""
+
+    span_name: str | None = None  # the span's name when not the operation's (checkpoints)
 
     __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
                  "span_id", "_recorder")
@@ -84,3 +93,22 @@ class MonitorRecord:
     def span_count(self) -> int:
         """One span."""
         return 1
+
+
+class CheckpointRecord(MonitorRecord):
+    """A checkpoint save or load between steps (``run.checkpoint``, ``run.monitor("checkpoint")``):
+    span ``train.checkpoint``, operation ``checkpoint``, attribute ``train.checkpoint.action``.
+
+    It counts as the operation ``checkpoint`` in the monitoring costs, as ``run.monitor``
+    always did, and as checkpoint time in the job envelope (``derived/goodput.py``).
+    """
+
+    __slots__ = ()
+    span_name = CHECKPOINT_SPAN_NAME
+
+    def __init__(self, recorder: Any, action: str = "save") -> None:
+        if action not in CHECKPOINT_ACTIONS:
+            raise ValueError(f"run.checkpoint(action={action!r}): action must be one of "
+                             f"{', '.join(CHECKPOINT_ACTIONS)}")
+        super().__init__(recorder, CHECKPOINT_OPERATION)
+        self.attrs = {CHECKPOINT_ACTION: action}

@@ -67,6 +67,7 @@ _KINDS = {k.value: k for k in SpanKind}
 _CODES = {c.value: c for c in StatusCode}
 _ROOT_NAME, _STEP, _KIND_ATTR, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.PHASE_KIND, A.DATALOADER
 _MONITOR, _PHASE, _DEVICE_DURATION = A.KIND_MONITOR, A.PHASE, A.DEVICE_DURATION
+_ENVELOPE = A.KIND_ENVELOPE
 
 
 class RowRoot:
@@ -88,6 +89,12 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     (name, trace_id, root_id, _flags, start, end, attrs, _status, _events, phases,
      _ids) = rec
     ctx = (trace_id, root_id)
+    if attrs.get(_KIND_ATTR) == _ENVELOPE:  # train.startup: the job envelope, not a step
+        view = StepView(False, attrs.get(_PHASE, name), RowRoot(attrs), ctx,  # type: ignore[arg-type]
+                        attrs, start, end, [])
+        view.rank = rank
+        view.envelope = True
+        return view
     if phases is not None:
         # A record's phases start with the fields a view's phases have (steps_view.P_*).
         view = StepView(True, name, RowRoot(attrs), ctx, attrs, start, end,  # type: ignore[arg-type]

@@ -89,6 +89,11 @@ class StepRecordBuilder:
         # The last sampled step's compute/host verdict: the steps after it take it over.
         self._device_bound: str | None = None
 
+    @property
+    def offset_ns(self) -> int:
+        """What turns this builder's ``perf_counter_ns`` stamps into epoch nanoseconds."""
+        return self._offset
+
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
 
@@ -186,8 +191,8 @@ class StepRecordBuilder:
             attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs)))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
-        return (rec.name, trace_id, span_id, flags, rec.start_ns + off, rec.end_ns + off, attrs,
-                status, events, None, None)
+        return (rec.span_name or rec.name, trace_id, span_id, flags, rec.start_ns + off,
+                rec.end_ns + off, attrs, status, events, None, None)
 
 
 def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int

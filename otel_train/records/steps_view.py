@@ -48,7 +48,7 @@ class StepView:
 
     __slots__ = ("is_step", "name", "trace_id", "root_span_id", "step", "rank", "loader",
                  "start_ns", "end_ns", "duration_ns", "phases", "operations", "monitor_ns",
-                 "span", "slow")
+                 "span", "slow", "envelope")
 
     def __init__(self, is_step: bool, name: str, span: ReadableSpan, ctx: Any, attrs: Any,
                  start_ns: int, end_ns: int, phases: list[tuple[Any, ...]]) -> None:
@@ -69,6 +69,9 @@ class StepView:
         self.monitor_ns = 0
         self.span = span
         self.slow = False
+        # The job's envelope (train.startup): neither training nor monitoring; only the
+        # processors that say ``takes_envelope`` see it (derived/goodput.py).
+        self.envelope = False
 
     def top_level_phases(self) -> list[tuple[Any, ...]]:
         """Phases whose parent is the root span (their times do not overlap)."""
@@ -237,6 +240,8 @@ class StepViewProcessor(SpanProcessor):
     # needs to continue exactly where this one is (the exporter process feeds the chain
     # and the training process keeps a copy, derived_chain.py).
     state_fields: tuple[str, ...] = ()
+    # Whether ``on_operation`` also gets the job envelope's views (train.startup).
+    takes_envelope = False
 
     def __init__(self) -> None:
         self._lock: threading.RLock = threading.RLock()
@@ -334,7 +339,7 @@ class SharedStepSpanProcessor(SpanProcessor):
                     try:
                         if view.is_step:
                             on_step(view)
-                        else:
+                        elif not view.envelope or proc.takes_envelope:
                             on_operation(view)
                     except Exception as exc:  # one processor's bug must not starve the others
                         self._failed(proc, view, exc)
@@ -346,6 +351,8 @@ class SharedStepSpanProcessor(SpanProcessor):
 
     def _dispatch(self, view: StepView) -> None:
         for proc, handle in (self._on_step if view.is_step else self._on_operation):
+            if view.envelope and not proc.takes_envelope:
+                continue
             try:
                 handle(view)
             except Exception as exc:  # one processor's bug must not starve the others

@@ -38,6 +38,7 @@ from otel_train.rundir.report_charts import (
 )
 from otel_train.rundir.report_data import RunData, load_run
 from otel_train.rundir.stalls import report_section as stalls_section
+from otel_train.rundir.report_envelope import envelope_section
 from otel_train.rundir.report_tables import (
     costs_section,
     drops_section,
@@ -142,6 +143,7 @@ class _Page:
             self._section("Step time over the run", self._step_time()),
             self._section("Monitoring overhead over time", self._overhead()),
             self._section("What monitoring costs", costs_section(d)),
+            self._section("Where the job's time went", envelope_section(d)),
             self._section("Slowest steps", slow_section(d)),
             self._section("Warm-up", self._warmup()),
             self._section("Timeline of chosen steps, every rank", self._timeline()),
@@ -162,7 +164,8 @@ class _Page:
                 + f"<script>{_JS}</script></body></html>")
 
     def _section(self, title: str, body: str) -> str:
-        anchor = title.lower().split(",")[0].replace(" ", "-")
+        anchor = "".join(c for c in title.lower().split(",")[0].replace(" ", "-")
+                         if c.isalnum() or c == "-")  # an id inside '...': no quote
         return f"<section id='{anchor}'><h2>{html.escape(title)}</h2>{body}</section>"
 
     def _buckets(self) -> list[Any]:

@@ -176,6 +176,8 @@ class RunReader:
                    a: dict[str, Any], step: int) -> None:
         rank = int(a.get("train.rank", 0))
         kind = a.get("train.phase.kind", "train")
+        if kind == "envelope":  # train.startup and its children: "Where the job's time went"
+            return
         if name == _STEP_SPAN and not parent_id:
             self._finish_step(rank, step, start, end, a)
             return

@@ -49,6 +49,13 @@ CONTRACT_METRICS = {
     "otel_train_steps_by_bound_total",
     "otel_train_phase_memory_peak_bytes",
     "otel_train_host_rss_bytes",
+    # efficiency (issue 28): goodput and the job envelope; MFU and FLOP/s of the throughput code
+    # (tokens and samples per second are matched by name pattern: deploy/promql.py THROUGHPUT)
+    "otel_train_goodput_ratio",
+    "otel_train_job_seconds_total",
+    "otel_train_mfu_ratio",
+    "otel_train_achieved_flops_per_second",
+    "otel_train_peak_flops_per_second",
 }
 
 

@@ -268,7 +268,7 @@ def test_span_records_are_kept_for_the_same_reasons_as_spans_at_ratio_zero(tmp_p
             for rec in recs if sampler.keep_record(rec)}
     assert kept == {(A.STEP_SPAN_NAME, 0): "first", (A.STEP_SPAN_NAME, 5): "error",
                     (A.STEP_SPAN_NAME, 6): "error", (A.STEP_SPAN_NAME, 7): "monitor",
-                    ("checkpoint", 8): None}
+                    (A.CHECKPOINT_SPAN_NAME, 8): None}
     assert [s.name for s in out.spans] == ["user"]  # forwarded with its kept step
     assert sampler.sampled_out_steps == 5  # steps 1-4 and 8: ordinary
 

@@ -121,7 +121,7 @@ def test_every_route_delivers_the_same_spans_to_every_target(tmp_path: Path,
     want = delivered["process", "grpc"]
     names = [json.loads(s)[0] for s in want]
     assert names.count("train.step") == 5 and names.count("user-work") == 1
-    assert names.count("checkpoint") == 1 and names.count("optimizer") == 1
+    assert names.count("train.checkpoint") == 1 and names.count("optimizer") == 1
     assert names.count("val_loss") == 1
     for key, got in delivered.items():
         assert got == want, key

@@ -103,7 +103,7 @@ def test_a_user_span_inside_monitoring_between_steps_nests_under_that_operation(
         with trace.get_tracer("user.lib").start_as_current_span("after"):
             pass
     spans = run_spans(run)
-    op, inner = one(spans, "checkpoint"), one(spans, "write_shards")
+    op, inner = one(spans, "train.checkpoint"), one(spans, "write_shards")
     assert op.is_root
     assert inner.parent_id == op.span_id and inner.trace_id == op.trace_id
     assert one(spans, "after").is_root  # the operation ended: back to no parent

@@ -61,12 +61,12 @@ def test_the_export_is_trace_event_format_with_one_track_per_rank(tmp_path, caps
         # Every phase lies inside its step on the same track (how the viewers nest them).
         by_step = {e["args"]["step"]: e for e in steps}
         for e in mine:
-            if e["cat"] == "phase" or (e["cat"] == "monitoring" and e["name"] != "checkpoint"):
+            if e["cat"] == "phase" or (e["cat"] == "monitoring" and e["name"] != "train.checkpoint"):
                 s = by_step[e["args"]["step"]]
                 assert s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
         monitoring = {e["name"] for e in mine if e["cat"] == "monitoring"}
         # Validation data read inside val_loss is monitoring work too.
-        assert monitoring == {"val_loss", "data[val]", "checkpoint"}
+        assert monitoring == {"val_loss", "data[val]", "train.checkpoint"}
         assert {e["name"] for e in mine if e["cat"] == "phase"} == {"data[train]", "forward"}
 
 
