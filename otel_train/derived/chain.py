@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from otel_train.derived.budget import BudgetSpanProcessor
+from otel_train.derived.comm_metrics import CommMetricsSpanProcessor
 from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.common.identity import RunIdentity
@@ -105,9 +106,11 @@ class StepChain:
             slow_operation_seconds=s["slow_operation_seconds"], run_id=s["run_id"],
             world_size=world)
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
+        self.comm = CommMetricsSpanProcessor()  # collectives and own work (comm_metrics.py)
+        self.comm.register_on(self.metrics.registry)
         self.console: ConsoleReportSpanProcessor | None = None
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
-                                                    self.budget, self.metrics]
+                                                    self.budget, self.metrics, self.comm]
         if s["console"]:
             self.console = ConsoleReportSpanProcessor(
                 s["log_every"], self.overhead, self.budget, stream=console_stream,
@@ -121,7 +124,8 @@ class StepChain:
         if s.get("sample_ratio") is not None:
             self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
-                                          "budget": self.budget, "metrics": self.metrics}
+                                          "budget": self.budget, "metrics": self.metrics,
+                                          "comm": self.comm}
         if self.console is not None:
             self._stateful["console"] = self.console
         if self.sampler is not None:

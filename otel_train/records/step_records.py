@@ -29,7 +29,9 @@ from otel_train.recording.recorder import (
     decode_events,
     flat_events,
 )
+from otel_train.recording.collectives import CollectiveLog
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
+from otel_train.records.comm_summary import comm_summary
 from otel_train.records.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
@@ -81,6 +83,8 @@ class StepRecordBuilder:
         self.run_constants = dict(self._base)
         self.factory = RowSpanFactory(resource, scope, self._base)
         self.rank = identity.rank
+        # Timestamps of collectives (Run.collective_log): None until something times them.
+        self.collectives: CollectiveLog | None = None
 
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.
@@ -117,6 +121,12 @@ class StepRecordBuilder:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
+        log = self.collectives
+        if log:  # None, or nothing timed since the last step: one check
+            comm_attrs, comm_events = comm_summary(log.take(step.start_ns, step_end), step_end,
+                                                   off)
+            root_attrs.update(comm_attrs)
+            events = events + comm_events
         stall = getattr(step, "stall_events", None)  # set by the stall watchdog, rarely
         if stall:
             events = events + tuple(stall)
