@@ -33,10 +33,11 @@ E_OP, E_BYTES, E_START, E_END, E_KIND = range(5)
 class CollectiveLog:
     """A bounded list of [op, bytes, start_ns, end_ns (0 while running), kind] entries."""
 
-    def __init__(self, max_entries: int = 65536) -> None:
+    def __init__(self, max_entries: int = 16384) -> None:
         # deque.append and popleft are atomic in CPython: writers and the one reader take
-        # no lock.
-        self._entries: deque[list] = deque()
+        # no lock; a full deque drops its oldest entry inside append (a run whose steps are
+        # never drained), so only the reader ever pops.
+        self._entries: deque[list] = deque(maxlen=max_entries)
         self._max = max_entries
         self.dropped = 0
 
@@ -44,10 +45,9 @@ class CollectiveLog:
         """An entry started now; pass it to ``end`` when the collective completes."""
         entry = [op, nbytes, perf_counter_ns(), 0, kind]
         entries = self._entries
+        if len(entries) == self._max:
+            self.dropped += 1  # the oldest goes: counted, approximately under races
         entries.append(entry)
-        if len(entries) > self._max:  # a run whose steps are never drained
-            entries.popleft()
-            self.dropped += 1
         return entry
 
     @staticmethod

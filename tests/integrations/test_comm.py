@@ -1,5 +1,6 @@
 """Two gloo ranks under DDP (CPU): every step's root carries its collectives, and each rank's
-/metrics counts them per op, with the time waited and the rank's own work."""
+/metrics counts them per op, with the time waited and the rank's own work. The default route:
+the derived metrics run in the exporter process, whose state the rank's /metrics serves."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_each_step_root_carries_its_gradient_all_reduce_and_each_rank_serves_the
             "OTEL_TRAIN_EXPORTER": "otlp", "OTEL_TRAIN_OTLP_ENDPOINT": recv.endpoint,
             "OTEL_TRAIN_OTLP_PROTOCOL": "http/protobuf", "OTEL_TRAIN_CONSOLE": "false",
             "OTEL_TRAIN_RUN_ID": "comm-test", "OTEL_TRAIN_STATUS_DIR": str(tmp_path / "status"),
-            "OTEL_TRAIN_SHUTDOWN_TIMEOUT_SECONDS": "10", "OTEL_TRAIN_EXPORT_PROCESS": "false"})
+            "OTEL_TRAIN_SHUTDOWN_TIMEOUT_SECONDS": "10"})
         with DdpRanks(tmp_path, env, ["--steps", str(STEPS), "--work", "2", "--explicit",
                                       "--metrics-file", str(tmp_path / "rank{rank}.prom")]
                       ) as ranks:
