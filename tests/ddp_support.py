@@ -100,7 +100,7 @@ class DdpRanks:
     def __enter__(self) -> DdpRanks:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

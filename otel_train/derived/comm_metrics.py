@@ -31,7 +31,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.common import attributes as A
-from otel_train.records.steps_view import StepView, StepViewProcessor, set_span_attribute
+from otel_train.records.steps_view import (
+    StepView,
+    StepViewProcessor,
+    set_span_attribute,
+)
 
 
 class CommMetricsSpanProcessor(StepViewProcessor):

@@ -67,7 +67,9 @@ def instrument_ddp(model: Any, run: Run, hook: Callable[..., Any] | None = None,
     ``register_comm_hook`` (default: torch's ``allreduce_hook`` on the default group).
     Returns False when the run is disabled (``hook`` is registered untimed)."""
     if hook is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+            allreduce_hook,
+        )
 
         hook, op = allreduce_hook, op or "all_reduce"
     log = run.collective_log()
