@@ -5,11 +5,13 @@ issue-to-completion time: overlapped buckets count in full, so it can exceed the
 ``train.comm.exposed_seconds``, the time the step waited for communication:
 
 - overlapped entries (DDP buckets): from when the last bucket was handed to the process group
-  to when the last one completed. The last bucket becomes ready when autograd has computed
+  to the first phase boundary the training thread recorded once the last one completed
+  (usually the end of ``backward``). The last bucket becomes ready when autograd has computed
   the last gradients, so its hand-over stands for "backward's compute ended"; what follows is
-  the wait DDP's ``finalize_backward`` does before ``backward()`` returns. On CPU (gloo) this
-  is exact up to the hook's own cost; on a GPU the hand-over is the host's enqueue time, not
-  the kernel's end (see docs/telemetry.md, "Communication").
+  the wait DDP's ``finalize_backward`` does before ``backward()`` returns, and the time the
+  thread took to resume after the completion (on a busy machine, milliseconds). Work done
+  after ``backward()`` inside the same phase counts as waiting. On a GPU both stamps are host
+  times (see docs/telemetry.md, "Communication per step").
 - blocking entries (a blocking ``dist.*`` call): their whole duration.
 - async entries (``async_op=True``): none; the caller's ``work.wait()`` is not timed.
 
@@ -19,11 +21,13 @@ hand-over, with the op's count, bytes and seconds; the metrics per op read these
 
 Usage::
 
-    attrs, events = comm_summary(log.take(step.start_ns, step.end_ns), step.end_ns, offset_ns)
+    attrs, events = comm_summary(log.take(step.start_ns, step.end_ns), step.end_ns, offset_ns,
+                                 phase_boundaries_ns)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from otel_train.common import attributes as A
@@ -38,14 +42,16 @@ from otel_train.recording.collectives import (
 )
 
 
-def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int
+def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int,
+                 boundaries_ns: Iterable[int] = ()
                  ) -> tuple[dict[str, Any], tuple[tuple[str, int, dict[str, Any]], ...]]:
-    """Root attributes and ``train.comm`` events (row form) of a step's entries."""
+    """Root attributes and ``train.comm`` events (row form) of a step's entries;
+    ``boundaries_ns``: the step's phase starts and ends (perf counter ns)."""
     if not entries:
         return {}, ()
     per_op: dict[str, list[Any]] = {}  # op -> [count, bytes, seconds, first start]
     total_ns = nbytes = 0
-    blocking_ns = 0
+    waited_ns = 0
     last_handover = last_done = 0
     for entry in entries:
         start = entry[E_START]
@@ -60,7 +66,7 @@ def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int
             last_handover = max(last_handover, start)
             last_done = max(last_done, end)
         elif kind == KIND_BLOCKING:
-            blocking_ns += took
+            waited_ns += took
         agg = per_op.get(entry[E_OP])
         if agg is None:
             per_op[entry[E_OP]] = [1, entry[E_BYTES], took, start]
@@ -68,9 +74,12 @@ def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int
             agg[0] += 1
             agg[1] += entry[E_BYTES]
             agg[2] += took
-    exposed_ns = blocking_ns + max(0, last_done - last_handover)
+    if last_handover:
+        # The training thread resumed at its first recorded boundary after the completion.
+        resumed = min((t for t in boundaries_ns if t >= last_done), default=step_end_ns)
+        waited_ns += max(0, min(resumed, step_end_ns) - last_handover)
     attrs = {A.COMM_COUNT: len(entries), A.COMM_BYTES: nbytes, A.COMM_SECONDS: total_ns / 1e9,
-             A.COMM_EXPOSED_SECONDS: exposed_ns / 1e9}
+             A.COMM_EXPOSED_SECONDS: waited_ns / 1e9}
     events = tuple(
         (A.COMM_EVENT, first + offset_ns, {A.COMM_OP: op, A.COMM_COUNT: count,
                                            A.COMM_BYTES: size, A.COMM_SECONDS: ns / 1e9})

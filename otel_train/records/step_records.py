@@ -123,8 +123,9 @@ class StepRecordBuilder:
         status, events = _status_and_events(step.error, step_end + off)
         log = self.collectives
         if log:  # None, or nothing timed since the last step: one check
-            comm_attrs, comm_events = comm_summary(log.take(step.start_ns, step_end), step_end,
-                                                   off)
+            comm_attrs, comm_events = comm_summary(
+                log.take(step.start_ns, step_end), step_end, off,
+                [t - off for p in phases for t in (p[6], p[7])])
             root_attrs.update(comm_attrs)
             events = events + comm_events
         stall = getattr(step, "stall_events", None)  # set by the stall watchdog, rarely

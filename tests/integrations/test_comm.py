@@ -51,9 +51,9 @@ def test_each_step_root_carries_its_gradient_all_reduce_and_each_rank_serves_the
             # one DDP bucket + one explicit all_reduce of the loss, nothing counted twice
             assert attrs[A.COMM_COUNT] == 2, (rank, index, attrs)
             assert attrs[A.COMM_BYTES] == GRADIENT_BYTES + 4
-            assert 0 < attrs[A.COMM_EXPOSED_SECONDS] <= attrs[A.COMM_SECONDS]
-            assert attrs[A.OWN_WORK_SECONDS] > 0
             duration = (root.end_time_unix_nano - root.start_time_unix_nano) / 1e9
+            assert 0 < attrs[A.COMM_EXPOSED_SECONDS] < duration
+            assert attrs[A.OWN_WORK_SECONDS] > 0
             assert attrs[A.OWN_WORK_SECONDS] == pytest.approx(
                 duration - attrs[A.COMM_EXPOSED_SECONDS], abs=1e-6)
             (event,) = [ev for name, ev in root.events if name == A.COMM_EVENT]

@@ -29,16 +29,21 @@ def _entry(op: str, nbytes: int, start_ms: float, end_ms: float, kind: int) -> l
     return [op, nbytes, int(start_ms * MS), int(end_ms * MS), kind]
 
 
-def test_overlapped_buckets_expose_only_the_wait_after_the_last_hand_over() -> None:
-    # Three DDP buckets handed over at 10, 20, 30 ms; the last completes at 45 ms: backward's
-    # compute ended at 30 ms (the last bucket ready) and the step waited 15 ms more.
+def test_overlapped_buckets_expose_the_wait_from_the_last_hand_over_to_the_thread_resuming(
+        ) -> None:
+    # Three DDP buckets handed over at 10, 20, 30 ms; the last completes at 45 ms and the
+    # training thread ends backward at 47 ms: backward's compute ended at 30 ms (the last
+    # bucket ready) and the step waited 17 ms more.
     entries = [_entry("all_reduce", 100, 10, 25, KIND_OVERLAPPED),
                _entry("all_reduce", 100, 20, 35, KIND_OVERLAPPED),
                _entry("all_reduce", 50, 30, 45, KIND_OVERLAPPED)]
-    attrs, events = comm_summary(entries, 100 * MS, 0)
+    phases_ns = [0, 5 * MS, 5 * MS, 47 * MS, 47 * MS, 60 * MS]  # forward, backward, optimizer
+    attrs, events = comm_summary(entries, 100 * MS, 0, phases_ns)
     assert attrs[A.COMM_COUNT] == 3 and attrs[A.COMM_BYTES] == 250
     assert attrs[A.COMM_SECONDS] == pytest.approx(0.045)  # 15 ms each, overlapped or not
-    assert attrs[A.COMM_EXPOSED_SECONDS] == pytest.approx(0.015)
+    assert attrs[A.COMM_EXPOSED_SECONDS] == pytest.approx(0.017)
+    # without a boundary after the completion, the wait runs to the step's end
+    assert comm_summary(entries, 100 * MS, 0)[0][A.COMM_EXPOSED_SECONDS] == pytest.approx(0.070)
     assert events == ((A.COMM_EVENT, 10 * MS, {A.COMM_OP: "all_reduce", A.COMM_COUNT: 3,
                                                A.COMM_BYTES: 250,
                                                A.COMM_SECONDS: pytest.approx(0.045)}),)
