@@ -5,8 +5,8 @@ issue-to-completion time: overlapped buckets count in full, so it can exceed the
 ``train.comm.exposed_seconds``, the time the step waited for communication:
 
 - overlapped entries (DDP buckets): from when the last bucket was handed to the process group
-  to the first phase boundary the training thread recorded once the last one completed
-  (usually the end of ``backward``). The last bucket becomes ready when autograd has computed
+  to the next phase boundary the training thread recorded (usually the end of ``backward``,
+  which DDP does not let end before every bucket completed). The last bucket becomes ready when autograd has computed
   the last gradients, so its hand-over stands for "backward's compute ended"; what follows is
   the wait DDP's ``finalize_backward`` does before ``backward()`` returns, and the time the
   thread took to resume after the completion (on a busy machine, milliseconds). Work done
@@ -49,23 +49,29 @@ def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int,
     ``boundaries_ns``: the step's phase starts and ends (perf counter ns)."""
     if not entries:
         return {}, ()
+    # DDP waits for every bucket before backward() returns, so the training thread resumed at
+    # the first boundary it recorded after the last hand-over (backward's end). A bucket's
+    # done-callback may stamp later than that: torch wakes the waiting thread before it runs
+    # the callbacks, so a completion is never taken as later than the resumption.
+    handovers = [e[E_START] for e in entries if e[E_KIND] == KIND_OVERLAPPED]
+    resumed = waited_ns = 0
+    if handovers:
+        last_handover = max(handovers)
+        resumed = min((t for t in boundaries_ns if t > last_handover), default=step_end_ns)
+        waited_ns = resumed - last_handover
     per_op: dict[str, list[Any]] = {}  # op -> [count, bytes, seconds, first start]
     total_ns = nbytes = 0
-    waited_ns = 0
-    last_handover = last_done = 0
     for entry in entries:
-        start = entry[E_START]
+        start, kind = entry[E_START], entry[E_KIND]
         # Still running when the step was built (an async call nobody waited for): up to
         # the step's end.
         end = entry[E_END] or max(start, step_end_ns)
+        if kind == KIND_OVERLAPPED:
+            end = min(end, resumed)
         took = max(0, end - start)
         total_ns += took
         nbytes += entry[E_BYTES]
-        kind = entry[E_KIND]
-        if kind == KIND_OVERLAPPED:
-            last_handover = max(last_handover, start)
-            last_done = max(last_done, end)
-        elif kind == KIND_BLOCKING:
+        if kind == KIND_BLOCKING:
             waited_ns += took
         agg = per_op.get(entry[E_OP])
         if agg is None:
@@ -74,10 +80,6 @@ def comm_summary(entries: list[list], step_end_ns: int, offset_ns: int,
             agg[0] += 1
             agg[1] += entry[E_BYTES]
             agg[2] += took
-    if last_handover:
-        # The training thread resumed at its first recorded boundary after the completion.
-        resumed = min((t for t in boundaries_ns if t >= last_done), default=step_end_ns)
-        waited_ns += max(0, min(resumed, step_end_ns) - last_handover)
     attrs = {A.COMM_COUNT: len(entries), A.COMM_BYTES: nbytes, A.COMM_SECONDS: total_ns / 1e9,
              A.COMM_EXPOSED_SECONDS: waited_ns / 1e9}
     events = tuple(

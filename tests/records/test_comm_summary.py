@@ -49,6 +49,17 @@ def test_overlapped_buckets_expose_the_wait_from_the_last_hand_over_to_the_threa
                                                A.COMM_SECONDS: pytest.approx(0.045)}),)
 
 
+def test_a_done_callback_that_stamps_after_backward_ended_is_cut_at_the_resumption() -> None:
+    # torch wakes the thread waiting on a future before it runs the future's callbacks: the
+    # stamp of the last bucket (52 ms) can come after backward ended (47 ms).
+    entries = [_entry("all_reduce", 100, 10, 25, KIND_OVERLAPPED),
+               _entry("all_reduce", 100, 30, 52, KIND_OVERLAPPED),
+               _entry("broadcast", 8, 50, 51, KIND_BLOCKING)]  # in the next phase
+    attrs, _ = comm_summary(entries, 100 * MS, 0, [0, 5 * MS, 5 * MS, 47 * MS, 49 * MS, 60 * MS])
+    assert attrs[A.COMM_EXPOSED_SECONDS] == pytest.approx(0.017 + 0.001)
+    assert attrs[A.COMM_SECONDS] == pytest.approx(0.015 + 0.017 + 0.001)
+
+
 def test_blocking_calls_are_waited_in_full_and_async_ones_not_at_all() -> None:
     entries = [_entry("broadcast", 8, 0, 4, KIND_BLOCKING),
                _entry("all_gather_into_tensor", 16, 5, 9, KIND_ASYNC),
