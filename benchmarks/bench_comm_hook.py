@@ -3,8 +3,9 @@
 Two figures, in one invocation:
 
 1. **the hook's own work**, in one process, no process group: the timed hook (a timestamp
-   and an append at hand-over, a done-callback that stamps completion) around an inner hook
-   that returns an already completed future, against that inner hook alone: ns per bucket.
+   and an append at hand-over, a done-callback registered on the future) around an inner
+   hook that returns a pending future, against that inner hook alone: CPU ns per bucket
+   (``time.thread_time``); and the span worker's CPU to sum a step's bucket.
 2. **paired DDP steps**: two gloo ranks on CPU (this script starts them), each holding two
    copies of the same MLP under DDP (small buckets: several all-reduces per step), one left
    as DDP makes it (the built-in C++ all-reduce, no Python hook), one through
@@ -36,28 +37,37 @@ import timeit
 import torch
 
 
-def hook_ns_per_bucket(calls: int) -> tuple[float, float]:
-    """(inner hook alone, timed hook) in ns per call, best of 5."""
+def hook_cpu_ns(calls: int) -> dict[str, float]:
+    """CPU ns (``time.thread_time``, best of 5) of: the inner hook alone, the timed hook
+    around it (the inner hook returns a pending future, as a real all-reduce's is), and
+    summing one step's bucket in the span worker."""
     from otel_train.integrations.comm import timed_comm_hook
-    from otel_train.recording.collectives import CollectiveLog
+    from otel_train.recording.collectives import KIND_OVERLAPPED, CollectiveLog
+    from otel_train.records.comm_summary import comm_summary
 
     buffer = torch.zeros(1024)
+    pending: torch.futures.Future = torch.futures.Future()
 
     class Bucket:
         def buffer(self) -> torch.Tensor:
             return buffer
 
     def inner(state: object, bucket: Bucket) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
+        bucket.buffer()
+        return pending
 
-    log = CollectiveLog(max_entries=calls * 6)
-    timed = timed_comm_hook(inner, log, "all_reduce")
+    def cpu_ns(fn: object, number: int) -> float:
+        timer = timeit.Timer(fn, timer=time.thread_time)  # type: ignore[arg-type]
+        return min(timer.repeat(number=number, repeat=5)) / number * 1e9
+
+    timed = timed_comm_hook(inner, CollectiveLog(max_entries=calls * 6), "all_reduce")
     bucket = Bucket()
-    bare = min(timeit.repeat(lambda: inner(None, bucket), number=calls, repeat=5)) / calls
-    wrapped = min(timeit.repeat(lambda: timed(None, bucket), number=calls, repeat=5)) / calls
-    return bare * 1e9, wrapped * 1e9
+    entries = [["all_reduce", 4096, 100, 200, KIND_OVERLAPPED]]
+    bounds = [0, 50, 50, 210, 210, 300]
+    figures = {"inner": cpu_ns(lambda: inner(None, bucket), calls),
+               "timed": cpu_ns(lambda: timed(None, bucket), calls),
+               "summary": cpu_ns(lambda: comm_summary(entries, 400, 0, bounds), calls)}
+    return figures
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -119,9 +129,10 @@ def main() -> None:
     if "RANK" in os.environ:
         rank_main(args)
         return
-    bare, timed = hook_ns_per_bucket(args.calls)
-    print(f"hook per bucket: inner alone {bare:.0f} ns, timed {timed:.0f} ns, "
-          f"added {timed - bare:.0f} ns")
+    cpu = hook_cpu_ns(args.calls)
+    print(f"hook per bucket, CPU: inner alone {cpu['inner']:.0f} ns, timed "
+          f"{cpu['timed']:.0f} ns, added {cpu['timed'] - cpu['inner']:.0f} ns; "
+          f"a step's summary in the span worker {cpu['summary']:.0f} ns")
     if args.skip_ddp:
         return
     with socket.socket() as s:
