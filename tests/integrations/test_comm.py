@@ -71,3 +71,21 @@ def test_each_step_root_carries_its_gradient_all_reduce_and_each_rank_serves_the
             pytest.approx(sum(r.attributes[A.COMM_EXPOSED_SECONDS] for r in steps)))
         assert _samples(text, A.METRIC_OWN_WORK_SECONDS)[f'rank="{rank}"'] == pytest.approx(
             sum(r.attributes[A.OWN_WORK_SECONDS] for r in steps))
+
+
+def test_fsdp_s_all_gathers_and_reduce_scatters_are_counted_per_op(tmp_path) -> None:
+    env = child_env({"OTEL_TRAIN_EXPORTER": "none", "OTEL_TRAIN_CONSOLE": "false",
+                     "OTEL_TRAIN_EXPORT_PROCESS": "false", "OTEL_TRAIN_RUN_ID": "comm-fsdp",
+                     "OTEL_TRAIN_STATUS_DIR": str(tmp_path / "status")})
+    with DdpRanks(tmp_path, env, ["--steps", "4", "--work", "1", "--fsdp",
+                                  "--metrics-file", str(tmp_path / "rank{rank}.prom")]) as ranks:
+        assert ranks.wait(timeout=100) == [0, 0], ranks.stderr(0) + ranks.stderr(1)
+    text = (tmp_path / "rank0.prom").read_text()
+    count = _samples(text, A.METRIC_COLLECTIVES)
+    nbytes = _samples(text, A.METRIC_COLLECTIVE_BYTES)
+    # Two sharded layers: each gathered before forward and again before backward, its
+    # gradients reduce-scattered once; what rank 0 sends is its shard and the full gradients.
+    assert count['op="all_gather_single",rank="0"'] == 4 * 4
+    assert count['op="reduce_scatter_single",rank="0"'] == 4 * 2
+    assert nbytes['op="reduce_scatter_single",rank="0"'] >= 4 * GRADIENT_BYTES
+    assert _samples(text, A.METRIC_COLLECTIVE_EXPOSED_SECONDS)['rank="0"'] > 0
