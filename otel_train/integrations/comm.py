@@ -76,7 +76,8 @@ def instrument_ddp(model: Any, run: Run, hook: Callable[..., Any] | None = None,
     if log is None:
         model.register_comm_hook(state, hook)
         return False
-    model.register_comm_hook(state, timed_comm_hook(hook, log, op or hook.__name__))
+    name = op or getattr(hook, "__name__", "ddp_comm_hook")  # a partial has no __name__
+    model.register_comm_hook(state, timed_comm_hook(hook, log, name))
     return True
 
 
@@ -112,7 +113,7 @@ class CollectiveWrappers:
         for name, arg in COLLECTIVES.items():
             original = getattr(dist, name, None)
             if original is None or getattr(original, "_otel_train_wrapped", False):
-                continue  # absent in this torch, or already wrapped by another run
+                continue  # absent in this torch, or wrapped for another run still open
             self._originals[name] = original
             setattr(dist, name, _timed_collective(original, name, arg, log))
 
