@@ -40,6 +40,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_hooks.py
 	$(BIN)/python benchmarks/bench_shutdown.py --skip-sdk
 	$(BIN)/python benchmarks/bench_report.py
+	$(BIN)/python benchmarks/bench_comm_hook.py
 
 # docs/options.md is generated from RunOptions (tests/common/test_options_doc.py checks it).
 docs:

@@ -11,7 +11,7 @@ the thresholds.yaml default for a process that does not export them.
 
 Usage::
 
-    from promql import ALERTS, T, training_seconds_per_step
+    from promql import ALERTS, T, own_work_seconds_per_step, training_seconds_per_step
     ALERTS[0].expr            # PromQL of OtelTrainMonitoringOverBudget
     T.deploy["straggler_slower_ratio"]
 """
@@ -133,9 +133,28 @@ def training_seconds_per_step(window: str, *matchers: str, run: str = "") -> str
             f"* on (job, instance, rank) group_left (run_id) otel_train_run_info{sel(run)}")
 
 
+def own_work_seconds_per_step(window: str, *matchers: str, run: str = "") -> str:
+    """Per rank, labelled with its run_id: own work per step (training time minus the time
+    waited in collectives, otel_train_own_work_seconds_total); training time per step for a
+    process that does not export own work."""
+    steps = _rate_sum("otel_train_steps_total", window, "job, instance, rank", *matchers)
+    own = _rate_sum("otel_train_own_work_seconds_total", window, "job, instance, rank",
+                    *matchers)
+    return (f"(\n  {own}\n  / ({steps} > 0)\n"
+            f"  or\n{indent(training_seconds_rate(window, *matchers), 2)}\n"
+            f"  / ({steps} > 0)\n)\n"
+            f"* on (job, instance, rank) group_left (run_id) otel_train_run_info{sel(run)}")
+
+
 def straggler_ratio(window: str, run: str = "") -> str:
-    """Each rank's training seconds per step / the median over all ranks of its run."""
-    per_rank = training_seconds_per_step(window, run=run)
+    """Each rank's own work per step / the median over all ranks of its run. Own work, not
+    step time: under DDP every rank's step lasts as long as the slowest rank's (the gradient
+    all-reduce waits for it), so step times are even and only own work tells ranks apart."""
+    return ratio_to_run_median(own_work_seconds_per_step(window, run=run))
+
+
+def ratio_to_run_median(per_rank: str) -> str:
+    """A per-rank series labelled with run_id / its median over all ranks of the run."""
     return (f"(\n{indent(per_rank, 2)}\n)\n/ on (run_id) group_left ()\n"
             f"quantile by (run_id) (0.5,\n{indent(per_rank, 2)}\n)")
 
@@ -283,17 +302,20 @@ ALERTS: list[Alert] = [
     ),
     Alert(
         "OtelTrainStraggler", "otel-train-straggler", "otel-train: straggler rank",
-        "Training seconds per step (step time minus monitoring) of each rank against the median\n"
-        "over all ranks of the same run (run_id from otel_train_run_info), 5-minute rates.\n"
+        "Own work per step of each rank (training time minus the time waited in collectives;\n"
+        "training time where a process exports no own work) against the median over all ranks\n"
+        "of the same run (run_id from otel_train_run_info), 5-minute rates. Not step time: under\n"
+        "DDP the all-reduce makes every rank's step as long as the slowest rank's.\n"
         "Computed here from every rank's series: no collective in training.",
         f"(\n{indent(straggler_ratio('5m'), 2)}\n) - 1\n"
         f"> {num(_D['straggler_slower_ratio'])}",
         "10m", "warning",
         "One rank trains slower than the other ranks of its run.",
         "Rank {{ $labels.rank }} ({{ $labels.job }}/{{ $labels.instance }}) of run "
-        "{{ $labels.run_id }} needs {{ humanizePercentage VALUE }} more training time per step "
-        "than the run's median rank; every rank waits for it at the next collective.",
-        "Training time per rank vs run median",
+        "{{ $labels.run_id }} needs {{ humanizePercentage VALUE }} more own work per step "
+        "(training time minus waits in collectives) than the run's median rank; every rank "
+        "waits for it at the next collective.",
+        "Own work per rank vs run median",
     ),
     Alert(
         "OtelTrainStepStalled", "otel-train-stalled", "otel-train: training step stalled",

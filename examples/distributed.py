@@ -5,7 +5,8 @@ from the shared run id (torchrun's ``TORCHELASTIC_RUN_ID``), so one trace shows 
 every rank side by side. Each rank serves its own Prometheus endpoint (``--metrics-port``
 + local rank, or a free port with 0). ``--slow-rank R`` sleeps in rank R's forward, and the
 straggler shows in ``otel_train_phase_duration_seconds{phase="forward",rank="R"}``; the
-other ranks wait for it in backward's gradient all-reduce.
+other ranks wait for it in backward's gradient all-reduce (``otel_train.instrument_ddp``
+times it: ``train.comm.*`` on each step, ``otel_train_own_work_seconds_total`` per rank).
 
 Usage::
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     loader = torch.utils.data.DataLoader(ds, batch_size=8, sampler=sampler)
     port = args.metrics_port + local_rank if args.metrics_port else 0
     run = otel_train.start_run(prometheus_port=port)
+    otel_train.instrument_ddp(model, run)  # times the gradient all-reduce per step
     try:
         batches = (b for _, b in zip(range(args.steps), _forever(loader)))
         for step in run.steps(batches, loader="train"):

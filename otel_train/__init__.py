@@ -51,6 +51,8 @@ __all__ = [
     "StepView",
     "__version__",
     "instrument",
+    "instrument_collectives",
+    "instrument_ddp",
     "start_run",
 ]
 
@@ -61,4 +63,8 @@ def __getattr__(name: str) -> Any:
         from otel_train.integrations import hooks
 
         return getattr(hooks, name)
+    if name in ("instrument_ddp", "instrument_collectives"):
+        from otel_train.integrations import comm
+
+        return getattr(comm, name)
     raise AttributeError(f"module 'otel_train' has no attribute {name!r}")

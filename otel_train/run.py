@@ -50,6 +50,7 @@ from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resolve_identity
 from otel_train.common.options import RunOptions
+from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.recorder import (
     MonitorRecord,
     Phase,
@@ -169,6 +170,16 @@ class Run:
     def current_step(self) -> Step | None:
         """The step in progress, if any."""
         return self._recorder.current
+
+    def collective_log(self) -> CollectiveLog | None:
+        """Where this run's collectives are timed (``otel_train.instrument_ddp``); None when
+        disabled. Made on first use: a run without it adds nothing per step."""
+        builder = getattr(self._telemetry, "builder", None)
+        if builder is None:
+            return None
+        if builder.collectives is None:
+            builder.collectives = CollectiveLog()
+        return builder.collectives
 
     def steps(self, iterable: Iterable[Any], loader: str | None = "train",
               max_steps: int | None = None) -> Iterator[Step]:

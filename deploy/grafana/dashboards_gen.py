@@ -52,6 +52,7 @@ from promql import ALERTS, T, num, run_gauge, straggler_ratio  # noqa: E402
 from rows_device import add_device_row  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
 import rows_efficiency  # noqa: E402
+from rows_comm import add_communication_row  # noqa: E402
 
 DASHBOARD_PATH = HERE / "dashboards" / "training-overview.json"
 ALERTING_PATH = HERE / "provisioning" / "alerting" / "otel-train-alerts.yaml"
@@ -339,9 +340,11 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
     d = d.with_row(db.Row("Stragglers").id(ids("Stragglers")))
     ratio = straggler_ratio("$__rate_interval", run=RUN_ID)
     d = d.with_panel(series(
-        ids, "Training time per rank vs run median",
-        "Each rank's training seconds per step (step time minus monitoring) / the median over "
-        "all ranks of its run (1 = the median rank). The red area starts at the straggler "
+        ids, "Own work per rank vs run median",
+        "Each rank's own work per step (training time minus the time it waited in collectives; "
+        "step time minus monitoring where no collective is timed) / the median over all ranks "
+        "of its run (1 = the median rank). Own work, since under DDP every rank's step lasts "
+        "as long as the slowest rank's. The red area starts at the straggler "
         f"alert's {num(STRAGGLER)} (a rank {num(T.deploy['straggler_slower_ratio'] * 100)}% "
         "slower for 10 minutes). Filter: the Run variable (the median needs every rank).",
         [q(ratio, "run {{run_id}} rank {{rank}}")], "none", w=12, h=9, red_from=STRAGGLER))
@@ -362,6 +365,7 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
            "median: run {{run_id}} {{phase}}", "B")], "s", w=12, h=9)
         .override_by_query("B", dashed()))
 
+    d = add_communication_row(d, ids, series, q, per_step, RANK)
     d = d.with_row(db.Row("GPUs and telemetry").id(ids("GPUs and telemetry")))
     d = d.with_panel(series(
         ids, "GPU utilization",

@@ -34,6 +34,8 @@ from promql import (  # noqa: E402  (deploy/ is not a package)
     indent,
     num,
     overhead_ratio,
+    own_work_seconds_per_step,
+    ratio_to_run_median,
     straggler_ratio,
     training_seconds_per_step,
 )
@@ -105,6 +107,7 @@ def recording_rules() -> list[tuple[str, dict[str, Any]]]:
         return comment, {"record": name, "expr": expr if "\n" not in expr else expr + "\n"}
 
     per_step = training_seconds_per_step("5m")
+    own_per_step = own_work_seconds_per_step("5m")
     return [
         rec("otel_train:step_duration_seconds:p50_5m", _hq(0.50), "--- step time ---"),
         rec("otel_train:step_duration_seconds:p95_5m", _hq(0.95)),
@@ -160,7 +163,17 @@ def recording_rules() -> list[tuple[str, dict[str, Any]]]:
         rec("otel_train:training_seconds_per_step:run_median_5m",
             f"quantile by (run_id) (0.5,\n{indent(per_step, 2)}\n)",
             "Median over all ranks of the run (with 2 ranks: their mean)."),
-        rec("otel_train:training_seconds_per_step:ratio_to_run_median_5m", straggler_ratio("5m"),
+        rec("otel_train:training_seconds_per_step:ratio_to_run_median_5m",
+            ratio_to_run_median(per_step),
+            "1.0 = the run's median rank. Step time: under DDP every rank waits for the slowest\n"
+            "in the gradient all-reduce, so this stays near 1.0 for all; the alert reads own work."),
+        rec("otel_train:own_work_seconds_per_step:rate5m", own_per_step,
+            "Own work per step of each rank: training time minus the time waited in collectives\n"
+            "(otel_train_own_work_seconds_total; training time where a process exports none)."),
+        rec("otel_train:own_work_seconds_per_step:run_median_5m",
+            f"quantile by (run_id) (0.5,\n{indent(own_per_step, 2)}\n)",
+            "Median over all ranks of the run (with 2 ranks: their mean)."),
+        rec("otel_train:own_work_seconds_per_step:ratio_to_run_median_5m", straggler_ratio("5m"),
             "1.0 = the run's median rank; OtelTrainStraggler fires above "
             f"{num(1 + T.deploy['straggler_slower_ratio'])} for 10 minutes."),
         rec("otel_train:gpu_utilization_ratio:avg_10m",

@@ -51,6 +51,14 @@ PROFILE_OP_NAME = "train.profile.op.name"
 PROFILE_OP_SELF_SECONDS = "train.profile.op.self_seconds"  # CPU self time in the step
 PROFILE_OP_DEVICE_SECONDS = "train.profile.op.device_self_seconds"  # CUDA, when profiled
 PROFILE_OP_CALLS = "train.profile.op.calls"
+# Communication per step (collectives timed by otel_train.instrument_ddp / instrument_collectives)
+COMM_COUNT = "train.comm.count"  # root: collectives the step issued
+COMM_BYTES = "train.comm.bytes"  # root: their payload bytes (DDP: the gradient buckets)
+COMM_SECONDS = "train.comm.seconds"  # root: summed issue-to-completion time
+COMM_EXPOSED_SECONDS = "train.comm.exposed_seconds"  # root: time the step waited on them
+OWN_WORK_SECONDS = "train.own_work_seconds"  # root: training time minus that wait
+COMM_EVENT = "train.comm"  # root span event, one per collective op of the step
+COMM_OP = "train.comm.op"  # on that event: all_reduce, broadcast, ...
 
 KIND_TRAIN = "train"
 KIND_MONITOR = "monitor"
@@ -100,3 +108,9 @@ KIND_ENVELOPE = "envelope"  # train.phase.kind of train.startup: neither trainin
 METRIC_GOODPUT = "otel_train_goodput_ratio"
 METRIC_JOB_SECONDS = "otel_train_job_seconds_total"  # label part: JOB_PARTS
 JOB_PARTS = ("startup", "steps", "checkpoint", "evaluation", "restart_lost", "other")
+# Communication per step (derived/comm_metrics.py)
+METRIC_COLLECTIVE_SECONDS = "otel_train_collective_seconds_total"
+METRIC_COLLECTIVE_BYTES = "otel_train_collective_bytes_total"
+METRIC_COLLECTIVES = "otel_train_collectives_total"
+METRIC_COLLECTIVE_EXPOSED_SECONDS = "otel_train_collective_exposed_seconds_total"
+METRIC_OWN_WORK_SECONDS = "otel_train_own_work_seconds_total"

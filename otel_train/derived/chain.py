@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 from otel_train.derived.budget import BudgetSpanProcessor
 from otel_train.derived.device_metrics import DeviceMetricsSpanProcessor
+from otel_train.derived.comm_metrics import CommMetricsSpanProcessor
 from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
 from otel_train.derived.goodput import GoodputSpanProcessor
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
@@ -109,9 +110,12 @@ class StepChain:
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.device = DeviceMetricsSpanProcessor(s["rank"])  # device busy/idle, bound, memory
         self.metrics.registry.register(self.device.collector())
+        self.comm = CommMetricsSpanProcessor()  # collectives and own work (comm_metrics.py)
+        self.comm.register_on(self.metrics.registry)
         self.console: ConsoleReportSpanProcessor | None = None
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
-                                                    self.budget, self.metrics, self.device]
+                                                    self.budget, self.metrics, self.device,
+                                                    self.comm]
         # The job envelope and goodput (goodput.py); absent from settings built by hand.
         self.goodput = (GoodputSpanProcessor(s["envelope"]) if s.get("envelope") else None)
         if self.goodput is not None:
@@ -130,7 +134,7 @@ class StepChain:
             self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
                                           "budget": self.budget, "metrics": self.metrics,
-                                          "device": self.device}
+                                          "device": self.device, "comm": self.comm}
         if self.console is not None:
             self._stateful["console"] = self.console
         if self.sampler is not None:

@@ -86,7 +86,7 @@ class RowRoot:
 
 def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     """The ``StepView`` of one span record (a step, or a monitoring operation)."""
-    (name, trace_id, root_id, _flags, start, end, attrs, _status, _events, phases,
+    (name, trace_id, root_id, _flags, start, end, attrs, _status, events, phases,
      _ids) = rec
     ctx = (trace_id, root_id)
     if attrs.get(_KIND_ATTR) == _ENVELOPE:  # train.startup: the job envelope, not a step
@@ -100,6 +100,7 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
         view = StepView(True, name, RowRoot(attrs), ctx, attrs, start, end,  # type: ignore[arg-type]
                         phases)
         view.rank = rank
+        view.events = events
         if phases:
             count_monitoring(view)
         return view

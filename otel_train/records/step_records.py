@@ -29,8 +29,10 @@ from otel_train.recording.recorder import (
     decode_events,
     flat_events,
 )
+from otel_train.recording.collectives import CollectiveLog
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
 from otel_train.records.device_readings import HostRss, device_readings, label_step
+from otel_train.records.comm_summary import comm_summary
 from otel_train.records.span_rows import RowSpanFactory
 
 _log = logging.getLogger("otel_train")
@@ -88,6 +90,8 @@ class StepRecordBuilder:
         self.host_rss = HostRss()
         # The last sampled step's compute/host verdict: the steps after it take it over.
         self._device_bound: str | None = None
+        # Timestamps of collectives (Run.collective_log): None until something times them.
+        self.collectives: CollectiveLog | None = None
 
     @property
     def offset_ns(self) -> int:
@@ -129,6 +133,14 @@ class StepRecordBuilder:
             rss = self.host_rss.read_bytes()
             if rss is not None:
                 root_attrs[A.HOST_RSS] = rss
+        # Collectives first: the bound label reads the exposed communication time.
+        log = self.collectives
+        comm_events: tuple[Any, ...] = ()
+        if log:  # None, or nothing timed since the last step: one check
+            comm_attrs, comm_events = comm_summary(
+                log.take(step.start_ns, step_end), step_end, off,
+                [t - off for p in phases for t in (p[6], p[7])])
+            root_attrs.update(comm_attrs)
         verdict = label_step(root_attrs, phases, step_end - step.start_ns, root_id, step.attrs,
                              self._device_bound)
         if verdict is not None:
@@ -137,6 +149,8 @@ class StepRecordBuilder:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
                                                 self._room - len(root_attrs)))
         status, events = _status_and_events(step.error, step_end + off)
+        if comm_events:
+            events = events + comm_events
         stall = getattr(step, "stall_events", None)  # set by the stall watchdog, rarely
         if stall:
             events = events + tuple(stall)

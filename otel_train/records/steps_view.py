@@ -48,7 +48,7 @@ class StepView:
 
     __slots__ = ("is_step", "name", "trace_id", "root_span_id", "step", "rank", "loader",
                  "start_ns", "end_ns", "duration_ns", "phases", "operations", "monitor_ns",
-                 "span", "slow", "envelope")
+                 "span", "slow", "envelope", "events")
 
     def __init__(self, is_step: bool, name: str, span: ReadableSpan, ctx: Any, attrs: Any,
                  start_ns: int, end_ns: int, phases: list[tuple[Any, ...]]) -> None:
@@ -72,6 +72,7 @@ class StepView:
         # The job's envelope (train.startup): neither training nor monitoring; only the
         # processors that say ``takes_envelope`` see it (derived/goodput.py).
         self.envelope = False
+        self.events: tuple[Any, ...] = ()  # the root's span events in row form (span records)
 
     def top_level_phases(self) -> list[tuple[Any, ...]]:
         """Phases whose parent is the root span (their times do not overlap)."""

@@ -56,6 +56,12 @@ CONTRACT_METRICS = {
     "otel_train_mfu_ratio",
     "otel_train_achieved_flops_per_second",
     "otel_train_peak_flops_per_second",
+    # communication per step and own work (issue 27: stragglers DDP can't hide)
+    "otel_train_collectives_total",
+    "otel_train_collective_seconds_total",
+    "otel_train_collective_bytes_total",
+    "otel_train_collective_exposed_seconds_total",
+    "otel_train_own_work_seconds_total",
 }
 
 
@@ -141,8 +147,13 @@ def test_dashboard_covers_the_contract() -> None:
         "GPU utilization",
         "GPU memory used",
         "Dropped telemetry",
-        "Training time per rank vs run median",
+        "Own work per rank vs run median",
         "Slowest rank: where its step time goes",
+        "Communication",
+        "Collective seconds per step",
+        "Collectives per step",
+        "Collective bytes per second",
+        "Exposed communication share of step time",
     ):
         assert needed in titles
 
@@ -207,9 +218,12 @@ def test_overhead_panel_draws_the_runs_own_budget_and_critical_lines() -> None:
 def test_straggler_panels_compare_each_rank_with_its_runs_median() -> None:
     gen = load_generator()
     panels = {p["title"]: p for p in iter_panels(load_dashboard())}
-    (ratio,) = panels["Training time per rank vs run median"]["targets"]
+    (ratio,) = panels["Own work per rank vs run median"]["targets"]
     assert "quantile by (run_id) (0.5," in ratio["expr"] and "otel_train_run_info" in ratio["expr"]
-    steps = panels["Training time per rank vs run median"]["fieldConfig"]["defaults"]["thresholds"]
+    # own work (DDP evens out step times), training time where a process exports none
+    assert "otel_train_own_work_seconds_total" in ratio["expr"]
+    assert "otel_train_step_duration_seconds_sum" in ratio["expr"]
+    steps = panels["Own work per rank vs run median"]["fieldConfig"]["defaults"]["thresholds"]
     assert steps["steps"][-1]["value"] == pytest.approx(1 + gen.T.deploy["straggler_slower_ratio"])
     slowest = panels["Slowest rank: where its step time goes"]["targets"]
     assert "topk by (run_id) (1," in slowest[0]["expr"] and 'kind="train"' in slowest[0]["expr"]

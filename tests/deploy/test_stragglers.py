@@ -160,7 +160,7 @@ def test_the_dashboard_shows_which_phase_makes_the_slowest_rank_slow(ranks: dict
     assert fwd > 1.25 * median[("e2e-straggler", "forward")], (slowest, median)
     bwd = slowest[("e2e-straggler", "1", "backward")]
     assert abs(bwd / median[("e2e-straggler", "backward")] - 1) < 0.15, (slowest, median)
-    relative = queries[("Training time per rank vs run median", "A")]
+    relative = queries[("Own work per rank vs run median", "A")]
     assert len(prom.query(relative)) == 4  # every rank of every run
 
 

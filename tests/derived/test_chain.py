@@ -95,7 +95,7 @@ def test_a_chain_that_missed_the_state_judges_differently() -> None:
     assert _figures(fresh) != _figures(original)
 
 
-@pytest.mark.parametrize("role", ["slow", "overhead", "budget", "metrics", "console"])
+@pytest.mark.parametrize("role", ["slow", "overhead", "budget", "metrics", "console", "comm"])
 def test_every_stateful_processor_is_in_the_state(role: str) -> None:
     original, shared, _ = _chain()
     feed(shared, _steps(0, 40))
