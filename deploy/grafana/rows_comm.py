@@ -22,6 +22,7 @@ TIME_TITLE = "Collective seconds per step"
 COUNT_TITLE = "Collectives per step"
 BYTES_TITLE = "Collective bytes per second"
 EXPOSED_TITLE = "Exposed communication share of step time"
+PANEL_TITLES = (TIME_TITLE, COUNT_TITLE, BYTES_TITLE, EXPOSED_TITLE)
 
 
 def add_communication_row(d: Any, ids: Callable[[str], int], series: Callable[..., Any],

@@ -52,6 +52,7 @@ from deploy_support import (
 from prometheus_server import PrometheusServer, require_binary
 
 sys.path.insert(0, str(REPO / "deploy" / "grafana"))
+from rows_comm import PANEL_TITLES as COMM_PANEL_TITLES  # noqa: E402
 from rows_device import PANEL_TITLES as DEVICE_PANEL_TITLES  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
@@ -201,7 +202,9 @@ def test_every_dashboard_query_returns_data(stack: dict[str, Any]) -> None:
     # The device row needs an accelerator's metrics: test_device_row.py runs it on a fake one.
     # Throughput, MFU and FLOP/s need runs that count tokens or FLOPs: these plain loops do
     # not (tests/deploy/test_efficiency_row.py runs those panels against a fake exporter).
-    skipped = set(load_generator().rows_efficiency.THROUGHPUT_PANELS) | set(DEVICE_PANEL_TITLES)
+    # Communication needs torch.distributed: tests/deploy/test_ddp_stragglers.py runs it.
+    skipped = (set(load_generator().rows_efficiency.THROUGHPUT_PANELS)
+               | set(DEVICE_PANEL_TITLES) | set(COMM_PANEL_TITLES))
     queries = {f"{title} [{ref}]": q for title, ref, q in prometheus_queries(dashboard)
                if title not in skipped}
     queries.update({f"variable ${name}": q for name, q in variable_queries(dashboard)})
