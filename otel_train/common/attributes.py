@@ -71,3 +71,18 @@ METRIC_SPANS_DROPPED = "otel_train_spans_dropped_total"
 METRIC_INSTRUMENTATION_OVERHEAD = "otel_train_instrumentation_overhead_ratio"
 METRIC_GPU_UTILIZATION = "otel_train_gpu_utilization_ratio"
 METRIC_GPU_MEMORY_USED = "otel_train_gpu_memory_used_bytes"
+
+# At scale: summary mode (span_mode="summary", derived/step_summary.py). One root span per
+# interval per exporting rank; per phase P (and for the whole step, "step"):
+# train.summary.phase.<P>.{count, sum_seconds, min_seconds, max_seconds, p50_seconds, p99_seconds}
+SUMMARY_SPAN_NAME = "train.summary"
+SUMMARY_STEP_FIRST = "train.summary.step.first"  # the interval's first step number
+SUMMARY_STEP_LAST = "train.summary.step.last"  # its last step number
+SUMMARY_STEPS = "train.summary.steps"  # steps summarized (monitoring between steps apart)
+SUMMARY_STEP_PREFIX = "train.summary.step."  # + count | sum_seconds | ... : the whole step
+SUMMARY_PHASE_PREFIX = "train.summary.phase."  # + <phase>.count | .sum_seconds | ...
+SUMMARY_SLOW_STEPS = "train.summary.slow_steps"  # step numbers marked slow (first 100)
+SUMMARY_FAILED_STEPS = "train.summary.failed_steps"  # failed, stalled or truncated (first 100)
+# On a kept root in export_ranks / summary mode: why a non-routine step was still exported.
+SAMPLE_REASON_STALL = "stall"
+SAMPLE_REASON_TRUNCATED = "truncated"

@@ -217,7 +217,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     """Build (not start) the whole telemetry pipeline of a run, as its plan says."""
     mode, provider = global_provider_for_run()
     environment, sdk_sampler = gather_environment(options, mode, provider, status_dir,
-                                                  identity.rank, identity.world_size)
+                                                  identity.rank, identity.world_size,
+                                                  local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
     # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py); an
     # application's provider brings its own resource.
