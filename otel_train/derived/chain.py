@@ -77,6 +77,7 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         "console_min_interval_seconds": fast_log_min_interval_seconds(options),
         # Tail sampling, export_ranks, summary mode; decided after these processors.
         **sampling_settings(options, identity),
+        "metrics_rank_label": options.metrics_rank_label,
     }
 
 
@@ -103,6 +104,7 @@ class StepChain:
             slow_step_factor=s["slow_step_factor"],
             slow_operation_seconds=s["slow_operation_seconds"], run_id=s["run_id"],
             world_size=world)
+        self.metrics.histogram_rank_label = s.get("metrics_rank_label", "all") == "all"
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.console: ConsoleReportSpanProcessor | None = None
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
