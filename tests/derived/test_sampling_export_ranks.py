@@ -96,3 +96,28 @@ def test_export_ranks_0_sends_rank_0s_steps_and_every_ranks_slow_step(tmp_path: 
     for rank, (out, _) in enumerate(outs):
         text = json.loads(out.strip().splitlines()[-1])["metrics"]
         assert _steps_total(text, rank) == STEPS
+
+
+def _record(step: int, attrs: dict | None = None, events: tuple = (), kind: str = "train",
+            failed: bool = False) -> tuple:
+    phase = ("forward", kind, None, 1000, 1, 7, 0, 1000, (2, "boom") if failed else None, (),
+             None, None)
+    return ("train.step", step + 1, 7, 1, 0, 1000, {"train.step": step, **(attrs or {})},
+            None, events, [phase], None)
+
+
+def test_a_rank_left_out_keeps_slow_failed_stalled_and_truncated_steps_only():
+    from otel_train.derived.sampling import StepTailSampler
+    from otel_train.derived.stall_stacks import STALL_EVENT
+    quiet = StepTailSampler(0.0, 0, keep_monitor=False)
+    records = {
+        "ordinary": _record(1), "first": _record(0), "monitoring": _record(2, kind="monitor"),
+        "slow": _record(3, {"train.slow": True}), "error": _record(4, failed=True),
+        "truncated": _record(5, {"train.truncated": True}),
+        "stall": _record(6, events=((STALL_EVENT, 0, {}),)),
+    }
+    kept = {name: quiet.keep_record(rec) for name, rec in records.items()}
+    assert kept == {"ordinary": False, "first": False, "monitoring": False, "slow": True,
+                    "error": True, "truncated": True, "stall": True}
+    assert {name: rec[6].get(SAMPLE_REASON) for name, rec in records.items() if kept[name]} == {
+        "slow": "slow", "error": "error", "truncated": "truncated", "stall": "stall"}
