@@ -45,10 +45,12 @@ from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 from grafana_foundation_sdk.models.prometheus import QueryEditorMode
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # its row modules (rows_*.py), when loaded by path
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "prometheus"))
 from promql import ALERTS, T, num, run_gauge, straggler_ratio  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
+from rows_scale import add_job_row  # noqa: E402
 
 DASHBOARD_PATH = HERE / "dashboards" / "training-overview.json"
 ALERTING_PATH = HERE / "provisioning" / "alerting" / "otel-train-alerts.yaml"
@@ -380,6 +382,7 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
         [q(f"sum by (reason) (rate(otel_train_spans_dropped_total{{{RUN}}}[$__rate_interval]))",
            "{{reason}}")], "cps", w=8, h=8, bars=True))
 
+    d = add_job_row(d, ids, series=series, single=single, q=q, db=db)
     d = d.with_row(db.Row("Traces").id(ids("Traces")))
     title = "Slow steps (traces)"
     d = d.with_panel(
