@@ -11,9 +11,16 @@ anything is exported — then keeps the step when any of these holds:
   trace shows all ranks;
 - ``slow``: the slow-step processor marked it (``train.slow``);
 - ``error``: the step or one of its phases failed;
+- ``truncated`` / ``stall``: the step was cut off at the end of the run, or the watchdog
+  wrote its stacks while it stalled (a ``train.stall`` event);
 - ``monitor``: it ran monitoring (a phase of kind ``monitor``), or it is monitoring done
   between steps;
 - ``first``: it is among the first ``keep_first_steps`` steps (start-up, compilation).
+
+On a rank that sends no ordinary steps (``export_ranks``, common/export_ranks.py) or sends
+summaries instead (``span_mode="summary"``, step_summary.py) the sampler runs with ratio 0
+and neither first nor monitoring steps: only slow, failed, truncated and stalled steps
+leave the rank (``build_step_sampler``); in summary mode every record is summarized first.
 
 The reason is written on the kept root as ``train.sample.reason``. Spans not exported because
 of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
