@@ -2,7 +2,8 @@
 
 With ``metrics_rank_label="gauges"`` the Prometheus endpoint serves
 ``otel_train_step_duration_seconds`` and ``otel_train_phase_duration_seconds`` without
-``rank`` (samples that differ only by rank are added together); the per-rank counters and
+``rank`` (samples that differ only by rank are added together; otlp_metrics.py records the
+pushed histograms without it too); the per-rank counters and
 gauges (``otel_train_steps_total``, ``otel_train_slow_steps_total``, the progress gauges,
 ``otel_train_run_info``, ...) keep it, and the straggler rules take a histogram's rank from
 ``otel_train_steps_total`` of the same target (deploy/promql.py). Where this bounds the
