@@ -26,6 +26,7 @@ PLANTED_SLOW = {0: 30, 1: 45, 2: 60, 3: 75}
 
 CHILD = textwrap.dedent("""
     import json, sys, time, urllib.request
+    sys.modules["torch"] = None  # sleeping loops need no torch: start in a second, not ten
     import otel_train
     rank, endpoint, status, route = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     slow = int(sys.argv[5])
@@ -48,7 +49,7 @@ CHILD = textwrap.dedent("""
 """)
 # Each route a rank's spans can take: the exporter process deciding (metrics there), this
 # process deciding before the exporter process, and the in-process export stage.
-ROUTES = {0: "process", 1: "process", 2: "here", 3: "stage"}
+ROUTES = {0: "process", 1: "here", 2: "stage", 3: "stage"}
 
 
 def _steps_total(text: str, rank: int) -> float:
