@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,7 @@ from train_helpers import clean_env  # noqa: F401  (autouse)
 from otel_train.common import attributes as A
 from otel_train.derived.step_summary import StepSummary, nearest_rank
 from otel_train.records.span_rows import rows_from_record
-from otel_train.rundir.chrome_trace import export_chrome_trace
-from otel_train.rundir.report import write_report
+from otel_train.cli.main import main
 from otel_train.rundir.span_files import read_span_dicts
 from otel_train.rundir.summaries import phase_totals, read_summaries
 
@@ -111,10 +111,11 @@ def test_two_ranks_in_summary_mode_add_up_to_every_step(tmp_path: Path):
                    if s["name"] == A.STEP_SPAN_NAME)
     assert roots == [(0, PLANTED_SLOW[0]), (1, PLANTED_SLOW[1])]
     assert sum(1 for s in spans if s["name"] == "backward") == 4
-    # The report and the export read them.
-    page = write_report(run_dir).read_text()
+    # `otel-train report` and `otel-train export` read them.
+    assert main(["report", str(run_dir)]) == 0 and main(["export", str(run_dir)]) == 0
+    page = (run_dir / "report.html").read_text()
     assert "id='summaries'" in page and "p99 s (worst interval)" in page
-    trace = json.loads(export_chrome_trace(run_dir).read_text())["traceEvents"]
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     slices = [e for e in trace if e.get("cat") == "summary"]
     assert len(slices) == 6
     assert {e["name"] for e in trace if e.get("ph") == "C"} == {
@@ -156,3 +157,16 @@ def test_a_summary_carries_exact_percentiles_and_the_slow_steps():
     assert row[0] == A.SUMMARY_SPAN_NAME and row[4] == 0
     assert nearest_rank([5], 0.99) == 5
     assert summary.take_all() == []  # nothing left over
+
+
+def test_a_summary_also_closes_once_its_seconds_have_passed():
+    summary = StepSummary(every_steps=1000, every_seconds=0.05)
+    summary.add(_record(0, 0, 1000), None)
+    assert summary.take_ready() == []
+    time.sleep(0.06)
+    summary.add(_record(1, 10**6, 1000), None)
+    (rec,) = summary.take_ready()
+    assert rec[6][A.SUMMARY_STEPS] == 2
+    summary.add(_record(2, 2 * 10**6, 1000), None)
+    (last,) = summary.take_all()  # the run ended: the partial interval goes out
+    assert (last[6][A.SUMMARY_STEP_FIRST], last[6][A.SUMMARY_STEP_LAST]) == (2, 2)
