@@ -201,9 +201,10 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "and the stall watchdog from it. Console lines and warnings come back to its "
         "`sys.stderr` and `otel_train` logger. If the exporter process dies, the copy goes on "
         "from its last state. With `sample_ratio` the tail decision runs there too, after them "
-        "(user spans wait there for their step; if the exporter process dies, every step is "
-        "exported from then on: fail open). With metrics over OTLP, or an SDK sampler that "
-        "drops steps, they stay in the training process."),
+        "(user spans wait there for their step; if the exporter process dies or is not up by "
+        "the end of a short run, the training process's copy of the chain decides from then "
+        "on, as `export_ranks` and summary mode do). With metrics over OTLP, or an SDK "
+        "sampler that drops steps, they stay in the training process."),
     "trace_export": OptionDoc(
         "export", "with an application's own `TracerProvider`: `own` export stage sending to "
         "its endpoint, or `application` (hand the spans to its processors)"),

@@ -317,6 +317,7 @@ def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, export: Any, pr
             # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps the
             # counts it sends back.
             derived.run_in_exporter_process(export)
+            export.sample_when_taken_over(sampler)
             metrics = sampler = None
         elif sampler is not None:
             sampler.downstream = export  # user spans wait here for their step's decision
