@@ -10,14 +10,19 @@ receiver's CPU per span. Every trainer's own CPU from start_run's return to the 
 shutdown is measured too: the training loop (an empty step here) plus otel-train's hot path
 and background (building, derived metrics, encoding, export), per span.
 
-Printed per N: steps/s offered, spans/s and bytes/s received, bytes per span, receiver CPU
-per span (µs) and cores used, exporter CPU per span (µs) and drops. ``--sample-ratio 0.1``
-adds runs with tail sampling (ordinary steps kept by trace id) for comparison.
+Printed per N and mode: steps/s offered, spans/s and bytes/s received, bytes per span,
+receiver CPU per span (µs) and cores used, exporter CPU per span (µs), drops, and spans and
+megabytes per rank per hour. Modes (``--modes``): ``steps`` (every rank exports every step),
+``first-per-node`` (``export_ranks``, with ``--ranks-per-node`` processes per simulated node:
+local rank = rank mod it), ``summary`` (``span_mode="summary"``, the default 100-step
+interval); ``--sample-ratio 0.1`` adds runs with tail sampling (ordinary steps kept by trace
+id) for comparison.
 
 Usage::
 
     python benchmarks/bench_capacity.py [--rate 100] [--seconds 6] [--ns 1,2,4,8]
-                                        [--sample-ratio 0.1]
+                                        [--modes steps,first-per-node,summary]
+                                        [--ranks-per-node 4] [--sample-ratio 0.1]
 
 Note: the receiver is Python+upb, not the Collector (Go): its per-span CPU is this machine's
 cost of unmarshalling the same bytes, a proxy for the Collector's receiver stage; the scaling
@@ -69,13 +74,18 @@ RECEIVER = textwrap.dedent("""
 TRAINER = textwrap.dedent("""
     import json, sys, time
     import otel_train
-    rank, world, endpoint, rate, seconds, status, ratio = sys.argv[1:8]
+    rank, world, endpoint, rate, seconds, status, mode, per_node = sys.argv[1:9]
     rank, world, rate, seconds = int(rank), int(world), float(rate), float(seconds)
     opts = dict(run_id="capacity", rank=rank, world_size=world, exporter="otlp",
                 otlp_endpoint=endpoint, otlp_protocol="grpc", prometheus_port=None,
-                console=False, status_dir=status, export_interval_seconds=0.5)
-    if ratio != "none":
-        opts["sample_ratio"] = float(ratio)
+                console=False, status_dir=status, export_interval_seconds=0.5,
+                local_rank=rank % int(per_node), export_ranks="all")
+    if mode == "first-per-node":
+        opts["export_ranks"] = mode
+    elif mode == "summary":
+        opts["span_mode"] = mode
+    elif mode != "steps":
+        opts["sample_ratio"] = float(mode)
     run = otel_train.start_run(**opts)
     cpu0 = time.process_time()  # start-up (imports) left out: the steady cost is measured
     period = 1.0 / rate
@@ -105,7 +115,8 @@ TRAINER = textwrap.dedent("""
 SPANS_PER_STEP = 5
 
 
-def measure(n: int, rate: float, seconds: float, ratio: str) -> dict[str, float]:
+def measure(n: int, rate: float, seconds: float, mode: str, per_node: int = 4
+            ) -> dict[str, float]:
     """One configuration: N trainers against a fresh receiver."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -120,7 +131,7 @@ def measure(n: int, rate: float, seconds: float, ratio: str) -> dict[str, float]
         with tempfile.TemporaryDirectory() as tmp:
             trainers = [subprocess.Popen(
                 [sys.executable, "-c", TRAINER, str(r), str(n), f"http://127.0.0.1:{port}",
-                 str(rate), str(seconds), tmp, ratio],
+                 str(rate), str(seconds), tmp, mode, str(per_node)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 for r in range(n)]
             results = []
@@ -154,6 +165,8 @@ def measure(n: int, rate: float, seconds: float, ratio: str) -> dict[str, float]
             steps * SPANS_PER_STEP, 1) * 1e6,
         "kept_ratio": spans / max(steps * SPANS_PER_STEP, 1),
         "dropped": sum(r["dropped"] for r in results), "requests": counts["requests"],
+        "spans_per_rank_hour": spans / seconds / n * 3600,
+        "mb_per_rank_hour": counts["bytes"] / seconds / n * 3600 / 1e6,
     }
 
 
@@ -165,23 +178,28 @@ def main() -> None:
     ap.add_argument("--ns", default="1,2,4,8")
     ap.add_argument("--sample-ratio", default=None,
                     help="also run each N with this sample_ratio")
+    ap.add_argument("--modes", default="steps",
+                    help="comma-separated: steps, first-per-node, summary")
+    ap.add_argument("--ranks-per-node", type=int, default=4,
+                    help="first-per-node: processes per simulated node")
     args = ap.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
-    configs = [(n, "none") for n in ns]
+    configs = [(n, mode) for mode in args.modes.split(",") for n in ns]
     if args.sample_ratio:
         configs += [(n, args.sample_ratio) for n in ns]
     print(f"capacity: {args.rate:.0f} steps/s per process, {SPANS_PER_STEP} spans/step, "
           f"{args.seconds:.0f} s per run, OTLP/gRPC to one receiver; "
           f"{os.cpu_count()} CPU(s)")
-    head = ("N", "sample", "steps/s", "spans/s", "KB/s", "B/span", "rx µs/span", "rx cores",
-            "exp µs/span", "kept", "dropped")
+    head = ("N", "mode", "steps/s", "spans/s", "KB/s", "B/span", "rx µs/span", "rx cores",
+            "exp µs/span", "kept", "dropped", "spans/rank/h", "MB/rank/h")
     print(" ".join(f"{h:>11}" for h in head))
-    for n, ratio in configs:
-        r = measure(n, args.rate, args.seconds, ratio)
-        row = (n, ratio, f"{r['steps_per_s']:.0f}", f"{r['spans_per_s']:.0f}",
+    for n, mode in configs:
+        r = measure(n, args.rate, args.seconds, mode, args.ranks_per_node)
+        row = (n, mode[:11], f"{r['steps_per_s']:.0f}", f"{r['spans_per_s']:.0f}",
                f"{r['bytes_per_s'] / 1e3:.1f}", f"{r['bytes_per_span']:.0f}",
                f"{r['rx_cpu_us_per_span']:.1f}", f"{r['rx_cores']:.3f}",
-               f"{r['exp_cpu_us_per_span']:.1f}", f"{r['kept_ratio']:.2f}", r["dropped"])
+               f"{r['exp_cpu_us_per_span']:.1f}", f"{r['kept_ratio']:.3f}", r["dropped"],
+               f"{r['spans_per_rank_hour']:.0f}", f"{r['mb_per_rank_hour']:.2f}")
         print(" ".join(f"{v!s:>11}" for v in row), flush=True)
 
 

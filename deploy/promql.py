@@ -110,17 +110,24 @@ def _rate_sum(metric: str, window: str, by: str, *matchers: str) -> str:
     return f"sum by ({by}) (rate({metric}{sel(*matchers)}[{window}]))"
 
 
+def _ranked_rate_sum(metric: str, window: str, *matchers: str) -> str:
+    """Per rank, from a histogram that may lack ``rank`` (metrics_rank_label="gauges"): each
+    (job, instance) is one rank, named by its otel_train_steps_total (always rank-labelled)."""
+    return (f"sum by (job, instance, rank) (\n  rate({metric}{sel(*matchers)}[{window}])\n"
+            "  * on (job, instance) group_left (rank)\n"
+            "    group by (job, instance, rank) (otel_train_steps_total)\n)")
+
+
 def monitoring_seconds_rate(window: str, *matchers: str) -> str:
     """Monitoring seconds per second. A validation loader's `data` phase nests inside a
     monitoring phase (kind="monitor") and is left out so it is not counted twice."""
-    return _rate_sum("otel_train_phase_duration_seconds_sum", window, "job, instance, rank",
-                     'kind="monitor"', 'phase!="data"', *matchers)
+    return _ranked_rate_sum("otel_train_phase_duration_seconds_sum", window,
+                            'kind="monitor"', 'phase!="data"', *matchers)
 
 
 def training_seconds_rate(window: str, *matchers: str) -> str:
     """Training seconds per second: step time minus monitoring (0 when a rank has none)."""
-    step = _rate_sum("otel_train_step_duration_seconds_sum", window, "job, instance, rank",
-                     *matchers)
+    step = _ranked_rate_sum("otel_train_step_duration_seconds_sum", window, *matchers)
     mon = monitoring_seconds_rate(window, *matchers)
     return f"(\n  {step}\n  - ({mon} or {step} * 0)\n)"
 
@@ -162,8 +169,7 @@ def ratio_to_run_median(per_rank: str) -> str:
 def overhead_ratio(window: str, *matchers: str) -> str:
     """Monitoring seconds / training seconds (monitoring excluded), from the histograms."""
     mon = monitoring_seconds_rate(window, *matchers)
-    step = _rate_sum("otel_train_step_duration_seconds_sum", window, "job, instance, rank",
-                     *matchers)
+    step = _ranked_rate_sum("otel_train_step_duration_seconds_sum", window, *matchers)
     return f"{mon}\n  / (({step} - {mon}) > 0)"
 
 
@@ -200,11 +206,11 @@ _WHO = "{{ $labels.job }}/{{ $labels.instance }} rank {{ $labels.rank }}"
 
 # A step in progress far older than usual (OtelTrainStepStalled, before the phase is joined).
 _STALLED = (
-    "otel_train_step_in_progress_seconds\n  > on (job, instance, rank)\n"
+    "otel_train_step_in_progress_seconds\n  > on (job, instance) group_left ()\n"
     f"    clamp_min({num(_D['stall_step_factor'])} * {_MEAN_STEP}, "
     f"{num(_D['stall_min_seconds'])})\nor\n(\n"
     f"  otel_train_step_in_progress_seconds > {num(_D['stall_first_step_seconds'])}\n"
-    "  unless on (job, instance, rank) (otel_train_step_duration_seconds_count > 0)\n)")
+    "  unless on (job, instance) (otel_train_step_duration_seconds_count > 0)\n)")
 
 def _op_over_limit(offset: str = "") -> str:
     count = ('sum by (job, instance, rank, phase) '

@@ -45,6 +45,7 @@ from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 from grafana_foundation_sdk.models.prometheus import QueryEditorMode
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # its row modules (rows_*.py), when loaded by path
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "prometheus"))
 sys.path.insert(0, str(HERE))  # rows_<area>.py: a row per module
@@ -53,6 +54,7 @@ from rows_device import add_device_row  # noqa: E402
 from rules_gen import dump, write_or_check  # noqa: E402
 import rows_efficiency  # noqa: E402
 from rows_comm import add_communication_row  # noqa: E402
+from rows_scale import add_job_row  # noqa: E402
 
 DASHBOARD_PATH = HERE / "dashboards" / "training-overview.json"
 ALERTING_PATH = HERE / "provisioning" / "alerting" / "otel-train-alerts.yaml"
@@ -390,6 +392,7 @@ def build_dashboard() -> tuple[dm.Dashboard, dict[str, int]]:
     d = add_device_row(d, ids, series, q, RUN, RANK)
     d = rows_efficiency.add_efficiency_row(
         d, ids, rows_efficiency.Blocks(q, series, single, dashed, RANK))
+    d = add_job_row(d, ids, series=series, single=single, q=q, db=db)
     d = d.with_row(db.Row("Traces").id(ids("Traces")))
     title = "Slow steps (traces)"
     d = d.with_panel(

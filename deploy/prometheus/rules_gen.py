@@ -178,6 +178,34 @@ def recording_rules() -> list[tuple[str, dict[str, Any]]]:
             f"{num(1 + T.deploy['straggler_slower_ratio'])} for 10 minutes."),
         rec("otel_train:gpu_utilization_ratio:avg_10m",
             "avg_over_time(otel_train_gpu_utilization_ratio[10m])", "--- GPUs ---"),
+        *job_rules(rec),
+    ]
+
+
+def job_rules(rec: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Bounded series: each job's figures over all its ranks (docs/scaling.md). A job's
+    series count here does not grow with its ranks; dashboards of large jobs and long-term
+    storage read these (with metrics_rank_label="gauges" the histograms have no rank)."""
+    step_le = "sum by (job, le) (rate(otel_train_step_duration_seconds_bucket[5m]))"
+    return [
+        rec("otel_train:step_duration_seconds:p50_5m_by_job", f"histogram_quantile(0.5, {step_le})",
+            "--- per job, over all ranks (bounded series) ---"),
+        rec("otel_train:step_duration_seconds:p99_5m_by_job",
+            f"histogram_quantile(0.99, {step_le})"),
+        rec("otel_train:steps:rate5m_by_job", "sum by (job) (rate(otel_train_steps_total[5m]))"),
+        rec("otel_train:ranks:count_by_job", "count by (job) (otel_train_run_info)",
+            "Ranks reporting (one otel_train_run_info per rank)."),
+        rec("otel_train:phase_duration_seconds:per_step_5m_by_job",
+            "sum by (job, phase, kind) (rate(otel_train_phase_duration_seconds_sum[5m]))\n"
+            "  / on (job) group_left ()\n"
+            "(sum by (job) (rate(otel_train_steps_total[5m])) > 0)",
+            "Seconds per step in each phase, over all ranks of the job."),
+        rec("otel_train:phase_duration_seconds:p95_5m_by_job",
+            "histogram_quantile(0.95, sum by (job, phase, kind, le) "
+            "(rate(otel_train_phase_duration_seconds_bucket[5m])))"),
+        rec("otel_train:training_seconds_per_step:max_ratio_to_run_median_5m_by_job",
+            "max by (job) (otel_train:training_seconds_per_step:ratio_to_run_median_5m)",
+            "The slowest rank against its run's median (the straggler rule names which)."),
     ]
 
 

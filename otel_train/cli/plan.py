@@ -68,6 +68,6 @@ def print_plan(args: argparse.Namespace) -> int:
     status_dir = Path(options.status_dir or Path("otel-train-runs") / identity.run_id)
     mode, provider = current_provider_mode()
     environment, _ = gather_environment(options, mode, provider, status_dir, identity.rank,
-                                        identity.world_size)
+                                        identity.world_size, local_rank=identity.local_rank)
     print(plan_pipeline(options, environment).describe())
     return 0

@@ -114,3 +114,18 @@ METRIC_COLLECTIVE_BYTES = "otel_train_collective_bytes_total"
 METRIC_COLLECTIVES = "otel_train_collectives_total"
 METRIC_COLLECTIVE_EXPOSED_SECONDS = "otel_train_collective_exposed_seconds_total"
 METRIC_OWN_WORK_SECONDS = "otel_train_own_work_seconds_total"
+
+# At scale: summary mode (span_mode="summary", derived/step_summary.py). One root span per
+# interval per exporting rank; per phase P (and for the whole step, "step"):
+# train.summary.phase.<P>.{count, sum_seconds, min_seconds, max_seconds, p50_seconds, p99_seconds}
+SUMMARY_SPAN_NAME = "train.summary"
+SUMMARY_STEP_FIRST = "train.summary.step.first"  # the interval's first step number
+SUMMARY_STEP_LAST = "train.summary.step.last"  # its last step number
+SUMMARY_STEPS = "train.summary.steps"  # steps summarized (monitoring between steps apart)
+SUMMARY_STEP_PREFIX = "train.summary.step."  # + count | sum_seconds | ... : the whole step
+SUMMARY_PHASE_PREFIX = "train.summary.phase."  # + <phase>.count | .sum_seconds | ...
+SUMMARY_SLOW_STEPS = "train.summary.slow_steps"  # step numbers marked slow (first 100)
+SUMMARY_FAILED_STEPS = "train.summary.failed_steps"  # failed, stalled or truncated (first 100)
+# On a kept root in export_ranks / summary mode: why a non-routine step was still exported.
+SAMPLE_REASON_STALL = "stall"
+SAMPLE_REASON_TRUNCATED = "truncated"

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_train.common.export_ranks import SPAN_MODES, parse_export_ranks
+
 ENV_PREFIX = "OTEL_TRAIN_"
 DEFAULT_PROMETHEUS_PORT = 9464
 
@@ -31,6 +33,7 @@ _EXPORTERS = ("auto", "otlp", "jsonl", "console", "none")
 _PROTOCOLS = ("grpc", "http/protobuf")
 _METRICS_EXPORTERS = ("prometheus", "otlp", "none")
 _TRACE_EXPORT = ("own", "application")
+_RANK_LABELS = ("all", "gauges")
 
 
 class _Default:
@@ -157,6 +160,18 @@ class RunOptions:
     # The job envelope (derived/goodput.py): a train.startup span (process start -> the first
     # step) ahead of the first step. Goodput and the job's time by part are kept either way.
     startup_span: bool = False
+    # -- at scale (common/export_ranks.py) ----------------------------------------------------
+    # Which ranks export ordinary steps: auto (all up to 64 ranks, then first-per-node), all,
+    # first-per-node, fraction:F, or ranks "0,8,16". The others still export slow, failed,
+    # stalled and truncated steps, and keep their metrics.
+    export_ranks: Any = _choice("auto")
+    # "steps": each step's spans; "summary": one train.summary span per interval instead.
+    span_mode: str = _choice("steps")
+    summary_every_steps: int = 100
+    summary_every_seconds: float = 60.0
+    # "all": every metric carries rank; "gauges": the step and phase histograms drop it
+    # (per-rank counters and gauges keep it: the straggler rules need them).
+    metrics_rank_label: str = _choice("all")
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -339,6 +354,23 @@ class RunOptions:
             self._fail("sample_keep_first_steps", "must be an integer >= 0")
         if self.trace_export not in _TRACE_EXPORT:
             self._fail("trace_export", f"must be one of {', '.join(_TRACE_EXPORT)}")
+        self._validate_at_scale()
+
+    def _validate_at_scale(self) -> None:
+        try:
+            parse_export_ranks(self.export_ranks)
+        except ValueError:
+            self._fail("export_ranks", "must be auto, all, first-per-node, fraction:F (0 < F "
+                       "<= 1), a rank, or a comma-separated list of ranks (0,8,16)")
+        if self.span_mode not in SPAN_MODES:
+            self._fail("span_mode", f"must be one of {', '.join(SPAN_MODES)}")
+        if not _is_int(self.summary_every_steps) or self.summary_every_steps < 1:
+            self._fail("summary_every_steps", "must be an integer >= 1")
+        v = self.summary_every_seconds
+        if not _is_number(v) or not v > 0 or math.isinf(v):
+            self._fail("summary_every_seconds", "must be a finite number of seconds > 0")
+        if self.metrics_rank_label not in _RANK_LABELS:
+            self._fail("metrics_rank_label", f"must be one of {', '.join(_RANK_LABELS)}")
 
 
 def catchable_signal(name: str) -> int:

@@ -201,9 +201,10 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "and the stall watchdog from it. Console lines and warnings come back to its "
         "`sys.stderr` and `otel_train` logger. If the exporter process dies, the copy goes on "
         "from its last state. With `sample_ratio` the tail decision runs there too, after them "
-        "(user spans wait there for their step; if the exporter process dies, every step is "
-        "exported from then on: fail open). With metrics over OTLP, or an SDK sampler that "
-        "drops steps, they stay in the training process."),
+        "(user spans wait there for their step; if the exporter process dies or is not up by "
+        "the end of a short run, the training process's copy of the chain decides from then "
+        "on, as `export_ranks` and summary mode do). With metrics over OTLP, or an SDK "
+        "sampler that drops steps, they stay in the training process."),
     "trace_export": OptionDoc(
         "export", "with an application's own `TracerProvider`: `own` export stage sending to "
         "its endpoint, or `application` (hand the spans to its processors)"),
@@ -238,6 +239,33 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "and, on a resumed run, the previous attempt's link",
         details="Goodput, `otel_train_job_seconds_total{part=\"startup\"}` and the costs' "
         "`envelope` count the start-up either way (docs/telemetry.md, \"The job envelope\")."),
+    # -- at scale (common/export_ranks.py, derived/step_summary.py) --
+    "export_ranks": OptionDoc(
+        "sampling", "which ranks export their ordinary steps: `auto`, `all`, "
+        "`first-per-node`, `fraction:F`, or ranks `0,8,16`",
+        details="`auto`: `all` up to 64 ranks, `first-per-node` (local rank 0) above, said "
+        "once in the start-up lines (64 ranks x 100 steps/s = 8.6 MB/s of spans, under "
+        "Tempo's default 15 MB/s per tenant: docs/scaling.md). `fraction:F` picks ranks by a "
+        "stable hash of the rank number (the same ranks every restart), rank 0 always. The "
+        "other ranks still export their slow, failed, stalled and truncated steps (root and "
+        "phases), run their derived metrics and serve `/metrics`; step N is one trace across "
+        "the ranks that export it."),
+    "span_mode": OptionDoc(
+        "sampling", "`steps`: each step's spans; `summary`: one `train.summary` span per "
+        "interval from each exporting rank instead",
+        details="A summary carries count, sum, min, max, p50 and p99 seconds per phase and "
+        "for the step, the step range and the slow and failed step numbers; those steps are "
+        "exported in full. `otel-train report` and `otel-train export` read them "
+        "(docs/telemetry.md)."),
+    "summary_every_steps": OptionDoc("sampling", "summary mode: a summary every this many "
+                                     "steps (it bounds the durations held for percentiles)"),
+    "summary_every_seconds": OptionDoc("sampling", "summary mode: a summary at the first step "
+                                       "this long after its interval began"),
+    "metrics_rank_label": OptionDoc(
+        "metrics", "`all`: every metric carries `rank`; `gauges`: the step and phase "
+        "histograms drop it, per-rank counters and gauges keep it",
+        details="Bounded series for large jobs (docs/scaling.md); the straggler and overhead "
+        "rules take a histogram's rank from `otel_train_steps_total` of the same target."),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

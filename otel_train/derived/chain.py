@@ -39,7 +39,7 @@ from otel_train.common.options import RunOptions
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.common.rate_limited_log import RateLimitedLogger
-from otel_train.derived.sampling import StepTailSampler, resolve_sample_ratio
+from otel_train.derived.sampling import StepTailSampler, build_step_sampler, sampling_settings
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import view_from_record
@@ -78,9 +78,9 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         "console_breakdown_min_share": options.console_breakdown_min_share,
         "eval_operations": list(options.eval_operations),
         "console_min_interval_seconds": fast_log_min_interval_seconds(options),
-        # Tail sampling (None: every step kept); decided after these processors.
-        "sample_ratio": resolve_sample_ratio(options),
-        "sample_keep_first_steps": options.sample_keep_first_steps,
+        # Tail sampling, export_ranks, summary mode; decided after these processors.
+        **sampling_settings(options, identity),
+        "metrics_rank_label": options.metrics_rank_label,
     }
 
 
@@ -107,6 +107,7 @@ class StepChain:
             slow_step_factor=s["slow_step_factor"],
             slow_operation_seconds=s["slow_operation_seconds"], run_id=s["run_id"],
             world_size=world)
+        self.metrics.histogram_rank_label = s.get("metrics_rank_label", "all") == "all"
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.device = DeviceMetricsSpanProcessor(s["rank"])  # device busy/idle, bound, memory
         self.metrics.registry.register(self.device.collector())
@@ -129,9 +130,7 @@ class StepChain:
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).
-        self.sampler: StepTailSampler | None = None
-        if s.get("sample_ratio") is not None:
-            self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+        self.sampler: StepTailSampler | None = build_step_sampler(s)
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
                                           "budget": self.budget, "metrics": self.metrics,
                                           "device": self.device, "comm": self.comm}

@@ -239,6 +239,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         self._slow_c = meter.create_counter(name, unit, "Steps flagged slow.")
         # Attribute dicts built once per (rank) and per (phase, kind, loader, rank).
         self._step_attrs: dict[Any, dict[str, Any]] = {}
+        self._unranked = {RUN_ID_ATTRIBUTE: run_id}
         self._phase_attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._families_at = 0.0
         self._families: dict[str, Any] = {}
@@ -296,7 +297,10 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         # Prometheus endpoint does.
         ctx = trace_api.set_span_in_context(NonRecordingSpan(SpanContext(
             view.trace_id, view.root_span_id, False, TraceFlags(TraceFlags.SAMPLED))))
-        self._step_h.record(view.duration_ns / 1e9, attrs, context=ctx)
+        # metrics_rank_label="gauges": the histograms without rank, as on the endpoint
+        ranked = self.prometheus.histogram_rank_label
+        self._step_h.record(view.duration_ns / 1e9, attrs if ranked else self._unranked,
+                            context=ctx)
         self._steps_c.add(1, attrs)
         if view.slow:
             self._slow_c.add(1, attrs)
@@ -315,6 +319,8 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
             name, kind, loader = key
             attrs = {"phase": str(name), "kind": str(kind), "rank": str(rank),
                      RUN_ID_ATTRIBUTE: self.run_id}
+            if not self.prometheus.histogram_rank_label:
+                del attrs["rank"]
             if loader:
                 attrs["loader"] = str(loader)
             self._phase_attrs[full] = attrs

@@ -38,6 +38,7 @@ from prometheus_client.utils import floatToGoString
 
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DROP_REASONS, DropCounter
+from otel_train.derived.metrics_rank_label import without_rank
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.records.steps_view import (
     P_DURATION,
@@ -108,6 +109,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self._bounds = bounds
         self._le = [floatToGoString(b) for b in bounds] + ["+Inf"]
         self.rank = str(rank)
+        self.histogram_rank_label = True  # False: the step and phase histograms drop rank
         self.budget = budget
         self.critical = critical
         self.slow_step_factor = slow_step_factor
@@ -264,6 +266,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             step_families = self._step_families_locked()
             last = dict(self._last_end_s)
             gpu = dict(self._gpu)
+        if not self.histogram_rank_label:  # metrics_rank_label="gauges" (bounded series)
+            step_families = [without_rank(f) for f in step_families]
         yield from step_families
         yield from self._progress_families(last)
         yield from self._ratio_families()

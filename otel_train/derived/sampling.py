@@ -11,9 +11,16 @@ anything is exported — then keeps the step when any of these holds:
   trace shows all ranks;
 - ``slow``: the slow-step processor marked it (``train.slow``);
 - ``error``: the step or one of its phases failed;
+- ``truncated`` / ``stall``: the step was cut off at the end of the run, or the watchdog
+  wrote its stacks while it stalled (a ``train.stall`` event);
 - ``monitor``: it ran monitoring (a phase of kind ``monitor``), or it is monitoring done
   between steps;
 - ``first``: it is among the first ``keep_first_steps`` steps (start-up, compilation).
+
+On a rank that sends no ordinary steps (``export_ranks``, common/export_ranks.py) or sends
+summaries instead (``span_mode="summary"``, step_summary.py) the sampler runs with ratio 0
+and neither first nor monitoring steps: only slow, failed, truncated and stalled steps
+leave the rank (``build_step_sampler``); in summary mode every record is summarized first.
 
 The reason is written on the kept root as ``train.sample.reason``. Spans not exported because
 of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
@@ -47,10 +54,12 @@ from opentelemetry.trace import StatusCode
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.common import attributes as A
+from otel_train.common.export_ranks import resolve_export_ranks, routine_export
 from otel_train.common.options import RunOptions
 from otel_train.common.rate_limited_log import warn_once
 from otel_train.records.span_rows import (
     C_ATTRS,
+    C_EVENTS,
     C_FLAGS,
     C_PHASES,
     C_STATUS,
@@ -63,6 +72,8 @@ from otel_train.records.span_rows import (
     R_TRACE,
     record_span_count,
 )
+from otel_train.derived.stall_stacks import STALL_EVENT
+from otel_train.derived.step_summary import StepSummary
 from otel_train.records.steps_view import set_span_attribute
 
 _log = logging.getLogger("otel_train")
@@ -100,13 +111,65 @@ def resolve_sample_ratio(options: RunOptions,
     return None if ratio >= 1.0 else ratio
 
 
+def sampling_settings(options: RunOptions, identity: Any) -> dict[str, Any]:
+    """The sampler's part of the chain's settings (plain data: it crosses the pipe)."""
+    routine, summary = routine_export(options, identity.rank, identity.world_size,
+                                      identity.local_rank)
+    return {"sample_ratio": resolve_sample_ratio(options),
+            "sample_keep_first_steps": options.sample_keep_first_steps,
+            "export_routine": routine, "summary": summary and routine,
+            "summary_every_steps": options.summary_every_steps,
+            "summary_every_seconds": options.summary_every_seconds}
+
+
+def build_step_sampler(settings: dict[str, Any]) -> StepTailSampler | None:
+    """The chain's tail sampler from its settings; None: every step is exported.
+
+    A rank that sends no ordinary steps (export_ranks) or sends summaries instead keeps
+    ratio 0 and no first or monitoring steps: only slow, failed, stalled and truncated steps
+    (and, in summary mode, the summaries) leave it.
+    """
+    s = settings
+    routine = s.get("export_routine", True)
+    if routine and not s.get("summary"):
+        if s.get("sample_ratio") is None:
+            return None
+        return StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+    summary = (StepSummary(s["summary_every_steps"], s["summary_every_seconds"])
+               if s.get("summary") else None)
+    return StepTailSampler(0.0, 0, keep_monitor=False, summary=summary)
+
+
+def at_scale_banner(options: RunOptions, identity: Any) -> list[str]:
+    """Start-up lines for export_ranks and summary mode ([] when every rank sends steps)."""
+    choice = resolve_export_ranks(options.export_ranks, identity.world_size)
+    routine, summary = routine_export(options, identity.rank, identity.world_size,
+                                      identity.local_rank)
+    if choice.kind == "all" and not summary:
+        return []
+    if not routine:
+        what = "only slow, failed, stalled and truncated steps (metrics: every step)"
+    elif summary:
+        what = (f"one {A.SUMMARY_SPAN_NAME} span per {options.summary_every_steps} steps or "
+                f"{options.summary_every_seconds:g} s, plus slow, failed, stalled and "
+                "truncated steps")
+    else:
+        what = "every step"
+    return [f"  ranks   -> export_ranks={choice.describe()}: this rank exports {what}"]
+
+
 class StepTailSampler(SpanProcessor):
     """Holds each step's spans until its root; forwards kept steps to ``downstream``."""
 
     def __init__(self, ratio: float, keep_first_steps: int = 10,
                  downstream: SpanProcessor | None = None,
-                 max_pending_traces: int = 256) -> None:
+                 max_pending_traces: int = 256, keep_monitor: bool = True,
+                 summary: StepSummary | None = None) -> None:
         self.ratio = ratio
+        # False on a rank that sends no ordinary steps (export_ranks, summary mode): only
+        # slow, failed, stalled and truncated steps leave it.
+        self.keep_monitor = keep_monitor
+        self.summary = summary  # summary mode: every step's record is summarized first
         self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
         self.keep_first_steps = keep_first_steps
         self.downstream = downstream
@@ -167,7 +230,8 @@ class StepTailSampler(SpanProcessor):
         reason = self._decide(
             name == A.STEP_SPAN_NAME, attrs, trace_id,
             failed=lambda: any(_failed(s) for s in held),
-            monitored=lambda: any(_kind(s) == A.KIND_MONITOR for s in held))
+            monitored=lambda: any(_kind(s) == A.KIND_MONITOR for s in held),
+            stalled=lambda: any(e.name == STALL_EVENT for e in getattr(root, "events", ())))
         self._tally(reason, len(held))
         return held, reason
 
@@ -181,22 +245,27 @@ class StepTailSampler(SpanProcessor):
         return True
 
     def _decide(self, is_step: bool, attrs: Any, trace_id: int, failed: Any,
-                monitored: Any) -> str | None:
-        """Why a trace is kept, or None: the one rule of both paths. ``failed`` and
-        ``monitored`` are asked only when the cheaper tests before them did not decide."""
+                monitored: Any, stalled: Any) -> str | None:
+        """Why a trace is kept, or None: the one rule of both paths. ``failed``,
+        ``monitored`` and ``stalled`` are asked only when the cheaper tests before them did
+        not decide."""
         if attrs.get(A.PHASE_KIND) == A.KIND_ENVELOPE:
             return "envelope"  # the job's start-up: one span per run, always kept
         if not is_step:
-            # Monitoring between steps, or a user's own root span: monitoring is always kept;
-            # anything else follows the ratio.
-            if attrs.get(A.PHASE_KIND) == A.KIND_MONITOR:
+            # Monitoring between steps, or a user's own root span: monitoring is kept (where
+            # this rank sends routine spans); anything else follows the ratio.
+            if self.keep_monitor and attrs.get(A.PHASE_KIND) == A.KIND_MONITOR:
                 return "monitor"
             return "ratio" if self._by_ratio(trace_id) else None
         if attrs.get(A.SLOW):
             return "slow"
         if failed():
             return "error"
-        if monitored():
+        if attrs.get(A.TRUNCATED):
+            return A.SAMPLE_REASON_TRUNCATED
+        if stalled():
+            return A.SAMPLE_REASON_STALL
+        if self.keep_monitor and monitored():
             return "monitor"
         step = attrs.get(A.STEP)
         if isinstance(step, int) and step < self.keep_first_steps:
@@ -238,7 +307,10 @@ class StepTailSampler(SpanProcessor):
             phases is not None, rec[C_ATTRS], rec[C_TRACE],
             failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
                             or any(_failed(s) for s in held)),
-            monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases))
+            monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases),
+            stalled=lambda: any(e[0] == STALL_EVENT for e in rec[C_EVENTS] or ()))
+        if self.summary is not None:
+            self.summary.add(rec, reason)
         if not self._tally(reason, record_span_count(rec) + len(held)):
             return False
         if phases is not None:
@@ -269,11 +341,23 @@ class StepTailSampler(SpanProcessor):
                 if held is not None:
                     kept.append(rec)
                     out_rows.extend(held)
+            kept.extend(self.take_summaries())
             return kept, out_rows
         except Exception as exc:  # fail open: the frame as it came, and what was released
             _log.debug("otel-train: tail sampler failed: %r", exc)
             here = {id(row) for row in rows}
             return recs, rows + [row for row in out_rows if id(row) not in here]
+
+    def take_summaries(self, final: bool = False) -> list[tuple[Any, ...]]:
+        """Summary mode: the summary records ready to export (``final``: the partial
+        interval too, at the end of the run); [] otherwise. Never raises."""
+        if self.summary is None:
+            return []
+        try:
+            return self.summary.take_all() if final else self.summary.take_ready()
+        except Exception as exc:  # the export stage must never break the build worker
+            _log.debug("otel-train: step summary failed: %r", exc)
+            return []
 
     def release_held(self) -> list[Any]:
         """What still waits for a root, to export at the end (fail open)."""

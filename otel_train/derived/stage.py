@@ -47,7 +47,7 @@ from otel_train.derived.gpu import NvmlGpuSampler
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.recording.recorder import Recorder
-from otel_train.derived.sampling import SampledOutCollector
+from otel_train.derived.sampling import SampledOutCollector, at_scale_banner
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.derived.stall_stacks import StallStacks
@@ -183,7 +183,8 @@ class DerivedMetricsStage:
         lines = []
         if self.metrics_plan.otlp:
             lines.append(f"  metrics -> {self.metrics_plan.describe()}")
-        if self.sampler is not None:
+        lines += at_scale_banner(self.options, self.identity)
+        if self.sampler is not None and self.sampler.keep_monitor:
             lines.append(f"  sampled -> {self.sampler.ratio:.0%} of ordinary steps by trace id; "
                          "slow, failed, monitoring and first steps always")
         return "\n".join(lines)

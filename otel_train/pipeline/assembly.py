@@ -218,7 +218,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     """Build (not start) the whole telemetry pipeline of a run, as its plan says."""
     mode, provider = global_provider_for_run()
     environment, sdk_sampler = gather_environment(options, mode, provider, status_dir,
-                                                  identity.rank, identity.world_size)
+                                                  identity.rank, identity.world_size,
+                                                  local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
     # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py); an
     # application's provider brings its own resource.
@@ -322,6 +323,7 @@ def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, export: Any, pr
             # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps the
             # counts it sends back.
             derived.run_in_exporter_process(export)
+            export.sample_when_taken_over(sampler)
             metrics = sampler = None
         elif sampler is not None:
             sampler.downstream = export  # user spans wait here for their step's decision

@@ -48,7 +48,7 @@ def disabled_reason(options: RunOptions, env: Mapping[str, str] | None = None) -
 
 def gather_environment(options: RunOptions, provider_mode: str, provider: Any,
                        status_dir: Path, rank: int, world_size: int,
-                       environ: Mapping[str, str] | None = None
+                       environ: Mapping[str, str] | None = None, local_rank: int = 0
                        ) -> tuple[PipelineEnvironment, Sampler]:
     """The plan's environment for a run, and the SDK sampler in effect (the application's
     provider's, else the one ``OTEL_TRACES_SAMPLER`` describes)."""
@@ -61,7 +61,8 @@ def gather_environment(options: RunOptions, provider_mode: str, provider: Any,
                       else None),
         sampler=describe_sampler(sampler), sampler_always_samples=always_samples(sampler),
         env={k: v for k, v in environ.items() if k.startswith(_ENV_PREFIXES)},
-        status_dir=Path(status_dir), rank=rank, world_size=world_size)
+        status_dir=Path(status_dir), rank=rank, world_size=world_size,
+        local_rank=local_rank)
     return environment, sampler
 
 

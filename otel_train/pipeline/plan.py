@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otel_train.common.export_ranks import resolve_export_ranks, routine_export
 from otel_train.common.options import RunOptions
 from otel_train.common.sdk_config import ExportPlan, plan_export
 from otel_train.derived.otlp_metrics import plan_metrics
@@ -68,6 +69,7 @@ class PipelineEnvironment:
     status_dir: Path = Path("otel-train-runs")
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
     process_failed: str | None = None  # the exporter process could not start: why
 
 
@@ -112,8 +114,11 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
     route = _route(options, env, export, own, joins_app, reasons)
     ratio = resolve_sample_ratio(options, env.env)
     otlp_metrics = plan_metrics(options, env.env).otlp
-    tail = ratio is not None and route in (ROUTE_PROCESS, ROUTE_STAGE)
+    routine, summary = routine_export(options, env.rank, env.world_size, env.local_rank)
+    tail = ((ratio is not None or not routine or summary)
+            and route in (ROUTE_PROCESS, ROUTE_STAGE))
     _sampling_reasons(ratio, route, tail, env, reasons)
+    _export_ranks_reasons(options, env, routine, summary, reasons)
     where = _metrics_where(options, env, route, otlp_metrics, tail, joins_app, reasons)
     reasons.append("console report: " + ("on (console=True)" if options.console
                                          else "off (console=False)"))
@@ -189,8 +194,9 @@ def _route(options: RunOptions, env: PipelineEnvironment, export: ExportPlan, ow
 def _sampling_reasons(ratio: float | None, route: str, tail: bool, env: PipelineEnvironment,
                       reasons: list[str]) -> None:
     if ratio is None:
-        reasons.append("tail sampling: off (no sample_ratio, no traceidratio "
-                       "OTEL_TRACES_SAMPLER): every step is exported")
+        if not tail:
+            reasons.append("tail sampling: off (no sample_ratio, no traceidratio "
+                           "OTEL_TRACES_SAMPLER): every step is exported")
     elif tail:
         reasons.append(f"tail sampling: keeps {ratio:.0%} of ordinary steps by trace id plus "
                        "slow, failed, monitoring and first steps; the SDK sampler follows "
@@ -201,6 +207,17 @@ def _sampling_reasons(ratio: float | None, route: str, tail: bool, env: Pipeline
     if not env.sampler_always_samples and not tail:
         reasons.append(f"SDK sampler {env.sampler} drops some steps: they feed the metrics "
                        "and are never exported")
+
+
+def _export_ranks_reasons(options: RunOptions, env: PipelineEnvironment, routine: bool,
+                          summary: bool, reasons: list[str]) -> None:
+    choice = resolve_export_ranks(options.export_ranks, env.world_size)
+    if choice.kind == "all" and not summary:
+        return
+    what = ("summary spans" if summary else "every step's spans") if routine else (
+        "only slow, failed, stalled and truncated steps")
+    reasons.append(f"export_ranks: {choice.describe()}; span_mode={options.span_mode}: rank "
+                   f"{env.rank} exports {what}; its metrics still see every step")
 
 
 def _metrics_where(options: RunOptions, env: PipelineEnvironment, route: str,

@@ -65,8 +65,9 @@ class StageSink:
 
     def close(self) -> None:
         """User spans still waiting for their step go out (fail open)."""
-        if self.sampler is not None:
-            self.stage.on_records((), self.sampler.release_held())
+        if self.sampler is not None:  # and, in summary mode, the last partial summary
+            self.stage.on_records(self.sampler.take_summaries(final=True),
+                                  self.sampler.release_held())
 
 
 class ProcessSink:
@@ -84,21 +85,29 @@ class ProcessSink:
                    rows: Sequence[tuple[Any, ...]] = ()) -> None:
         """Queue each sampled record the sampler keeps; the drain's frame goes at
         ``end_drain``."""
-        sampler, send = self.sampler, self.client.send_record
+        sampler = self.sampler
+        # Unsampled by the SDK sampler (e.g. always_off): never exported.
+        self._send([rec for rec in records
+                    if rec[C_FLAGS] & 1 and (sampler is None or sampler.keep_record(rec))])
+        if sampler is not None:
+            self._send(sampler.take_summaries())  # summary mode: intervals just closed
+
+    def _send(self, records: Sequence[tuple[Any, ...]]) -> None:
+        """Queue records for the exporter process; a failure is counted, never raised."""
         for rec in records:
-            # Unsampled by the SDK sampler (e.g. always_off): never exported.
-            if rec[C_FLAGS] & 1 and (sampler is None or sampler.keep_record(rec)):
-                spans = record_span_count(rec)
-                try:
-                    send(rec, spans)
-                except Exception as exc:
-                    self._drops.add("export_failed", spans)
-                    self._warn.warning("send", "otel-train: could not queue spans for "
-                                       "export: %r", exc)
+            spans = record_span_count(rec)
+            try:
+                self.client.send_record(rec, spans)
+            except Exception as exc:
+                self._drops.add("export_failed", spans)
+                self._warn.warning("send", "otel-train: could not queue spans for "
+                                   "export: %r", exc)
 
     def close(self) -> None:
-        """User spans still waiting in the sampler go out (fail open)."""
+        """User spans still waiting in the sampler go out (fail open), and the last partial
+        summary in summary mode."""
         if self.sampler is not None:
+            self._send(self.sampler.take_summaries(final=True))
             self.sampler.shutdown()
 
 

@@ -8,7 +8,10 @@ holds every step as a complete event (``ph: "X"``) with its phases nested inside
 and monitoring between steps on the same track. Timestamps are microseconds since the Unix
 epoch (the spans' own clock), so ranks line up with each other, rounded to the 0.25 us a
 reader's double keeps at that size (every boundary alike, so phases stay nested). The file
-is written as the span files are read: memory stays flat on any run length. A run whose
+is written as the span files are read: memory stays flat on any run length. Summary spans
+(``span_mode="summary"``) go on a second track ("summaries"), each a slice over its steps
+with its figures in ``args``, and as counters: the step's p50/p99 and each phase's mean
+(rundir/summaries.py). A run whose
 span files hold no span is refused by the command rather than written as an empty trace.
 
 Usage::
@@ -25,7 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from otel_train.rundir.run_dirs import NothingToRead
+from otel_train.common.attributes import SUMMARY_SPAN_NAME
 from otel_train.rundir.span_files import _iter_lines, iter_line_span_fields, span_files
+from otel_train.rundir.summaries import read_summaries, summary_events
 
 TRACE_NAME = "trace.json"
 _TID = 1
@@ -80,7 +85,7 @@ def _metadata(rank: int) -> list[dict[str, Any]]:
 def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str, int]:
     """Write the Trace Event Format JSON of ``run_dir`` to ``fh``; return counts."""
     ranks: set[int] = set()
-    events = 0
+    events = summaries = 0
     fh.write('{"displayTimeUnit":"ms","otherData":{"source":"otel-train"},"traceEvents":[\n')
     sep = ""
     grid = 0
@@ -92,7 +97,10 @@ def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str
                 fields = list(iter_line_span_fields(line))
             except ValueError:
                 continue  # a torn line (a run in progress, or a writer killed mid-line)
-            for _sid, _pid, name, start, end, attrs in fields:
+            for _sid, parent, name, start, end, attrs in fields:
+                if name == SUMMARY_SPAN_NAME and not parent:
+                    summaries += 1  # written after the steps, with all their attributes
+                    continue
                 if grid == 0:
                     grid = _grid_ns(start)  # one grid for the whole file: one rounding rule
                 rank, event = _event(name, start, end, attrs, grid)
@@ -104,6 +112,16 @@ def write_chrome_trace(run_dir: str | os.PathLike[str], fh: IO[str]) -> dict[str
                 fh.write(sep + event)
                 sep = ",\n"
                 events += 1
+    if summaries:
+        for event in summary_events(read_summaries(run_dir), grid or 1):
+            if event["pid"] not in ranks:
+                ranks.add(event["pid"])
+                for meta in _metadata(event["pid"]):
+                    fh.write(sep + _dumps(meta))
+                    sep = ",\n"
+            fh.write(sep + _dumps(event))
+            sep = ",\n"
+            events += 1
     fh.write("\n]}\n")
     return {"events": events, "ranks": len(ranks)}
 

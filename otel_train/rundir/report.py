@@ -46,6 +46,7 @@ from otel_train.rundir.report_tables import (
     summary_table,
 )
 from otel_train.rundir.run_dirs import NothingToRead
+from otel_train.rundir.summaries import read_summaries, summary_section
 
 REPORT_NAME = "report.html"
 PLOTLY_ASSET = "assets/plotly-basic.min.js"
@@ -150,6 +151,9 @@ class _Page:
             self._section("Dropped, removed and cut-off spans", drops_section(d)),
             self._section("GPU", self._gpu()),
         ]
+        if d.summary_spans:  # span_mode="summary": the per-phase figures of each interval
+            sections.insert(1, self._section("Summaries", summary_section(
+                read_summaries(d.run_dir))))
         stalls = stalls_section(d.run_dir)
         if stalls:  # only runs that stalled
             sections.insert(1, self._section("Stalls", stalls))

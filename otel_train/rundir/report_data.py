@@ -39,6 +39,7 @@ from otel_train.rundir.span_files import (
 __all__ = ["Bucket", "RunData", "RunReader", "StepRecord", "load_run"]
 
 _STEP_SPAN = "train.step"
+_SUMMARY_SPAN = "train.summary"
 _MAX_TRUNCATED = 100  # steps cut off listed (a run ends once per rank: a handful)
 # Only what the report uses: each attribute found costs time on a 1M-step run.
 _REPORT_ATTRS = attribute_pattern([
@@ -101,6 +102,7 @@ class RunData:
     files: list[Path] = field(default_factory=list)
     torn_lines: int = 0
     truncated: list[tuple[int, int, str]] = field(default_factory=list)  # rank, step, reason
+    summary_spans: int = 0  # train.summary spans (span_mode="summary"): rundir/summaries.py
     # Set when reading stopped at the time limit: the page says how far it got.
     stopped_early: str | None = None
 
@@ -166,6 +168,7 @@ class RunReader:
             data.spans += 1
             step = a.get("train.step")
             if step is None:
+                data.summary_spans += name == _SUMMARY_SPAN and not parent_id
                 continue
             step = int(step)
             lo, hi = min(lo, step), max(hi, step)

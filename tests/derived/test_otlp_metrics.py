@@ -102,13 +102,16 @@ def _pushed_samples(rx: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
     return _samples(exposition(rx.latest()))
 
 
+# metrics_rank_label="gauges": the histograms lose rank on both paths alike.
+@pytest.mark.parametrize("rank_label", ["all", "gauges"])
 def test_a_run_pushes_over_grpc_the_same_metrics_as_its_prometheus_endpoint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank_label: str):
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")  # only our explicit flush
     with GrpcOtlpMetricsReceiver() as rx:
         run = start_test_run(tmp_path, prometheus_port=0, metrics_exporter="otlp",
                              otlp_endpoint=rx.endpoint, otlp_protocol="grpc",
-                             run_id="push-run", service_name="pusher")
+                             run_id="push-run", service_name="pusher",
+                             metrics_rank_label=rank_label)
         try:
             _train(run)
             assert run.flush()
@@ -133,7 +136,10 @@ def test_a_run_pushes_over_grpc_the_same_metrics_as_its_prometheus_endpoint(
     # Units and kinds as the contract's names say; rank and run are attributes.
     steps = latest["otel_train.step.duration"]
     assert (steps.kind, steps.unit, steps.temporality) == ("histogram", "s", CUMULATIVE)
-    assert steps.points[0].attributes == {"rank": "0", "run_id": "push-run"}
+    assert steps.points[0].attributes == ({"rank": "0", "run_id": "push-run"}
+                                          if rank_label == "all" else {"run_id": "push-run"})
+    phases = latest["otel_train.phase.duration"].points
+    assert all(("rank" in p.attributes) is (rank_label == "all") for p in phases)
     assert steps.points[0].exemplar_trace_ids  # the step's trace, as on the endpoint
     assert latest["otel_train.steps"].monotonic
     assert latest["otel_train.monitoring.overhead"].unit == "1"

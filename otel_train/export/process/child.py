@@ -218,7 +218,8 @@ class _Child:
         if self.sampler is not None:  # spans still waiting for their step: exported
             with self.shared.lock:
                 left = self.sampler.release_held()
-            self.export.on_records([], left)
+                summaries = self.sampler.take_summaries(final=True)  # summary mode's last
+            self.export.on_records(summaries, left)
         self.send_state()  # final: no step comes after a stop
         self.export.shutdown(timeout_seconds)
         self.stats("final", block=True)

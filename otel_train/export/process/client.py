@@ -164,6 +164,11 @@ class ExportProcessClient(SpanProcessor):
             elif self._lifecycle.state is _TAKEN_OVER:
                 self._metrics.fed_here = True  # no child to run them
 
+    def sample_when_taken_over(self, sampler: Any) -> None:
+        """The tail sampler of this process's chain: it decides what the in-process stage
+        exports should the child be given up (until then the child's sampler decides)."""
+        self._fallback.sampler = sampler
+
     @property
     def derives_metrics(self) -> bool:
         """The child runs the derived metrics now (it was asked to and is alive)."""

@@ -38,6 +38,10 @@ class FallbackExport:
         self._factory = factory
         self._drops = drops
         self.stage: Any = None  # made by start(); None if it could not be
+        # The tail sampler of the training process's chain (sampling.py), when the child
+        # decided what to export: it decides here from the take-over on, so sample_ratio,
+        # export_ranks and summary mode hold after the child is given up.
+        self.sampler: Any = None
 
     @property
     def possible(self) -> bool:
@@ -58,6 +62,8 @@ class FallbackExport:
 
     def send(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
         """Export a frame's records and rows here (the caller feeds the metrics)."""
+        if self.sampler is not None:
+            recs, rows = self.sampler.filter_frame(list(recs), list(rows))  # never raises
         if self.stage is None:
             self.count_lost(sum(record_span_count(r) for r in recs) + len(rows))
         else:
@@ -74,8 +80,12 @@ class FallbackExport:
         return bool(self.stage.force_flush(timeout_millis))
 
     def shutdown(self, timeout_seconds: float) -> None:
-        """Shut the stage down within ``timeout_seconds``."""
+        """Shut the stage down within ``timeout_seconds`` (what the sampler still holds, and
+        summary mode's last partial summary, go out first)."""
         if self.stage is not None:
+            if self.sampler is not None:
+                self.stage.on_records(self.sampler.take_summaries(final=True),
+                                      self.sampler.release_held())
             self.stage.shutdown(max(0.0, timeout_seconds))
 
 

@@ -565,7 +565,7 @@ def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
     assert derived.sampler.sampled_out_spans == out  # the copy here, from the child's state
 
 
-def test_a_sampled_run_whose_child_dies_exports_every_step_after_it(tmp_path: Path) -> None:
+def test_a_sampled_run_whose_child_dies_goes_on_sampling_here(tmp_path: Path) -> None:
     run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2,
                          export_interval_seconds=0.05)
     client = run._telemetry.export
@@ -580,11 +580,37 @@ def test_a_sampled_run_whose_child_dies_exports_every_step_after_it(tmp_path: Pa
     steps = {s.attributes["train.step"]: s.attributes.get("train.sample.reason")
              for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"}
     # Before: the child's decisions (the first two, monitoring every 5th step; a us step may
-    # also look slow). After: fail open, every step, undecided.
-    assert {0, 1, 5} <= set(steps) and set(range(10, 20)) <= set(steps)
-    assert all(steps[i] is None for i in range(10, 20))
-    assert steps[1] == "first" and steps[0] == steps[5] == "monitor"
+    # also look slow). After: this process's copy of the chain decides the same way (a dead
+    # exporter process must not turn a sampled rank into one that exports every step).
+    assert {0, 1, 5, 10, 15} <= set(steps)
+    assert steps[1] == "first" and steps[0] == steps[5] == steps[10] == steps[15] == "monitor"
+    assert all(why in ("monitor", "slow") for s, why in steps.items() if s >= 10)
+    assert len([s for s in steps if s >= 10]) < 10
     assert run._telemetry.derived.sampler.sampled_out_spans > 0  # the child's, until it died
+
+
+def test_a_rank_left_out_whose_child_never_starts_still_sends_only_what_matters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short run ends before the child is up: the in-process stage takes over, and this
+    process's copy of the chain decides (no step of a rank left out by export_ranks)."""
+    from otel_train.export.process import launch
+    from otel_train.export.process.client import ClientState
+
+    monkeypatch.setattr(launch, "_BOOT", "import time; time.sleep(30); " + launch._BOOT)
+    run = start_test_run(tmp_path, run_id="left-out", rank=1, world_size=2, export_ranks="0",
+                         slow_step_seconds=0.2)
+    client = run._telemetry.export
+    for step in run.steps(range(30)):
+        with step.phase("forward"):
+            if step.index == 20:
+                time.sleep(0.3)  # the one step that matters
+    assert client.state is ClientState.STARTING
+    run.shutdown(timeout=2)
+    assert client._lifecycle.state in (ClientState.TAKEN_OVER, ClientState.CLOSED)
+    roots = {s.attributes["train.step"]: s.attributes.get("train.sample.reason")
+             for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"}
+    assert roots.get(20) == "slow"
+    assert all(why == "slow" for why in roots.values()) and len(roots) < 5
 
 
 @pytest.mark.parametrize("options", [{"metrics_in_export_process": False},
