@@ -150,6 +150,15 @@ class RunOptions:
     # The exporter process's niceness (added to this process's, 0..19): its CPU yields to
     # the training threads when they compete for a core.
     export_process_nice: int = 10
+    # -- throughput, FLOPs and MFU (recording/step_counts.py, derived/throughput.py) ----------
+    # Tokens / samples per step: an int, or a callable taking the batch; None: from the
+    # batch's shape where that is unambiguous (step.count(...) overrides per step).
+    tokens_per_step: Any = field(default=None, metadata={"env": "optional_int"})
+    samples_per_step: Any = field(default=None, metadata={"env": "optional_int"})
+    # Count one early step's FLOPs under torch.utils.flop_counter.FlopCounterMode.
+    count_flops: bool = False
+    flops_per_step: float | None = None  # given instead of counted
+    peak_flops_per_second: float | None = None  # None: the device table (common/device_peaks.py)
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -200,6 +209,7 @@ class RunOptions:
         self._validate_ranks()
         self._validate_scale_out()
         self._validate_profiling()
+        self._validate_throughput()
 
     def _validate_text_and_choices(self) -> None:
         for name in ("service_name", "run_id", "status_dir", "spans_path", "otlp_endpoint"):
@@ -330,6 +340,17 @@ class RunOptions:
             self._fail("sample_keep_first_steps", "must be an integer >= 0")
         if self.trace_export not in _TRACE_EXPORT:
             self._fail("trace_export", f"must be one of {', '.join(_TRACE_EXPORT)}")
+
+    def _validate_throughput(self) -> None:
+        for name in ("tokens_per_step", "samples_per_step"):
+            v = getattr(self, name)
+            if v is not None and not callable(v) and (not _is_int(v) or v < 0):
+                self._fail(name, "must be an integer >= 0, a callable taking the batch, or None "
+                           "(from the batch's shape)")
+        for name in ("flops_per_step", "peak_flops_per_second"):
+            v = getattr(self, name)
+            if v is not None and (not _is_number(v) or not v > 0 or math.isinf(v)):
+                self._fail(name, "must be a finite number > 0 or None")
 
 
 def catchable_signal(name: str) -> int:

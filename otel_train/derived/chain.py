@@ -39,6 +39,7 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.derived.sampling import StepTailSampler, resolve_sample_ratio
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
+from otel_train.derived.throughput import ThroughputCollector, ThroughputSpanProcessor
 from otel_train.records.span_rows import view_from_record
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 
@@ -78,6 +79,12 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         # Tail sampling (None: every step kept); decided after these processors.
         "sample_ratio": resolve_sample_ratio(options),
         "sample_keep_first_steps": options.sample_keep_first_steps,
+        # Throughput (derived/throughput.py): ints only, a callable is counted per batch.
+        "throughput": {k: v if isinstance(v, (int, float)) else None for k, v in (
+            ("tokens_per_step", options.tokens_per_step),
+            ("samples_per_step", options.samples_per_step),
+            ("flops_per_step", options.flops_per_step),
+            ("peak_flops_per_second", options.peak_flops_per_second))},
     }
 
 
@@ -106,8 +113,10 @@ class StepChain:
             world_size=world)
         self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
         self.console: ConsoleReportSpanProcessor | None = None
+        self.throughput = ThroughputSpanProcessor(s["rank"], window, **s.get("throughput", {}))
+        self.metrics.registry.register(ThroughputCollector(self.throughput))
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
-                                                    self.budget, self.metrics]
+                                                    self.budget, self.metrics, self.throughput]
         if s["console"]:
             self.console = ConsoleReportSpanProcessor(
                 s["log_every"], self.overhead, self.budget, stream=console_stream,
@@ -121,7 +130,8 @@ class StepChain:
         if s.get("sample_ratio") is not None:
             self.sampler = StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
-                                          "budget": self.budget, "metrics": self.metrics}
+                                          "budget": self.budget, "metrics": self.metrics,
+                                          "throughput": self.throughput}
         if self.console is not None:
             self._stateful["console"] = self.console
         if self.sampler is not None:
