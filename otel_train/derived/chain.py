@@ -123,6 +123,7 @@ class StepChain:
                 breakdown_min_share=s["console_breakdown_min_share"],
                 eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
                 min_interval_seconds=s["console_min_interval_seconds"], ordered_log=ordered)
+            self.console.throughput = self.throughput
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).

@@ -175,6 +175,29 @@ class ThroughputSpanProcessor(StepViewProcessor):
             self._flops, achieved, self._peak, mfu, mfu_ex, self._dtype)
 
 
+def _si(value: float) -> str:
+    """41234.5 -> '41.2k' (k, M, G, T)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f}{suffix}"
+    return f"{value:.1f}"
+
+
+def rate_text(s: ThroughputSnapshot) -> str:
+    """The console's throughput: ' 41.2k tok/s, MFU 38.1%' ('' when nothing is counted)."""
+    if s.tokens_per_second is not None:
+        text = f" {_si(s.tokens_per_second)} tok/s"
+    elif s.samples_per_second is not None:
+        text = f" {_si(s.samples_per_second)} samples/s"
+    elif s.achieved_flops_per_second is not None:
+        text = f" {_si(s.achieved_flops_per_second)}FLOP/s"
+    else:
+        return ""
+    if s.mfu is not None:
+        text += f", MFU {s.mfu:.1%}"
+    return text
+
+
 def _sum(window: list[tuple[Any, ...]], field: int) -> float | None:
     """The field's sum over the window's steps that have it (None: none has)."""
     values = [w[field] for w in window if w[field] is not None]

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from otel_train.rundir.report_throughput import throughput_section
 from otel_train.rundir.report_charts import (
     Colors,
     compact,
@@ -141,6 +142,8 @@ class _Page:
             summary_table(d),
             self._section("Step time over the run", self._step_time()),
             self._section("Monitoring overhead over time", self._overhead()),
+            self._section("Throughput", throughput_section(
+                self, [b for b in self._buckets() if b.steps], max(1, len(d.ranks)))),
             self._section("What monitoring costs", costs_section(d)),
             self._section("Slowest steps", slow_section(d)),
             self._section("Warm-up", self._warmup()),
