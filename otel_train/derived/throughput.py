@@ -47,8 +47,9 @@ from otel_train.records.steps_view import (
     set_span_attribute,
 )
 
-# Window entries: (tokens, samples, flops, start_ns, end_ns, data_ns); None: not known.
-_TOKENS, _SAMPLES, _FLOPS, _START, _END, _DATA = range(6)
+# Window entries: (tokens, samples, flops, start_ns, end_ns, data_ns, left_out_ns); None:
+# not known. left_out_ns: the FLOP-counted step's time, out of the FLOP/s and MFU.
+_TOKENS, _SAMPLES, _FLOPS, _START, _END, _DATA, _LEFT_OUT = range(7)
 
 
 @dataclass(frozen=True)
@@ -122,15 +123,19 @@ class ThroughputSpanProcessor(StepViewProcessor):
             self._samples_total = (self._samples_total or 0) + int(samples)
         self._adopt_device(attrs)
         if attrs.get(A.FLOPS_COUNTED):
+            # Slowed by the counting: its tokens and time count, its FLOPs and time are left
+            # out of FLOP/s and MFU.
             self._counted_tokens = tokens
-            return  # slowed by the counting: out of the rates' window (totals count it)
+            self._window.append((tokens, samples, None, view.start_ns, view.end_ns, 0,
+                                 view.duration_ns))
+            return
         flops = self._step_flops(attrs, tokens)
         if flops is not None and A.FLOPS not in attrs:
             set_span_attribute(span, A.FLOPS, flops)
         if flops is not None and self._peak and view.duration_ns > 0:
             set_span_attribute(span, A.MFU, flops / (view.duration_ns / 1e9) / self._peak)
         self._window.append((tokens, samples, flops, view.start_ns, view.end_ns,
-                             _data_ns(view)))
+                             _data_ns(view), 0))
 
     def _adopt_device(self, attrs: Any) -> None:
         """The dtype and the table's peak, as found once on the training thread."""
@@ -162,13 +167,14 @@ class ThroughputSpanProcessor(StepViewProcessor):
         if window:
             wall_s = (window[-1][_END] - window[0][_START]) / 1e9
             data_s = sum(w[_DATA] for w in window) / 1e9
+            flops_wall_s = wall_s - sum(w[_LEFT_OUT] for w in window) / 1e9
             tokens_rate = _ratio(_sum(window, _TOKENS), wall_s)
             samples_rate = _ratio(_sum(window, _SAMPLES), wall_s)
             flops = _sum(window, _FLOPS)
-            achieved = _ratio(flops, wall_s)
+            achieved = _ratio(flops, flops_wall_s)
             if self._peak and achieved is not None:
                 mfu = achieved / self._peak
-                busy = _ratio(flops, wall_s - data_s)
+                busy = _ratio(flops, flops_wall_s - data_s)
                 mfu_ex = busy / self._peak if busy is not None else None
         return ThroughputSnapshot(
             self.rank, self._tokens_total, self._samples_total, tokens_rate, samples_rate,
