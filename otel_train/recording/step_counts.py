@@ -109,12 +109,13 @@ class StepCounts:
         """Tokens / samples this step trained on (root ``train.tokens`` / ``train.samples``).
 
         ``batch`` counts a batch the way ``run.steps`` does (the options, else its shape),
-        for loops that fetch their own; ``tokens`` / ``samples`` win over it. Never syncs.
+        for loops that fetch their own, added to the step's earlier batches (one call per
+        micro-batch); ``tokens`` / ``samples`` win over it. Never syncs.
         """
         if batch is not None:
             counter = getattr(self._recorder, "batch_counter", None)
             if counter is not None:
-                counter.count_into(self, batch)
+                counter.count_into(self, batch, add=True)
         if tokens is None and samples is None:
             return
         attrs = self.attrs
@@ -161,8 +162,9 @@ class BatchCounter:
                     or self._shape_samples or self.flops_index is not None or self._find_peak
                     or self._flops is not None)
 
-    def count_into(self, step: Any, batch: Any) -> None:
-        """Write the batch's counts on ``step``'s root attributes; never raises."""
+    def count_into(self, step: Any, batch: Any, add: bool = False) -> None:
+        """Write the batch's counts on ``step``'s root attributes (``add``: to those of its
+        earlier batches, as micro-batches); never raises."""
         tokens = samples = None
         if self._shape_tokens or self._shape_samples:
             got = shape_counts(batch, self._tensor)
@@ -183,9 +185,9 @@ class BatchCounter:
         if attrs is None:
             attrs = step.attrs = {}
         if tokens is not None:
-            attrs[A.TOKENS] = tokens
+            attrs[A.TOKENS] = tokens + attrs.get(A.TOKENS, 0) if add else tokens
         if samples is not None:
-            attrs[A.SAMPLES] = samples
+            attrs[A.SAMPLES] = samples + attrs.get(A.SAMPLES, 0) if add else samples
 
     def _call(self, fn: Callable[[Any], Any], batch: Any, option: str) -> Any:
         try:
