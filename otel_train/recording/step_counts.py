@@ -162,6 +162,8 @@ class BatchCounter:
         self._find_peak = find_peak  # flops_per_step given, no peak: the table's, once
         self._flops: FlopCount | None = None
         self.failures = 0  # a callable that raised: counted and logged, never raised
+        self.active = False  # whether anything is left to do per batch or per step
+        self._refresh()
 
     @classmethod
     def from_options(cls, options: Any) -> BatchCounter | None:
@@ -171,12 +173,11 @@ class BatchCounter:
                       and options.peak_flops_per_second is None)
         return counter if counter.active else None
 
-    @property
-    def active(self) -> bool:
-        """Whether anything is left to do per batch or per step."""
-        return bool(self._tokens_fn or self._samples_fn or self._shape_tokens
-                    or self._shape_samples or self.flops_index is not None or self._find_peak
-                    or self._flops is not None)
+    def _refresh(self) -> None:
+        """Recompute ``active`` (read per step) after a change of what is left to do."""
+        self._per_step = self.flops_index is not None or self._find_peak
+        self.active = bool(self._tokens_fn or self._samples_fn or self._shape_tokens
+                           or self._shape_samples or self._per_step or self._flops is not None)
 
     def count_into(self, step: Any, batch: Any, add: bool = False) -> None:
         """Write the batch's counts on ``step``'s root attributes (``add``: to those of its
@@ -217,6 +218,7 @@ class BatchCounter:
     def _ambiguous(self, batch: Any) -> None:
         """One hint, then the shape is no longer read."""
         self._shape_tokens = self._shape_samples = False
+        self._refresh()
         _log.info("otel-train: tokens/samples per step not counted: a batch of type %s has no "
                   "unambiguous size; give tokens_per_step= / samples_per_step= (an int or a "
                   "callable taking the batch) or call step.count(tokens=..., samples=...)",
@@ -229,8 +231,7 @@ class BatchCounter:
         try:
             while self.active:
                 if self._flops is not None:
-                    self._flops.close(recorder.current)
-                    self._flops = None
+                    self.close_flops(recorder.current)
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -238,7 +239,8 @@ class BatchCounter:
                 step = recorder.current
                 if step is not None:
                     self.count_into(step, batch)
-                    self.at_step_start(step, batch)
+                    if self._per_step:  # the FLOP-counted step, the peak: once each
+                        self.at_step_start(step, batch)
                 yield batch
             yield from it  # nothing left to count (an ambiguous batch): the loader's own pace
         finally:  # the loop ended (or was left): a FLOP count still open ends with it
@@ -249,8 +251,10 @@ class BatchCounter:
         if step.index == self.flops_index and self._flops is None:
             self.flops_index = None
             self._flops = FlopCount.open(step, batch)
+            self._refresh()
         elif self._find_peak and step.index >= FLOPS_STEP_INDEX:
             self._find_peak = False
+            self._refresh()
             peak, dtype = device_peak(batch_device(batch), None)
             attrs = step.attrs if step.attrs is not None else {}
             if peak is not None:
@@ -268,6 +272,7 @@ class BatchCounter:
         """End an open FLOP count, writing it onto ``step`` (None: it is lost)."""
         flops, self._flops = self._flops, None
         if flops is not None:
+            self._refresh()
             flops.close(step)
 
 
