@@ -26,7 +26,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from otel_train.rundir.report_throughput import throughput_section
 from otel_train.rundir.report_charts import (
     Colors,
     compact,
@@ -45,6 +44,7 @@ from otel_train.rundir.report_tables import (
     slow_section,
     summary_table,
 )
+from otel_train.rundir.report_throughput import throughput_section
 from otel_train.rundir.run_dirs import NothingToRead
 
 REPORT_NAME = "report.html"
