@@ -255,7 +255,11 @@ class BatchCounter:
         elif self._find_peak and step.index >= FLOPS_STEP_INDEX:
             self._find_peak = False
             self._refresh()
-            peak, dtype = device_peak(batch_device(batch), None)
+            try:
+                peak, dtype = device_peak(batch_device(batch), None)
+            except Exception as exc:  # never into training
+                _warn.warning("peak", "otel-train: the device's peak FLOP/s: %r", exc)
+                return
             attrs = step.attrs if step.attrs is not None else {}
             if peak is not None:
                 attrs[A.PEAK_FLOPS] = peak
