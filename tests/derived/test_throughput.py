@@ -25,18 +25,23 @@ from otel_train.records.steps_view import StepView
 pytestmark = pytest.mark.timeout(120)
 
 
-def _scrape(run: Any, expected_tokens: float, timeout_seconds: float = 10.0
-            ) -> dict[str, float]:
+def _scrape(run: Any, expected_tokens: float) -> dict[str, float]:
     """The run's /metrics samples once its tokens counter reached ``expected_tokens``."""
+    return _scrape_samples(run, 'otel_train_tokens_total{rank="0"}', expected_tokens)
+
+
+def _scrape_samples(run: Any, series: str, expected: float, timeout_seconds: float = 10.0
+                    ) -> dict[str, float]:
+    """The run's /metrics samples once ``series`` reached ``expected``."""
     run.flush()
     deadline = time.monotonic() + timeout_seconds
     while True:
         text = urllib.request.urlopen(run.prometheus_url + "/metrics", timeout=5).read().decode()
         samples = {m.group(1): float(m.group(2)) for m in re.finditer(
-            r"^(otel_train_\S+?(?:\{[^}]*\})?) (\S+)$", text, re.M)}
-        if samples.get('otel_train_tokens_total{rank="0"}') == expected_tokens:
+            r"^(otel_train_\S+?(?:\{[^}]*\})?) (\S+)$", text, re.MULTILINE)}
+        if samples.get(series) == expected:
             return samples
-        assert time.monotonic() < deadline, "tokens never reached the endpoint"
+        assert time.monotonic() < deadline, f"{series} never reached {expected}"
         time.sleep(0.2)
 
 
@@ -175,3 +180,16 @@ def test_the_console_fast_line_shows_tokens_per_second_only_when_counted():
     counted = _view(1, 1.0, 0.5, **{A.TOKENS: 41_200})
     tput.on_step(counted)
     assert "27.5k tok/s" in console.format_fast(counted)  # 41.2k tokens over 1.5 s
+
+
+def test_on_a_cpu_flops_per_second_are_served_and_mfu_only_with_a_given_peak(tmp_path):
+    for peak in (None, 1e9):
+        with start_test_run(tmp_path / str(peak), prometheus_port=0, flops_per_step=1e6,
+                            peak_flops_per_second=peak) as run:
+            for _step in run.steps([torch.zeros(2, 3)] * 5):
+                time.sleep(0.001)
+            got = _scrape_samples(run, 'otel_train_samples_total{rank="0"}', 10)
+        assert got['otel_train_flops_per_step{rank="0"}'] == 1e6
+        assert got['otel_train_achieved_flops_per_second{rank="0"}'] > 0
+        has_mfu = any(k.startswith("otel_train_mfu_ratio") for k in got)
+        assert has_mfu is (peak is not None)
