@@ -320,7 +320,7 @@ class FlopCount:
     def open(cls, step: Any, batch: Any) -> FlopCount | None:
         """Start counting on ``step`` (marked ``train.flops.counted``); None without torch."""
         try:
-            mode = _dtype_flop_counter()(display=False)
+            mode = _dtype_flop_counter()(display=False, custom_mapping=_cpu_attention())
             mode.__enter__()
         except Exception as exc:
             _warn.warning("count_flops", "otel-train: count_flops could not start: %r", exc)
@@ -355,6 +355,25 @@ class FlopCount:
 
 
 _COUNTER_CLASS: Any = None
+
+
+def _cpu_attention() -> dict[Any, Any]:
+    """The CPU kernels of ``scaled_dot_product_attention``, which the counter's own table
+    lacks (the CUDA ones are in it): counted with its formulas for the other kernels."""
+    import torch
+    from torch.utils import flop_counter
+
+    def raw(formula: Callable[..., int]) -> Callable[..., int]:
+        def count(*args: Any, **kwargs: Any) -> int:
+            return formula(*args, **kwargs)  # already reads shapes from the tensors
+        count._get_raw = True  # type: ignore[attr-defined]
+        return count
+
+    aten = torch.ops.aten
+    pairs = (("_scaled_dot_product_flash_attention_for_cpu", "sdpa_flop"),
+             ("_scaled_dot_product_flash_attention_for_cpu_backward", "sdpa_backward_flop"))
+    return {getattr(aten, op): raw(getattr(flop_counter, formula)) for op, formula in pairs
+            if hasattr(aten, op) and hasattr(flop_counter, formula)}
 
 
 def _dtype_flop_counter() -> Any:
