@@ -30,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import perf_counter_ns
 from typing import Any
@@ -48,10 +49,11 @@ _ID_DTYPES: frozenset[Any] = frozenset()  # integer dtypes: a 2-D tensor of them
 
 
 def _tensor_type() -> type | None:
+    """``torch.Tensor`` once the application imported torch (never imported here: a run
+    whose loop has no torch must not pay for it); None until then."""
     global _ID_DTYPES
-    try:
-        import torch
-    except ImportError:  # no torch: no tensor batches to read
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):  # not imported (yet), or half-way
         return None
     _ID_DTYPES = frozenset((torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8))
     return torch.Tensor
@@ -155,9 +157,7 @@ class BatchCounter:
         # From the shape: only what no option gives (an int is filled in by the background).
         self._shape_tokens = tokens_per_step is None
         self._shape_samples = samples_per_step is None
-        self._tensor = _tensor_type()
-        if self._tensor is None:
-            self._shape_tokens = self._shape_samples = False
+        self._tensor = _tensor_type()  # None until torch is imported
         self.flops_index: int | None = FLOPS_STEP_INDEX if count_flops else None
         self._find_peak = find_peak  # flops_per_step given, no peak: the table's, once
         self._flops: FlopCount | None = None
@@ -184,7 +184,9 @@ class BatchCounter:
         earlier batches, as micro-batches); never raises."""
         tokens = samples = None
         if self._shape_tokens or self._shape_samples:
-            got = shape_counts(batch, self._tensor)
+            if self._tensor is None:
+                self._tensor = _tensor_type()
+            got = shape_counts(batch, self._tensor) if self._tensor is not None else None
             if got is None:
                 self._ambiguous(batch)
             else:
@@ -292,9 +294,8 @@ def batch_device(batch: Any) -> Any:
 
 def device_peak(device: Any, dtype: Any) -> tuple[float | None, str | None]:
     """(the table's peak, dtype name) for ``device`` (None: CUDA's current, if in use)."""
-    try:
-        import torch
-    except ImportError:
+    torch = sys.modules.get("torch")
+    if torch is None:  # no torch in this process: no device to look up
         return None, None
     if getattr(device, "type", None) != "cuda" and not (
             device is None and torch.cuda.is_initialized()):
