@@ -14,10 +14,13 @@ Rates cover the recent window (the last ``recent_window_steps`` steps, as the ov
 - ``tokens_per_second`` = tokens in the window / that wall time (samples alike);
 - achieved FLOP/s = FLOPs in the window / that wall time; MFU (basis ``step``) = achieved /
   peak; MFU (basis ``exclude_data``) = FLOPs / (wall time minus the steps' ``data`` phases)
-  / peak. The FLOP-counted step (slowed by the counting) is left out of the window.
+  / peak. The FLOP-counted step (slowed by the counting) keeps its tokens and time in the
+  token and sample rates; its time is left out of FLOP/s and MFU.
 
-Per run: the sum over ranks (``sum by (run_id) (otel_train_tokens_per_second * on(rank)
-group_left(run_id) otel_train_run_info)``, docs/telemetry.md).
+Per run: the sum over ranks, in PromQL (docs/telemetry.md)::
+
+    sum by (run_id) (otel_train_tokens_per_second
+                     * on (job, instance, rank) group_left (run_id) otel_train_run_info)
 
 Usage::
 
