@@ -237,7 +237,8 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "(then MFU, with a peak)",
         details="Step 1 runs under the counter from just after its fetch to the start of "
         "step 2, is marked `train.flops.counted` and left out of the slow-step baseline and "
-        "of FLOP/s and MFU; step 2 carries the count, the matmuls' dtype and the device's peak. "
+        "of FLOP/s and MFU (with `warmup_steps` >= 2, the default 5, it is also warm-up, out "
+        "of the steady-state overhead); step 2 carries the count, the matmuls' dtype and the device's peak. "
         "The first counted step in a process also imports `torch._dynamo` (seconds, once). "
         "Later steps' FLOPs scale with their tokens."),
     "flops_per_step": OptionDoc("throughput", "FLOPs of one step, given instead of counted",

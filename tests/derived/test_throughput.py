@@ -193,3 +193,12 @@ def test_on_a_cpu_flops_per_second_are_served_and_mfu_only_with_a_given_peak(tmp
         assert got['otel_train_achieved_flops_per_second{rank="0"}'] > 0
         has_mfu = any(k.startswith("otel_train_mfu_ratio") for k in got)
         assert has_mfu is (peak is not None)
+
+
+def test_a_run_s_console_fast_line_carries_its_tokens_per_second(tmp_path, capsys):
+    with start_test_run(tmp_path, console=True, log_every=5, tokens_per_step=100) as run:
+        for _step in run.steps(range(10)):
+            time.sleep(0.002)
+        run.flush()
+    fast = [line for line in capsys.readouterr().err.splitlines() if "⏱️  step" in line]
+    assert fast and all(re.search(r"\) [\d.]+k? tok/s", line) for line in fast), fast
