@@ -9,6 +9,7 @@ import io
 import re
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +203,37 @@ def test_a_run_s_console_fast_line_carries_its_tokens_per_second(tmp_path, capsy
         run.flush()
     fast = [line for line in capsys.readouterr().err.splitlines() if "⏱️  step" in line]
     assert fast and all(re.search(r"\) [\d.]+k? tok/s", line) for line in fast), fast
+
+
+def test_the_documented_per_run_promql_sums_the_ranks_on_a_real_prometheus():
+    from prometheus_server import PrometheusServer, require_binary
+
+    from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
+    from otel_train.derived.throughput import ThroughputCollector
+
+    require_binary("prometheus")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
+    promql = re.search(r"```promql\n(.*?)```", doc, re.S).group(1)
+    endpoints = []
+    try:
+        for rank, tokens in ((0, 100), (1, 300)):  # 100 and 300 tokens/s
+            metrics = PrometheusMetricsSpanProcessor(rank=rank, run_id="two-ranks",
+                                                     world_size=2)
+            tput = ThroughputSpanProcessor(rank=rank, tokens_per_step=tokens)
+            metrics.registry.register(ThroughputCollector(tput))
+            for i in range(4):
+                view = _view(i, float(i), 1.0)
+                view.rank = rank
+                metrics.on_step(view)
+                tput.on_step(view)
+            metrics.start_server("127.0.0.1", 0)
+            endpoints.append(metrics)
+        targets = ["%s:%d" % m.bound_address() for m in endpoints]
+        with PrometheusServer(targets) as prom:
+            got = prom.wait_for(promql, lambda r: len(r) == 1 and len(
+                prom.query("otel_train_tokens_per_second")) == 2)
+            assert got[0]["metric"] == {"run_id": "two-ranks"}
+            assert float(got[0]["value"][1]) == pytest.approx(400.0)
+    finally:
+        for m in endpoints:
+            m.stop_server()
