@@ -23,6 +23,9 @@ Variants, each compared with the bare loop:
 - ``otel-sampled``: ``otel-otlp`` with ``sample_ratio=0.1``, the fleet setting: every step
   still feeds the metrics, the tail decision (10% of ordinary steps, and every slow,
   monitoring and first step) runs in the exporter process after them;
+- ``otel-throughput``: ``otel-otlp`` with FLOPs per step and a peak given, so every step's
+  root also gets ``train.flops`` and ``train.mfu`` and the throughput and MFU gauges are
+  served (every run already counts tokens and samples from its batches' shapes);
 - ``instrument``: ``otel_train.instrument(model, opt, dataloader)`` (zero-code hooks) on the
   same OTLP run;
 - ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
@@ -124,11 +127,14 @@ from bench_support import (  # noqa: E402
     timed_block,
 )
 
-IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
-              "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps")
+IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+              "otel-none", "otel-recorder", "instrument", "otel-sdk", "record-function",
+              "timestamps")
 # otel-train runs exporting OTLP
-EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "instrument")
+EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+             "instrument")
 SAMPLED_RATIO = 0.1  # otel-sampled
+THROUGHPUT = {"flops_per_step": 1e9, "peak_flops_per_second": 1e12}  # otel-throughput
 PEERS = ("torchtel", "traceml")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 BLOCK_STEPS = {"gpt": 50, "mlp": 100}
@@ -328,7 +334,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             exporter="otlp", otlp_endpoint=cfg["endpoint"], otlp_protocol="http/protobuf",
             prometheus_port=0, console=True, status_dir=tmp, service_name="bench",
             export_process=variant != "otel-thread",
-            sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None)
+            sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None,
+            **(THROUGHPUT if variant == "otel-throughput" else {}))
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
                                    status_dir=tmp, service_name="bench")

@@ -60,6 +60,7 @@ from otel_train.recording.recorder import (
 )
 from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.pipeline.profile_spans import span_emitter
+from otel_train.recording.step_counts import BatchCounter
 from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
 from otel_train.common.self_cost import SelfCostMeter
@@ -99,6 +100,7 @@ class Run:
             self.self_cost = SelfCostMeter(0.0)
             self._recorder = Recorder(1, DropCounter(), None)
             self._recorder.queue = deque(maxlen=0)  # finished steps are let go, for free
+            self._counter: BatchCounter | None = None
             self._telemetry: RunTelemetry | DisabledTelemetry = DisabledTelemetry(
                 self.disabled_by)
             self._context_token = None
@@ -117,6 +119,8 @@ class Run:
                                        window_steps=options.recent_window_steps)
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
                                   probes)
+        # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
+        self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
         self._telemetry = assemble_telemetry(
             options, ident, self.status_dir, self._recorder, self.drops, self.self_cost,
             self.device)
@@ -193,6 +197,9 @@ class Run:
         prof = self._profiling
         if prof is not None and prof.armed:  # only then: off, the loop is left as it is
             iterable = prof.hooked(iterable)
+        counter = self._counter
+        if counter is not None and counter.active:  # only then: off, nothing per batch
+            iterable = counter.counted(iterable, self._recorder)
         return self._recorder.steps(iterable, loader, max_steps)
 
     def step(self, loader: str | None = None, index: int | None = None,
@@ -207,6 +214,9 @@ class Run:
         step = self._recorder.begin_step(loader, index)
         if start_ns is not None and start_ns < step.start_ns:
             step.start_ns = start_ns
+        counter = self._counter
+        if counter is not None and counter.active:
+            counter.at_manual_step(step)
         prof = self._profiling
         if prof is not None and prof.armed:
             self._manual_step = step
@@ -291,6 +301,8 @@ class Run:
         deadline = time.monotonic() + max(0.0, budget)
         rec = self._recorder
         cut_open_step(rec, A.TRUNCATED_SHUTDOWN)  # a step still open is cut off here
+        if self._counter is not None:
+            self._counter.close_flops(None)  # a FLOP count still open ends, uncounted
         rec.release_held()
         rec.closed = True
         if self._profiling is not None:  # its spans go out with the rest: before the stop

@@ -88,6 +88,8 @@ def prometheus_name(name: str, unit: str, kind: str, monotonic: bool) -> str:
         suffix = _UNITS.get(main, re.sub(r"[^a-zA-Z0-9]", "_", main))
         if per:
             suffix += "_per_" + {"s": "second", "m": "minute", "h": "hour"}.get(per, per)
+        # An annotation alone ("{token}/s") leaves only the rate: no empty unit word.
+        suffix = suffix.strip("_")
     if suffix and not base.endswith("_" + suffix):
         base += "_" + suffix
     if kind == "sum" and monotonic and not base.endswith("_total"):

@@ -129,3 +129,20 @@ SUMMARY_FAILED_STEPS = "train.summary.failed_steps"  # failed, stalled or trunca
 # On a kept root in export_ranks / summary mode: why a non-routine step was still exported.
 SAMPLE_REASON_STALL = "stall"
 SAMPLE_REASON_TRUNCATED = "truncated"
+
+# Throughput, FLOPs and MFU (derived/throughput.py; recording/step_counts.py)
+TOKENS = "train.tokens"  # on the root span: tokens this step trained on
+SAMPLES = "train.samples"  # on the root span: samples (sequences, images) this step
+FLOPS = "train.flops"  # on the root span: FLOPs of the step (counted once, or given)
+FLOPS_COUNTED = "train.flops.counted"  # True on the one step run under FlopCounterMode
+FLOPS_DTYPE = "train.flops.dtype"  # "bf16" | "fp16" | "tf32" | "fp32": the matmuls' dtype
+PEAK_FLOPS = "train.peak_flops_per_second"  # the device's dense peak for that dtype
+MFU = "train.mfu"  # on the root span: achieved FLOP/s over peak, whole step (0..1)
+METRIC_TOKENS = "otel_train_tokens_total"
+METRIC_SAMPLES = "otel_train_samples_total"
+METRIC_TOKENS_RATE = "otel_train_tokens_per_second"
+METRIC_SAMPLES_RATE = "otel_train_samples_per_second"
+METRIC_FLOPS_PER_STEP = "otel_train_flops_per_step"
+METRIC_ACHIEVED_FLOPS = "otel_train_achieved_flops_per_second"
+METRIC_PEAK_FLOPS = "otel_train_peak_flops_per_second"
+METRIC_MFU = "otel_train_mfu_ratio"

@@ -172,6 +172,15 @@ class RunOptions:
     # "all": every metric carries rank; "gauges": the step and phase histograms drop it
     # (per-rank counters and gauges keep it: the straggler rules need them).
     metrics_rank_label: str = _choice("all")
+    # -- throughput, FLOPs and MFU (recording/step_counts.py, derived/throughput.py) ----------
+    # Tokens / samples per step: an int, or a callable taking the batch; None: from the
+    # batch's shape where that is unambiguous (step.count(...) overrides per step).
+    tokens_per_step: Any = field(default=None, metadata={"env": "optional_int"})
+    samples_per_step: Any = field(default=None, metadata={"env": "optional_int"})
+    # Count one early step's FLOPs under torch.utils.flop_counter.FlopCounterMode.
+    count_flops: bool = False
+    flops_per_step: float | None = None  # given instead of counted
+    peak_flops_per_second: float | None = None  # None: the device table (common/device_peaks.py)
     # Where each value came from, for error messages: name -> "argument" | env var name.
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -222,6 +231,7 @@ class RunOptions:
         self._validate_ranks()
         self._validate_scale_out()
         self._validate_profiling()
+        self._validate_throughput()
 
     def _validate_text_and_choices(self) -> None:
         for name in ("service_name", "run_id", "status_dir", "spans_path", "otlp_endpoint"):
@@ -371,6 +381,17 @@ class RunOptions:
             self._fail("summary_every_seconds", "must be a finite number of seconds > 0")
         if self.metrics_rank_label not in _RANK_LABELS:
             self._fail("metrics_rank_label", f"must be one of {', '.join(_RANK_LABELS)}")
+
+    def _validate_throughput(self) -> None:
+        for name in ("tokens_per_step", "samples_per_step"):
+            v = getattr(self, name)
+            if v is not None and not callable(v) and (not _is_int(v) or v < 0):
+                self._fail(name, "must be an integer >= 0, a callable taking the batch, or None "
+                           "(from the batch's shape)")
+        for name in ("flops_per_step", "peak_flops_per_second"):
+            v = getattr(self, name)
+            if v is not None and (not _is_number(v) or not v > 0 or math.isinf(v)):
+                self._fail(name, "must be a finite number > 0 or None")
 
 
 def catchable_signal(name: str) -> int:

@@ -39,6 +39,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("metrics", "Metrics"),
     ("export", "Spans and export"),
     ("sampling", "Sampling"),
+    ("throughput", "Throughput, FLOPs and MFU"),
 )
 
 OPTION_DOCS: dict[str, OptionDoc] = {
@@ -266,6 +267,36 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "histograms drop it, per-rank counters and gauges keep it",
         details="Bounded series for large jobs (docs/scaling.md); the straggler and overhead "
         "rules take a histogram's rank from `otel_train_steps_total` of the same target."),
+    # -- throughput, FLOPs and MFU
+    "tokens_per_step": OptionDoc(
+        "throughput", "tokens a step trains on: an integer, or a callable taking the batch "
+        "(`step.count(tokens=...)` wins per step)",
+        "from the batch's shape: a 2-D integer tensor, or a dict's `input_ids`, counts "
+        "`numel()` (padding included); otherwise not counted",
+        details="Only shapes are read, never a value: no device sync. A batch whose size is "
+        "ambiguous (not a tensor, a dict without `input_ids`, or a tuple whose tensors differ "
+        "in their first dimension) logs one hint and is no longer inspected. An integer costs "
+        "nothing per step (the background fills it in). Environment variables take an "
+        "integer only (docs/telemetry.md, Throughput)."),
+    "samples_per_step": OptionDoc(
+        "throughput", "samples a step trains on: an integer, or a callable taking the batch",
+        "from the batch's shape: the first dimension of a tensor, of a dict's `input_ids`, "
+        "or of a tuple's first tensor"),
+    "count_flops": OptionDoc(
+        "throughput", "count step 1's FLOPs under `torch.utils.flop_counter.FlopCounterMode` "
+        "(then MFU, with a peak)",
+        details="Step 1 runs under the counter from just after its fetch to the start of "
+        "step 2, is marked `train.flops.counted` and left out of the slow-step baseline and "
+        "of FLOP/s and MFU (with `warmup_steps` >= 2, the default 5, it is also warm-up, out "
+        "of the steady-state overhead); step 2 carries the count, the matmuls' dtype and the device's peak. "
+        "The first counted step in a process also imports `torch._dynamo` (seconds, once). "
+        "Later steps' FLOPs scale with their tokens."),
+    "flops_per_step": OptionDoc("throughput", "FLOPs of one step, given instead of counted",
+                                "counted with `count_flops`, else none (no FLOP/s, no MFU)"),
+    "peak_flops_per_second": OptionDoc(
+        "throughput", "the device's peak FLOP/s that MFU divides by",
+        "the table of common accelerators by dtype (`otel_train/common/device_peaks.py`); "
+        "none on a CPU"),
 }
 
 # How each OTEL_TRAIN_<NAME> string is read, by the parse kind options.py derives per field.

@@ -42,6 +42,7 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.derived.sampling import StepTailSampler, build_step_sampler, sampling_settings
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
+from otel_train.derived.throughput import ThroughputCollector, ThroughputSpanProcessor
 from otel_train.records.span_rows import view_from_record
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 
@@ -81,6 +82,12 @@ def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]
         # Tail sampling, export_ranks, summary mode; decided after these processors.
         **sampling_settings(options, identity),
         "metrics_rank_label": options.metrics_rank_label,
+        # Throughput (derived/throughput.py): ints only, a callable is counted per batch.
+        "throughput": {k: v if isinstance(v, (int, float)) else None for k, v in (
+            ("tokens_per_step", options.tokens_per_step),
+            ("samples_per_step", options.samples_per_step),
+            ("flops_per_step", options.flops_per_step),
+            ("peak_flops_per_second", options.peak_flops_per_second))},
     }
 
 
@@ -114,9 +121,11 @@ class StepChain:
         self.comm = CommMetricsSpanProcessor()  # collectives and own work (comm_metrics.py)
         self.comm.register_on(self.metrics.registry)
         self.console: ConsoleReportSpanProcessor | None = None
+        self.throughput = ThroughputSpanProcessor(s["rank"], window, **s.get("throughput", {}))
+        self.metrics.registry.register(ThroughputCollector(self.throughput))
         self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
                                                     self.budget, self.metrics, self.device,
-                                                    self.comm]
+                                                    self.comm, self.throughput]
         # The job envelope and goodput (goodput.py); absent from settings built by hand.
         self.goodput = (GoodputSpanProcessor(s["envelope"]) if s.get("envelope") else None)
         if self.goodput is not None:
@@ -127,13 +136,15 @@ class StepChain:
                 breakdown_min_share=s["console_breakdown_min_share"],
                 eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
                 min_interval_seconds=s["console_min_interval_seconds"], ordered_log=ordered)
+            self.console.throughput = self.throughput
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).
         self.sampler: StepTailSampler | None = build_step_sampler(s)
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
                                           "budget": self.budget, "metrics": self.metrics,
-                                          "device": self.device, "comm": self.comm}
+                                          "device": self.device, "comm": self.comm,
+                                          "throughput": self.throughput}
         if self.console is not None:
             self._stateful["console"] = self.console
         if self.sampler is not None:

@@ -53,6 +53,7 @@ from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
 from otel_train.derived.device_metrics import bound_line, oom_line
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
+from otel_train.derived.throughput import ThroughputSpanProcessor, rate_text
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -136,6 +137,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self.lines_written = 0
         # The slow-step and budget warnings, released once this step's lines are written.
         self._ordered_log = ordered_log
+        self.throughput: ThroughputSpanProcessor | None = None  # set by the chain
 
     def on_step(self, view: StepView) -> None:
         """Full breakdown when monitoring is material; a fast line every ``log_every`` steps."""
@@ -197,8 +199,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         parts.append(f"{OTHER} {other / 1e9:.3f}s")
         slow = "  🚩 slow step" if view.slow else ""
         warm = " [warm-up]" if self._warmup else ""
+        rate = rate_text(self.throughput.snapshot()) if self.throughput is not None else ""
         return (f"⏱️  step {view.step}{warm}: {view.duration_ns / 1e9:.3f}s "
-                f"({', '.join(parts)}){self._overhead_suffix()}{slow}")
+                f"({', '.join(parts)}){rate}{self._overhead_suffix()}{slow}")
 
     def format_breakdown(self, view: StepView) -> str:
         """The full timing breakdown with percentages and red flags."""

@@ -80,6 +80,16 @@ OTEL_NAMES: dict[str, tuple[str, str]] = {
     A.METRIC_INSTRUMENTATION_OVERHEAD: ("otel_train.instrumentation.overhead", "1"),
     A.METRIC_GPU_UTILIZATION: ("otel_train.gpu.utilization", "1"),
     A.METRIC_GPU_MEMORY_USED: ("otel_train.gpu.memory.used", "By"),
+    # Throughput and MFU (derived/throughput.py): the fields' names (train.tokens_per_second,
+    # train.mfu) under the library's prefix, so that the translation gives the contract back.
+    A.METRIC_TOKENS: ("otel_train.tokens", "{token}"),
+    A.METRIC_SAMPLES: ("otel_train.samples", "{sample}"),
+    A.METRIC_TOKENS_RATE: ("otel_train.tokens_per_second", "{token}/s"),
+    A.METRIC_SAMPLES_RATE: ("otel_train.samples_per_second", "{sample}/s"),
+    A.METRIC_FLOPS_PER_STEP: ("otel_train.flops_per_step", "{flop}"),
+    A.METRIC_ACHIEVED_FLOPS: ("otel_train.achieved_flops", "{flop}/s"),
+    A.METRIC_PEAK_FLOPS: ("otel_train.peak_flops", "{flop}/s"),
+    A.METRIC_MFU: ("otel_train.mfu", "1"),
 }
 # Fed from step views (not read from the Prometheus processor's families).
 _FROM_VIEWS = {A.METRIC_STEP_DURATION, A.METRIC_PHASE_DURATION, A.METRIC_STEPS,

@@ -179,6 +179,8 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.steps_seen += 1
         if ordinal < self.warmup_steps:
             return  # warm-up: not judged, and kept out of the baseline
+        if (getattr(view.span, "_attributes", None) or {}).get(A.FLOPS_COUNTED):
+            return  # run under FlopCounterMode (count_flops): slowed by the counting itself
         train = max(0, view.duration_ns - view.monitor_ns)
         base = self._baselines.get(view.loader)
         if base is None:

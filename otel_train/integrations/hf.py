@@ -107,6 +107,9 @@ class TrainerStepTraceCallback(TrainerCallback):
         """Start (or reuse) the run and hook the model."""
         run = self.tracker.ensure_run()
         self._accumulation = max(1, int(args.gradient_accumulation_steps))
+        # The Trainer's own token count (include_num_input_tokens_seen): a step's share of it
+        # is its train.tokens, no sync of ours (the Trainer already read it).
+        self._tokens_seen = getattr(state, "num_input_tokens_seen", 0) or 0
         if model is not None and not self._undo:
             self._undo = self.tracker.hook_model(model, wrap_train=False)
         self._mark = run.timestamp_ns()
@@ -168,6 +171,10 @@ class TrainerStepTraceCallback(TrainerCallback):
         t = self.tracker.timestamp_ns()
         step.record_phase(PHASE_OPTIMIZER, self._optimizer_start or t, t, KIND_TRAIN)
         self._optimizer_start = 0
+        seen = getattr(state, "num_input_tokens_seen", 0) or 0
+        if seen > getattr(self, "_tokens_seen", seen):
+            step.count(tokens=int(seen - self._tokens_seen))
+        self._tokens_seen = seen
         self._expect_post(control, t)
 
     @guarded

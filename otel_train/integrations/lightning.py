@@ -130,6 +130,7 @@ class LightningStepTraceCallback(Callback):
             tracker.open_phase(PHASE_MICRO_STEP, mark,
                                attributes={MICRO_STEP: self._micro_index})
         step.record_phase(PHASE_DATA, mark, t, KIND_TRAIN)
+        step.count(batch=batch)  # tokens/samples from its shape or the options (no sync)
         tracker.open_phase(PHASE_FORWARD, t)
 
     @guarded

@@ -45,6 +45,7 @@ from otel_train.recording.step_events import (
     decode_events,
     flat_events,
 )
+from otel_train.recording.step_counts import StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
 
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ class Recorder(_RecorderCore):
         return step.index, step.start_ns, None, step.start_ns
 
 
-class Step(_StepCore, StepPhaseEvents):
+class Step(_StepCore, StepPhaseEvents, StepCounts):
     """One training step: the root span ``train.step`` and its phases.
 
     ``step.batch`` holds what the data phase fetched; it is released when the step ends so

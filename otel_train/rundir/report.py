@@ -45,6 +45,7 @@ from otel_train.rundir.report_tables import (
     slow_section,
     summary_table,
 )
+from otel_train.rundir.report_throughput import throughput_section
 from otel_train.rundir.run_dirs import NothingToRead
 from otel_train.rundir.summaries import read_summaries, summary_section
 
@@ -143,6 +144,8 @@ class _Page:
             summary_table(d),
             self._section("Step time over the run", self._step_time()),
             self._section("Monitoring overhead over time", self._overhead()),
+            self._section("Throughput", throughput_section(
+                self, [b for b in self._buckets() if b.steps], max(1, len(d.ranks)))),
             self._section("What monitoring costs", costs_section(d)),
             self._section("Where the job's time went", envelope_section(d)),
             self._section("Slowest steps", slow_section(d)),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_train.rundir.report_throughput import add_throughput
 from otel_train.rundir.report_steps import StepRecord, TimelinePicks, choose_timeline
 from otel_train.rundir.span_files import (
     _iter_lines,
@@ -44,7 +45,8 @@ _MAX_TRUNCATED = 100  # steps cut off listed (a run ends once per rank: a handfu
 # Only what the report uses: each attribute found costs time on a 1M-step run.
 _REPORT_ATTRS = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
-    "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes", "train.truncated.reason"])
+    "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes", "train.truncated.reason",
+    "train.tokens", "train.samples", "train.mfu"])
 
 
 @dataclass
@@ -62,6 +64,12 @@ class Bucket:
     gpu_util_sum: float = 0.0
     gpu_util_n: int = 0
     gpu_mem_max: float = 0.0
+    # Throughput (report_throughput.py): sums over the steps that were counted.
+    tokens: float = 0.0
+    samples: float = 0.0
+    counted_seconds: float = 0.0
+    mfu_sum: float = 0.0
+    mfu_n: int = 0
 
     def merge(self, other: Bucket) -> None:
         """Fold ``other`` (the next bucket) into this one."""
@@ -75,6 +83,11 @@ class Bucket:
         self.gpu_util_sum += other.gpu_util_sum
         self.gpu_util_n += other.gpu_util_n
         self.gpu_mem_max = max(self.gpu_mem_max, other.gpu_mem_max)
+        self.tokens += other.tokens
+        self.samples += other.samples
+        self.counted_seconds += other.counted_seconds
+        self.mfu_sum += other.mfu_sum
+        self.mfu_n += other.mfu_n
 
 
 @dataclass
@@ -261,6 +274,7 @@ class RunReader:
             mem = a.get("train.gpu.memory_used_bytes")
             if mem is not None:
                 b.gpu_mem_max = max(b.gpu_mem_max, float(mem))
+            add_throughput(b, rec.seconds, a)
         if len(data.buckets) > self.max_buckets:
             self._coarsen()
 

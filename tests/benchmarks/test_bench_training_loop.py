@@ -22,7 +22,8 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     assert proc.returncode == 0, proc.stderr[-2000:]
     for workload in ("gpt", "mlp"):
         assert f"== {workload}, threads=1" in out
-    for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-none",
+    for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+                    "otel-none",
                     "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps"):
         rows = re.findall(rf"^{variant}{_RATIO}{_RATIO}", out, re.M)
         assert len(rows) == 2, (variant, out)  # one per workload

@@ -111,7 +111,8 @@ def test_a_run_pushes_over_grpc_the_same_metrics_as_its_prometheus_endpoint(
         run = start_test_run(tmp_path, prometheus_port=0, metrics_exporter="otlp",
                              otlp_endpoint=rx.endpoint, otlp_protocol="grpc",
                              run_id="push-run", service_name="pusher",
-                             metrics_rank_label=rank_label)
+                             metrics_rank_label=rank_label, tokens_per_step=64,
+                             flops_per_step=1e6, peak_flops_per_second=1e9)
         try:
             _train(run)
             assert run.flush()
@@ -143,6 +144,11 @@ def test_a_run_pushes_over_grpc_the_same_metrics_as_its_prometheus_endpoint(
     assert steps.points[0].exemplar_trace_ids  # the step's trace, as on the endpoint
     assert latest["otel_train.steps"].monotonic
     assert latest["otel_train.monitoring.overhead"].unit == "1"
+    # Throughput and MFU too (derived/throughput.py), under their fields' names.
+    assert pulled[(A.METRIC_TOKENS, frozenset({("rank", "0")}))] == 30 * 64
+    assert latest["otel_train.tokens_per_second"].unit == "{token}/s"
+    assert {p.attributes["basis"] for p in latest["otel_train.mfu"].points} == {
+        "step", "exclude_data"}
     res = steps.resource_attributes
     assert res["service.name"] == "pusher"
     assert res["service.instance.id"] == "push-run/rank0"

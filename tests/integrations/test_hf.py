@@ -55,7 +55,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
             output_dir=str(tmp / "out"), max_steps=4, per_device_train_batch_size=2,
             gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2,
             logging_steps=2, save_strategy="no", report_to="none", use_cpu=True,
-            disable_tqdm=True)
+            disable_tqdm=True, include_num_input_tokens_seen=True)
         trainer = Trainer(model=model, args=args, train_dataset=Tokens(32),
                           eval_dataset=Tokens(4), callbacks=[cb])
         trainer.train()
@@ -71,6 +71,12 @@ def test_every_optimizer_step_is_one_train_step_trace(trained) -> None:
     roots = step_roots(spans)
     assert sorted(roots) == [0, 1, 2, 3]
     assert len({r.trace_id for r in roots.values()}) == 4
+
+
+def test_each_step_carries_its_share_of_the_trainers_token_count(trained) -> None:
+    spans, _ = trained
+    # 2 micro-batches of 2 sequences of 16 tokens (include_num_input_tokens_seen)
+    assert {r.attributes.get("train.tokens") for r in step_roots(spans).values()} == {64}
 
 
 def test_micro_steps_are_children_of_their_step_holding_forward_and_backward(trained) -> None:

@@ -81,6 +81,8 @@ def test_accumulated_batches_are_micro_steps_of_one_step(tmp_path) -> None:
         assert [s.attributes["train.micro_step"] for s in kids[:2]] == [0, 1]
         for micro in kids[:2]:
             assert [s.name for s in children(spans, micro)] == ["data", "forward", "backward"]
+        # Each micro-batch's samples (4, from its shape) add up on the step's root.
+        assert root.attributes["train.samples"] == 8 and "train.tokens" not in root.attributes
 
 
 def test_validation_is_monitoring_per_named_dataloader(tmp_path) -> None:

@@ -26,7 +26,7 @@ from otel_train.rundir.report_charts import Colors, log_time_ticks, step_time_fi
 from otel_train.rundir.report_data import Bucket, load_run
 from otel_train.rundir.report_tables import html_table
 
-CHARTS = ("fig-step-time", "fig-overhead", "fig-warmup", "fig-timeline")
+CHARTS = ("fig-step-time", "fig-overhead", "fig-warmup", "fig-timeline", "fig-throughput")
 # A chart "drew its data" when at least this many pixels of its plot area (at half scale)
 # change as its series are hidden: a line is hundreds, a bar chart thousands.
 MIN_DRAWN_PIXELS = 50
@@ -61,7 +61,9 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Any:
         for name in list(os.environ):
             if name.startswith("OTEL_"):
                 mp.delenv(name)
-        run_dir = _short_run(tmp_path_factory.mktemp("report"))
+        # Throughput counted: 512 tokens a step, 2 MFLOP a step on a 1 GFLOP/s "device".
+        run_dir = _short_run(tmp_path_factory.mktemp("report"), tokens_per_step=512,
+                             flops_per_step=2e6, peak_flops_per_second=1e9)
         assert main(["report", str(run_dir)]) == 0
     path = run_dir / "report.html"
     with HeadlessChromium(chromium_binary()) as browser:
@@ -106,6 +108,21 @@ def test_the_drawn_data_check_reads_an_emptied_chart_as_empty(report):
     finally:  # the other tests read the same page
         page.evaluate("Plotly.react('fig-warmup', window.keptData, document.getElementById("
                       "'fig-warmup').layout).then(() => 1)")
+
+
+def test_the_throughput_figure_is_the_counted_tokens_over_the_counted_steps_time(report):
+    path, page = report
+    data = load_run(path.parent)
+    tokens = sum(b.tokens for b in data.buckets.values())
+    seconds = sum(b.counted_seconds for b in data.buckets.values())
+    assert tokens == 512 * 40
+    shown = page.evaluate("document.getElementById('throughput-figure').textContent")
+    rate = tokens / seconds
+    assert shown.startswith(f"{rate / 1e3:.1f}k tokens/s per rank" if rate >= 1e3
+                            else f"{rate:.1f} tokens/s per rank"), shown
+    assert "MFU" in shown
+    traces = page.evaluate("document.getElementById('fig-throughput').data.map(t => t.name)")
+    assert traces == ["tokens/s per rank", "MFU"]
 
 
 def test_the_headline_is_the_budget_verdict_the_console_prints(report):
