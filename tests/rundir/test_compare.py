@@ -1,0 +1,179 @@
+"""``otel-train compare`` on real runs the library wrote: sleeps as phases, one run with a
+forward 20% slower, an A/A pair, a two-rank pair; the verdict names what changed, the exit
+status follows ``--fail-if-slower``, json and markdown come out whole, and what cannot be
+compared is said plainly."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from sleep_runs import sleep_steps, start_sleep_runs
+from train_helpers import clean_env, start_test_run  # noqa: F401
+
+from otel_train.cli.main import main
+from otel_train.rundir.compare import (
+    Comparison,
+    CompareSettings,
+    Row,
+    RunSide,
+    failures,
+    verdict,
+)
+
+FORWARD_SLEEPS = 20  # B: 24, forward 20% slower; the step (23 sleeps in A) ~17% slower
+STEPS = 150
+RANK_STEPS = 60
+EVAL_EVERY = 40  # sleep_steps' default
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A, its twin A2, B (forward 20% slower, one phase of its own), and a two-rank pair
+    (ranks-a, ranks-b: the same forwards), each rank a process, all run at the same time."""
+    root = tmp_path_factory.mktemp("compare")
+    slower = FORWARD_SLEEPS * 6 // 5
+    procs = start_sleep_runs(
+        [(root / "a", FORWARD_SLEEPS, STEPS), (root / "b", slower, STEPS, "log"),
+         (root / "a2", FORWARD_SLEEPS, STEPS)]
+        + [(root / name, forward, RANK_STEPS, "-", rank)
+           for name, forward in (("ranks-a", FORWARD_SLEEPS), ("ranks-b", slower))
+           for rank in (0, 1)])
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    return {p.name: p for p in root.iterdir()}
+
+
+def _compare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["compare", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_verdict_names_forward_when_forward_is_20_percent_slower(runs, capsys):
+    code, out, _ = _compare(capsys, str(runs["a"]), str(runs["b"]))
+    assert code == 0
+    print(out)
+    last = out.splitlines()[-1]
+    assert re.fullmatch(r"verdict: B is 1\d\.\d% slower per step \[95% CI [\d.]+, [\d.]+\]; "
+                        r"forward \+(1[5-9]|2[0-5])%, others within noise", last), last
+    forward = next(line for line in out.splitlines() if line.strip().startswith("forward"))
+    assert forward.rstrip().endswith("slower")
+
+
+def test_fail_if_slower_10_exits_1_and_says_what_was_slower(runs, capsys):
+    code, _, err = _compare(capsys, str(runs["a"]), str(runs["b"]), "--fail-if-slower", "10")
+    assert code == 1
+    assert "otel-train compare: slower than allowed: step: +" in err
+
+
+def test_fail_if_slower_30_exits_0_even_per_phase(runs, capsys):
+    code, _, err = _compare(capsys, str(runs["a"]), str(runs["b"]), "--fail-if-slower", "30",
+                            "--per-phase")
+    assert code == 0 and "slower than allowed" not in err
+
+
+def _row(name: str, a_median: float, ratio: float, low: float, high: float) -> Row:
+    return Row(name, a_median, a_median * ratio, 100, 100, ratio, low, high, "slower")
+
+
+def test_per_phase_fails_on_a_phase_but_not_on_one_too_small_to_move_the_step():
+    step = _row("step", 0.010, 1.08, 1.06, 1.10)
+    forward = _row("forward", 0.008, 1.25, 1.20, 1.30)
+    tiny = _row("data", 0.000002, 2.0, 1.8, 2.2)  # +2 us: under 1% of the step
+    side = RunSide("A", "a", [0], 100, [], {}, [], None, None, None)
+    result = Comparison(side, side, CompareSettings(), step, None, [tiny, forward], [], [])
+    assert failures(result, 10.0, per_phase=False) == []
+    assert failures(result, 10.0, per_phase=True) == ["forward: +25.0% [95% CI 20.0, 30.0] > 10%"]
+    assert failures(result, 5.0, per_phase=False) == ["step: +8.0% [95% CI 6.0, 10.0] > 5%"]
+    assert verdict(result) == ("B is 8.0% slower per step [95% CI 6.0, 10.0]; forward +25%, "
+                               "others within noise")
+
+
+def test_an_a_a_pair_does_not_fail_at_5_percent(runs, capsys):
+    code, out, err = _compare(capsys, str(runs["a"]), str(runs["a2"]), "--fail-if-slower", "5",
+                              "--per-phase")
+    print(out)
+    assert code == 0, err
+
+
+def test_warm_up_and_eval_steps_are_left_out_and_counted(runs, capsys):
+    _, out, _ = _compare(capsys, str(runs["a"]), str(runs["b"]))
+    evals = sum(1 for i in range(5, STEPS) if i % EVAL_EVERY == EVAL_EVERY - 1)
+    assert (f"A: {runs['a']} (1 rank, {STEPS} steps; {STEPS - 5 - evals} steady, left out: "
+            f"5 warm-up, {evals} with monitoring)") in out
+    assert "phases in B only (not compared): log" in out
+    assert "monitoring overhead (monitoring / training time, every step): A " in out
+
+
+def test_json_output_parses_and_holds_the_rows_and_the_verdict(runs, capsys):
+    code, out, _ = _compare(capsys, str(runs["a"]), str(runs["b"]), "--format", "json",
+                            "--seed", "7")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["step"]["ratio"] > 1.05 and doc["step"]["status"] == "slower"
+    assert [p["name"] for p in doc["phases"]] == ["data", "forward", "backward", "optimizer"]
+    assert doc["phases_only_in_b"] == ["log"] and doc["bootstrap"]["seed"] == 7
+    assert doc["a"]["excluded"]["warm-up"] == 5 and doc["verdict"].startswith("B is ")
+    # The same seed gives the same output.
+    assert json.loads(_compare(capsys, str(runs["a"]), str(runs["b"]), "--format", "json",
+                               "--seed", "7")[1]) == doc
+
+
+def test_markdown_output_is_a_verdict_and_a_table(runs, capsys):
+    code, out, _ = _compare(capsys, str(runs["a"]), str(runs["b"]), "--format", "markdown")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0].startswith("**otel-train compare**: B is ")
+    header = lines.index("| | A median | B median | B/A | 95% CI | |")
+    assert lines[header + 1] == "|---|---:|---:|---:|---:|---|"
+    table = lines[header + 2:lines.index("", header)]
+    assert [row.count("|") for row in table] == [7] * len(table)
+    assert table[0].startswith("| step |") and any("forward" in row for row in table)
+
+
+def test_two_ranks_are_pooled_with_a_line_per_rank(runs, capsys):
+    code, out, _ = _compare(capsys, str(runs["ranks-a"]), str(runs["ranks-b"]))
+    assert code == 0
+    assert f"A: {runs['ranks-a']} (2 ranks, {2 * RANK_STEPS} steps; " in out
+    per_rank = next(line for line in out.splitlines() if line.startswith("step per rank"))
+    assert "rank 0 +" in per_rank and "; rank 1 +" in per_rank
+    assert "; forward +" in out.splitlines()[-1]
+
+
+def test_one_rank_is_compared_alone_and_a_rank_absent_is_refused(runs, capsys):
+    code, out, _ = _compare(capsys, str(runs["ranks-a"]), str(runs["ranks-b"]), "--rank", "1")
+    assert code == 0 and f"(1 rank, {RANK_STEPS} steps; " in out and "step per rank" not in out
+    code, _, err = _compare(capsys, str(runs["ranks-a"]), str(runs["ranks-b"]), "--rank", "3")
+    assert code == 2 and "has no steps of rank 3 (its ranks: [0, 1])" in err
+
+
+def test_a_missing_directory_and_a_run_without_span_files_are_refused(runs, tmp_path, capsys):
+    code, out, err = _compare(capsys, str(tmp_path / "nowhere"), str(runs["a"]))
+    assert code == 2 and out == "" and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, out, err = _compare(capsys, str(runs["a"]), str(tmp_path / "empty"))
+    assert code == 2 and out == "" and "no span files" in err
+
+
+def test_a_run_with_only_warm_up_steps_is_refused_with_what_was_left_out(tmp_path, capsys):
+    short = tmp_path / "short"
+    with start_test_run(short, spans_path=None, export_process=False) as run:
+        sleep_steps(run, 0, 3)
+    code, _, err = _compare(capsys, str(short), str(short))
+    assert code == 2 and "none of its 3 steps is steady (3 warm-up)" in err
+    code, out, _ = _compare(capsys, str(short), str(short), "--warmup-steps", "0")
+    assert code == 0 and "3 steady, left out: none left out" in out
+
+
+def test_a_run_of_summaries_only_says_there_is_nothing_per_step(tmp_path, capsys):
+    summary = {"traceId": "1" * 32, "spanId": "2" * 16, "flags": 1, "name": "train.summary",
+               "kind": 1, "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+               "attributes": [{"key": "train.step", "value": {"intValue": "99"}}]}
+    line = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [summary]}]}]}
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "spans.jsonl").write_text(json.dumps(line) + "\n")
+    code, _, err = _compare(capsys, str(tmp_path / "s"), str(tmp_path / "s"))
+    assert code == 2 and "holds only train.summary spans (1; summary mode)" in err
