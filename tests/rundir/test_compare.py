@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
 from sleep_runs import sleep_steps, start_sleep_runs
-from train_helpers import clean_env, start_test_run  # noqa: F401
+from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
 
 from otel_train.cli.main import main
 from otel_train.rundir.compare import (
@@ -177,3 +178,25 @@ def test_a_run_of_summaries_only_says_there_is_nothing_per_step(tmp_path, capsys
     (tmp_path / "s" / "spans.jsonl").write_text(json.dumps(line) + "\n")
     code, _, err = _compare(capsys, str(tmp_path / "s"), str(tmp_path / "s"))
     assert code == 2 and "holds only train.summary spans (1; summary mode)" in err
+
+
+def test_throughput_is_tokens_over_the_steady_steps_time_when_steps_count_tokens(tmp_path,
+                                                                                capsys):
+    for name, sleep_seconds in (("t1", 0.002), ("t2", 0.004)):
+        with start_test_run(tmp_path / name, spans_path=None, export_process=False) as run:
+            for step in run.steps(range(20), loader="train"):
+                with step.phase("forward"):
+                    time.sleep(sleep_seconds)
+                step.set_attribute("train.tokens", 512)
+    code, out, _ = _compare(capsys, str(tmp_path / "t1"), str(tmp_path / "t2"), "--format",
+                            "json")
+    doc = json.loads(out)
+    assert code == 0 and doc["a"]["samples_per_second"] is None
+    for side, name in (("a", "t1"), ("b", "t2")):
+        roots = sorted((s for s in read_file_spans(tmp_path / name) if s.name == "train.step"),
+                       key=lambda s: s.attributes["train.step"])[5:]  # warm-up apart
+        expected = 512 * len(roots) / sum(s.duration_seconds for s in roots)
+        assert doc[side]["tokens_per_second"] == pytest.approx(expected, rel=1e-6)
+    text = _compare(capsys, str(tmp_path / "t1"), str(tmp_path / "t2"))[1]
+    assert "throughput, tokens per second of steady steps: A " in text
+    assert "samples per second" not in text  # not recorded: no line
