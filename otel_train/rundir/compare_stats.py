@@ -9,9 +9,9 @@ median of a resample is drawn directly instead, exactly: a resample picks indice
 smallest of ``n`` uniforms follows Beta(m, n - m + 1). Its index is the index of the
 resample's ``m``-th smallest value. For an even ``n`` the next order statistic is the
 smallest of the ``n - m`` uniforms above the first, ``U_(m) + (1 - U_(m)) * Beta(1, n - m)``.
-One sort per run and two beta draws per resample: 2000 resamples of two 10k-step runs take
-~10 ms (``tests/rundir/test_compare_stats.py`` checks the draw against plain resampling and
-prints the time).
+One sort per run and at most two beta draws per resample: 2000 resamples of two 10k-step runs
+take well under a second (``tests/rundir/test_compare_stats.py`` checks the draw against plain
+resampling and prints the time; docs/compare.md gives the figure).
 
 Usage::
 
