@@ -36,7 +36,8 @@ from otel_train.rundir.compare_stats import median, median_ratio_interval
 
 STEP_ROW = "step"
 WALL_ROW = "wall per step"
-_EXCLUSIONS = ("warm-up", "with monitoring", "cut off or failed", "FLOP-counted")
+_EXCLUSIONS = ("warm-up", "with monitoring", "cut off or failed", "FLOP-counted",
+               "kept by sampling as unusual")
 
 
 class CompareError(ValueError):
@@ -143,13 +144,15 @@ def _steady(run: RunSteps, steps: list[StepTimes], warmup: int | None,
     """The steady steps (``steps`` sorted by rank, step) and how many each rule left out."""
     excluded = dict.fromkeys(_EXCLUSIONS, 0)
     steady: list[StepTimes] = []
-    seen: dict[int, int] = {}
+    first: dict[int, int] = {}
     for s in steps:
-        ordinal = seen[s.rank] = seen.get(s.rank, -1) + 1
+        # By step index from the rank's first: a sampled run's files lack steps, so the
+        # steps read are not the steps the run counted.
+        ordinal = s.step - first.setdefault(s.rank, s.step)
         limit = run.warmup_steps(s.rank) if warmup is None else warmup
         reason = ("warm-up" if ordinal < limit else "with monitoring" if s.monitor_seconds > 0
                   else "cut off or failed" if s.cut else "FLOP-counted" if s.flops_counted
-                  else None)
+                  else "kept by sampling as unusual" if s.kept_as_unusual else None)
         if reason is None:
             steady.append(s)
         else:

@@ -42,7 +42,11 @@ _MAX_PENDING = 20000  # steps whose root has not arrived (a step's spans share o
 _MAX_SUMMARIES = 100000
 _ATTRS = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.truncated", "train.tokens",
-    "train.samples", "train.flops.counted"])
+    "train.samples", "train.flops.counted", "train.sample.reason"])
+# Why a sampled run kept a step (train.sample.reason): these keep an unbiased share of the
+# steps; any other reason (slow, error, and the stall and truncated a rank left out of export
+# or a summary-mode run sends) keeps a step *because* it was unusual.
+_UNBIASED_KEPT = (None, "ratio", "first", "monitor")
 _SUMMARY_MARK = b'"' + SUMMARY_SPAN.encode() + b'"'  # in any JSON spacing
 
 
@@ -60,6 +64,7 @@ class StepTimes:
     samples: float | None = None
     cut: bool = False  # cut off at the end of the run, or failed (ERROR)
     flops_counted: bool = False  # the step ran under the FLOP counter (slower by design)
+    kept_as_unusual: bool = False  # a sampled run kept it for being slow, failed, stalled...
 
     @property
     def training_seconds(self) -> float:
@@ -132,7 +137,8 @@ class _StepFolder:
                         tokens=_number(a.get("train.tokens")),
                         samples=_number(a.get("train.samples")),
                         cut=bool(a.get("train.truncated") or a.get("error")),
-                        flops_counted=bool(a.get("train.flops.counted")))
+                        flops_counted=bool(a.get("train.flops.counted")),
+                        kept_as_unusual=a.get("train.sample.reason") not in _UNBIASED_KEPT)
         for name, kind, secs, parent in self.pending.pop(key, ()):
             if parent != span_id:
                 continue  # nested in another phase: part of its parent's time

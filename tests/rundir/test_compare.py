@@ -200,3 +200,20 @@ def test_throughput_is_tokens_over_the_steady_steps_time_when_steps_count_tokens
     text = _compare(capsys, str(tmp_path / "t1"), str(tmp_path / "t2"))[1]
     assert "throughput, tokens per second of steady steps: A " in text
     assert "samples per second" not in text  # not recorded: no line
+
+
+def test_a_sampled_run_leaves_out_the_steps_kept_only_for_being_slow(tmp_path, capsys):
+    with start_test_run(tmp_path / "sampled", spans_path=None, export_process=False,
+                        sample_ratio=0.2) as run:
+        for step in run.steps(range(60), loader="train"):
+            with step.phase("forward"):
+                time.sleep(0.04 if step.index == 40 else 0.001)
+    roots = [s for s in read_file_spans(tmp_path / "sampled") if s.name == "train.step"]
+    unusual = [s for s in roots
+               if s.attributes.get("train.sample.reason") not in ("ratio", "first", "monitor")]
+    assert 40 in [s.attributes["train.step"] for s in unusual]  # (a loaded machine adds more)
+    code, out, _ = _compare(capsys, str(tmp_path / "sampled"), str(tmp_path / "sampled"),
+                            "--format", "json")
+    excluded = json.loads(out)["a"]["excluded"]
+    assert code == 0 and excluded["kept by sampling as unusual"] == len(unusual)
+    assert json.loads(out)["a"]["steady_steps"] == len(roots) - sum(excluded.values())
