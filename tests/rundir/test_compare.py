@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from sleep_runs import sleep_steps, start_sleep_runs
-from train_helpers import clean_env, read_file_spans, start_test_run  # noqa: F401
+from train_helpers import clean_env, read_file_spans, start_in_process_run  # noqa: F401
 
 from otel_train.cli.main import main
 from otel_train.rundir.compare import (
@@ -161,7 +161,7 @@ def test_a_missing_directory_and_a_run_without_span_files_are_refused(runs, tmp_
 
 def test_a_run_with_only_warm_up_steps_is_refused_with_what_was_left_out(tmp_path, capsys):
     short = tmp_path / "short"
-    with start_test_run(short, spans_path=None, export_process=False) as run:
+    with start_in_process_run(short, spans_path=None) as run:
         sleep_steps(run, 0, 3)
     code, _, err = _compare(capsys, str(short), str(short))
     assert code == 2 and "none of its 3 steps is steady (3 warm-up)" in err
@@ -183,7 +183,7 @@ def test_a_run_of_summaries_only_says_there_is_nothing_per_step(tmp_path, capsys
 def test_throughput_is_tokens_over_the_steady_steps_time_when_steps_count_tokens(tmp_path,
                                                                                 capsys):
     for name, sleep_seconds in (("t1", 0.002), ("t2", 0.004)):
-        with start_test_run(tmp_path / name, spans_path=None, export_process=False) as run:
+        with start_in_process_run(tmp_path / name, spans_path=None) as run:
             for step in run.steps(range(20), loader="train"):
                 with step.phase("forward"):
                     time.sleep(sleep_seconds)
@@ -203,8 +203,7 @@ def test_throughput_is_tokens_over_the_steady_steps_time_when_steps_count_tokens
 
 
 def test_a_sampled_run_leaves_out_the_steps_kept_only_for_being_slow(tmp_path, capsys):
-    with start_test_run(tmp_path / "sampled", spans_path=None, export_process=False,
-                        sample_ratio=0.2) as run:
+    with start_in_process_run(tmp_path / "sampled", spans_path=None, sample_ratio=0.2) as run:
         for step in run.steps(range(60), loader="train"):
             with step.phase("forward"):
                 time.sleep(0.04 if step.index == 40 else 0.001)
