@@ -1,8 +1,9 @@
 """``otel-train compare RUN_A RUN_B``: the arguments, and the exit status a CI job reads.
 
 Exit status: 0 compared; 1 ``--fail-if-slower`` found B slower by more than PCT (what, on
-stderr); 2 nothing to compare (a missing directory, no span files, no steps, no steady step,
-only summaries), the reason on stderr.
+stderr); 2 nothing to compare (a missing directory, no span files, no steps, no steady step),
+or ``--fail-if-slower`` asked of a run in summary mode (means only: ``compare_summary.py``),
+the reason on stderr.
 
 Usage::
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _rank(raw: str) -> int | None:
@@ -73,6 +75,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from otel_train.rundir.compare import CompareError, CompareSettings, compare_runs, failures
     from otel_train.rundir.compare_format import format_comparison
     from otel_train.rundir.compare_read import read_run_steps
+    from otel_train.rundir.compare_summary import has_summaries
     from otel_train.rundir.run_dirs import SPAN_FILES, resolve_run_input
     from otel_train.rundir.span_files import span_files
 
@@ -86,6 +89,8 @@ def run_compare(args: argparse.Namespace) -> int:
         if found is None:
             return 2
         runs.append(read_run_steps(found.run_dir))
+    if any(has_summaries(run) for run in runs):
+        return _compare_summaries(runs, args)
     settings = CompareSettings(rank=args.rank, resamples=args.resamples, seed=args.seed,
                                min_change=args.min_change / 100.0,
                                warmup_steps=args.warmup_steps)
@@ -101,3 +106,20 @@ def run_compare(args: argparse.Namespace) -> int:
     for line in failed:
         print(f"otel-train compare: slower than allowed: {line}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _compare_summaries(runs: list[Any], args: argparse.Namespace) -> int:
+    """A run in summary mode: means without an interval; --fail-if-slower cannot judge."""
+    from otel_train.rundir.compare_summary import compare_means, format_means
+
+    rows = compare_means(runs[0], runs[1], args.rank)
+    if not rows:
+        print("otel-train compare: the runs have no step or phase in common to compare "
+              "(summary mode)", file=sys.stderr)
+        return 2
+    print(format_means(rows, runs[0], runs[1], args.format))
+    if args.fail_if_slower is not None:
+        print("otel-train compare: --fail-if-slower needs per-step spans in both runs: a "
+              "summary-mode run gives means without an interval to judge by", file=sys.stderr)
+        return 2
+    return 0

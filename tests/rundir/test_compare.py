@@ -169,15 +169,51 @@ def test_a_run_with_only_warm_up_steps_is_refused_with_what_was_left_out(tmp_pat
     assert code == 0 and "3 steady, left out: none left out" in out
 
 
-def test_a_run_of_summaries_only_says_there_is_nothing_per_step(tmp_path, capsys):
-    summary = {"traceId": "1" * 32, "spanId": "2" * 16, "flags": 1, "name": "train.summary",
-               "kind": 1, "startTimeUnixNano": "1", "endTimeUnixNano": "2",
-               "attributes": [{"key": "train.step", "value": {"intValue": "99"}}]}
-    line = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [summary]}]}]}
-    (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "spans.jsonl").write_text(json.dumps(line) + "\n")
-    code, _, err = _compare(capsys, str(tmp_path / "s"), str(tmp_path / "s"))
-    assert code == 2 and "holds only train.summary spans (1; summary mode)" in err
+def _summary_run(run_dir: Path, step_seconds: float, forward_seconds: float) -> Path:
+    """A run directory holding two train.summary spans of 100 steps each, as summary mode
+    writes them (docs/telemetry.md's attributes)."""
+    def attr(key: str, value: float) -> dict:
+        kind = "intValue" if isinstance(value, int) else "doubleValue"
+        return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+
+    lines = []
+    for n in range(2):
+        summary = {"traceId": f"{n + 1:032x}", "spanId": f"{n + 1:016x}", "flags": 1,
+                   "name": "train.summary", "kind": 1, "startTimeUnixNano": "1",
+                   "endTimeUnixNano": "2", "attributes": [
+                       attr("train.rank", 0), attr("train.summary.steps", 100),
+                       attr("train.summary.step.count", 100),
+                       attr("train.summary.step.sum_seconds", 100 * step_seconds),
+                       attr("train.summary.phase.forward.count", 100),
+                       attr("train.summary.phase.forward.sum_seconds", 100 * forward_seconds)]}
+        lines.append(json.dumps({"resourceSpans": [
+            {"resource": {}, "scopeSpans": [{"spans": [summary]}]}]}) + "\n")
+    run_dir.mkdir()
+    (run_dir / "spans.jsonl").write_text("".join(lines))
+    return run_dir
+
+
+def test_runs_in_summary_mode_are_compared_by_their_means_and_say_so(tmp_path, capsys):
+    a = _summary_run(tmp_path / "sa", 0.010, 0.008)
+    b = _summary_run(tmp_path / "sb", 0.012, 0.010)
+    code, out, _ = _compare(capsys, str(a), str(b))
+    assert code == 0
+    assert f"B: {b} (2 train.summary spans (summary mode))" in out
+    assert "no per-step times in a summary-mode run: means over every summarized step" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[4:]}
+    assert rows["step"][1:] == ["10.000", "ms", "12.000", "ms", "1.200"]
+    assert rows["forward"][-1] == "1.250"
+    doc = json.loads(_compare(capsys, str(a), str(b), "--format", "json")[1])
+    assert doc["summary_mode"] and doc["rows"][0]["ratio"] == pytest.approx(1.2)
+    code, _, err = _compare(capsys, str(a), str(b), "--fail-if-slower", "10")
+    assert code == 2 and "--fail-if-slower needs per-step spans in both runs" in err
+
+
+def test_a_per_step_run_against_a_summary_run_is_compared_by_means_too(runs, tmp_path, capsys):
+    b = _summary_run(tmp_path / "sb", 0.5, 0.4)
+    code, out, _ = _compare(capsys, str(runs["a"]), str(b))
+    assert code == 0 and f"A: {runs['a']} ({STEPS} per-step spans)" in out
+    assert "forward" in out and "backward" not in out  # only what both runs have
 
 
 def test_throughput_is_tokens_over_the_steady_steps_time_when_steps_count_tokens(tmp_path,
