@@ -118,7 +118,7 @@ class _StepFolder:
         if not parent_id:
             if name == STEP_SPAN:
                 self._finish(key, span_id, start, seconds, a)
-            elif name != SUMMARY_SPAN:  # run.monitor between steps
+            elif a.get("train.phase.kind") == "monitor":  # run.monitor between steps
                 self.run.between_seconds[key] = self.run.between_seconds.get(key, 0.0) + seconds
             return
         kind = a.get("train.phase.kind")

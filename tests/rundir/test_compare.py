@@ -252,3 +252,27 @@ def test_a_sampled_run_leaves_out_the_steps_kept_only_for_being_slow(tmp_path, c
     excluded = json.loads(out)["a"]["excluded"]
     assert code == 0 and excluded["kept by sampling as unusual"] == len(unusual)
     assert json.loads(out)["a"]["steady_steps"] == len(roots) - sum(excluded.values())
+
+
+def test_monitoring_between_steps_counts_in_the_overhead_and_not_in_wall_per_step(tmp_path,
+                                                                                 capsys):
+    with start_in_process_run(tmp_path / "m", spans_path=None) as run:
+        for _ in range(3):  # ten steps, then a checkpoint between steps
+            for step in run.steps(range(10), loader="train"):
+                with step.phase("forward"):
+                    time.sleep(0.002)
+            with run.monitor("checkpoint"):
+                time.sleep(0.01)
+    spans = read_file_spans(tmp_path / "m")
+    roots = [s for s in spans if s.name == "train.step"]
+    between = [s for s in spans if s.name == "checkpoint" and s.is_root]
+    assert len(between) == 3 and len({s.attributes["train.step"] for s in roots}) == 30
+    expected = sum(s.duration_seconds for s in between) / sum(
+        s.duration_seconds for s in roots)
+    code, out, _ = _compare(capsys, str(tmp_path / "m"), str(tmp_path / "m"), "--format",
+                            "json")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["a"]["monitoring_overhead_ratio"] == pytest.approx(expected, rel=1e-6)
+    # 25 steady steps (5 warm-up); the last has no next step, 2 more have a checkpoint after.
+    assert doc["wall_per_step"]["a_steps"] == 25 - 1 - 2
