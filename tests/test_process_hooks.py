@@ -219,7 +219,7 @@ _OWN_HANDLER_SCRIPT = textwrap.dedent("""
     signal.signal(signal.SIGTERM, lambda *a: None)
     mine = signal.getsignal(signal.SIGTERM)
     run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
-                               status_dir=sys.argv[1])
+                               status_dir=sys.argv[1], device_sync="off")
     print("KEPT" if signal.getsignal(signal.SIGTERM) is mine else "REPLACED")
     run.shutdown()
 """)
@@ -237,7 +237,7 @@ def test_a_run_started_off_the_main_thread_installs_no_handler(tmp_path: Path) -
         import otel_train
         def work():
             otel_train.start_run(exporter="none", prometheus_port=None, console=False,
-                                 status_dir=sys.argv[1]).shutdown()
+                                 status_dir=sys.argv[1], device_sync="off").shutdown()
         t = threading.Thread(target=work); t.start(); t.join()
         print("DEFAULT" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else "SET")
     """)

@@ -56,6 +56,14 @@ def start_test_run(tmp_path: Path, **options: Any) -> otel_train.Run:
     return otel_train.start_run(**opts)
 
 
+def start_in_process_run(tmp_path: Path, **options: Any) -> otel_train.Run:
+    """start_test_run with the span file written from this process, no exporter interpreter:
+    for tests of the hot path, which read the spans back but do not check their route there
+    (tests/pipeline/test_routes.py checks every route); each run starts in a fraction of the
+    time."""
+    return start_test_run(tmp_path, **{"export_process": False, **options})
+
+
 @dataclass(frozen=True)
 class FileSpan:
     """One span read back from a span file (OTLP JSON lines)."""

@@ -13,6 +13,7 @@ Usage::
 
     otel-train demo --steps 300 --eval-every 50
     otel-train demo --serve            # then, from another shell: curl <its URL>/metrics
+    otel-train demo --plant-slowdown forward:20   # forward 20% slower: try otel-train compare
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 otel-train demo   # spans to a collector
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,13 +93,55 @@ def _batches(data: Any, block_size: int, batch_size: int, seed: int) -> Iterator
         yield x, y
 
 
+class PlantedSlowdown:
+    """Makes chosen phases of the demo slower by a share of their own time (a sleep at the
+    end of the phase), so that ``otel-train compare`` has a known difference to find."""
+
+    PHASES = ("forward", "backward", "optimizer")
+
+    def __init__(self, spec: str | None = None) -> None:
+        self.extra: dict[str, float] = {}  # phase -> added share of its time
+        for part in (spec or "").split(","):
+            if not part.strip():
+                continue
+            phase, _, pct = part.partition(":")
+            phase = phase.strip()
+            try:
+                share = float(pct) / 100.0
+            except ValueError:
+                share = -1.0
+            if phase not in self.PHASES or share <= 0:
+                raise ValueError(f"--plant-slowdown {part!r}: PHASE:PCT with PHASE one of "
+                                 f"{', '.join(self.PHASES)} and PCT > 0 (forward:20)")
+            self.extra[phase] = share
+
+    def __call__(self, phase: str) -> Any:
+        """A context manager that sleeps the phase's share of its body's time at exit."""
+        import contextlib
+
+        share = self.extra.get(phase)
+        if not share:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def slower() -> Iterator[None]:
+            started = time.perf_counter()
+            yield
+            time.sleep((time.perf_counter() - started) * share)
+
+        return slower()
+
+
 def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
              sample_tokens: int = 48, seed: int = 0, serve: bool = False,
-             **options: Any) -> dict[str, Any]:
+             plant_slowdown: str | None = None, **options: Any) -> dict[str, Any]:
     """Train the tiny GPT for ``steps`` steps under otel-train, print the costs table and the
-    next steps; with ``serve``, keep the metrics endpoint up until SIGINT. Return
+    next steps; with ``serve``, keep the metrics endpoint up until SIGINT. ``plant_slowdown``
+    ("forward:20") makes phases slower on purpose (:class:`PlantedSlowdown`). Return
     ``run.costs()``."""
     import otel_train
+
+    slowdown = PlantedSlowdown(plant_slowdown)
 
     options.setdefault("service_name", "otel-train-demo")
     # The demo writes its report itself, after training (printing where at start), so that
@@ -109,7 +153,7 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
             raise ValueError("--serve keeps the metrics endpoint up after training, but it "
                              "is off (--prometheus-port none or OTEL_TRAIN_PROMETHEUS_PORT)")
         _where_files_go(run, want_report)
-        _train(run, steps, eval_every, val_batches, sample_tokens, seed)
+        _train(run, steps, eval_every, val_batches, sample_tokens, seed, slowdown)
         costs = run.costs()
         if serve:
             # The report reads the span files: what was recorded goes out to them first. The
@@ -125,7 +169,7 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
 
 
 def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_tokens: int,
-           seed: int) -> None:
+           seed: int, slowdown: PlantedSlowdown) -> None:
     """The training loop: a train.step per batch, the monitoring every ``eval_every``."""
     import itertools
 
@@ -144,11 +188,11 @@ def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_token
     train_loader = itertools.islice(_batches(train_data, block, batch, seed), steps)
     for step in run.steps(train_loader, loader="train"):
         x, y = step.batch
-        with step.phase("forward"):
+        with step.phase("forward"), slowdown("forward"):
             _, loss = model(x, y)
-        with step.phase("backward"):
+        with step.phase("backward"), slowdown("backward"):
             loss.backward()
-        with step.phase("optimizer"):
+        with step.phase("optimizer"), slowdown("optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
         step.set_attribute("train.loss", loss)  # read in the background, no sync here
@@ -268,5 +312,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "monitoring_costs.json and report.html go (default otel-train-runs/<run id>)")
     ap.add_argument("--quiet", action="store_true", help="no console timing report (the "
                     "banner and where the files went still print)")
+    ap.add_argument("--plant-slowdown", default=None, metavar="PHASE:PCT",
+                    help="make a phase PCT%% slower (a sleep at its end; forward, backward or "
+                         "optimizer, comma-separated) to try otel-train compare on a known "
+                         "difference")
     ap.add_argument("--no-report", action="store_true",
                     help="do not write the HTML report (RUN_DIR/report.html) at the end")

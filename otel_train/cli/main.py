@@ -11,6 +11,7 @@ Usage::
                                                   # directory: the latest run under
                                                   # otel-train-runs/ (named on stderr)
     otel-train stalls otel-train-runs/<run>/      # each rank's stall stacks: which collective
+    otel-train compare RUN_A RUN_B                # is B slower than A, where, how sure
     otel-train plan [--exporter otlp ...]         # what a run started here would do, and why
     otel-train version                            # and whether the hot path runs in C
 """
@@ -52,7 +53,7 @@ def _demo(args: argparse.Namespace) -> int:
         options["report"] = False
     try:
         run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                 serve=args.serve, **options)
+                 serve=args.serve, plant_slowdown=args.plant_slowdown, **options)
     except ValueError as exc:  # a bad option or a taken port: say it plainly
         print(f"otel-train demo: {exc}", file=sys.stderr)
         return 2
@@ -128,6 +129,8 @@ _RUN_DIR_HELP = ("a run directory (otel-train-runs/<run id>), or the runs root (
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``otel-train`` argument parser, every subcommand and flag with its help."""
+    from otel_train.cli.compare import add_arguments as add_compare_arguments
+    from otel_train.cli.compare import run_compare
     from otel_train.cli.demo import add_arguments
     from otel_train.cli.plan import add_arguments as add_plan_arguments
     from otel_train.cli.plan import print_plan
@@ -165,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "rank was inside which collective and which in none")
     stalls.add_argument("run_dir", nargs="?", default="otel-train-runs", help=_RUN_DIR_HELP)
     stalls.set_defaults(func=_stalls)
+    compare = sub.add_parser("compare", help="compare two runs' steady-state steps: per "
+                             "phase and per step, medians, B/A with a bootstrap 95%% "
+                             "interval, and a verdict; --fail-if-slower for CI")
+    add_compare_arguments(compare)
+    compare.set_defaults(func=run_compare)
     plan = sub.add_parser("plan", help="print what a run started here would do (the route "
                           "its spans take, where the metrics run, sampling) and why; options "
                           "from these flags, then OTEL_TRAIN_*")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -120,3 +121,20 @@ def test_serve_with_the_metrics_endpoint_off_is_refused(tmp_path, capsys):
     assert main(["demo", "--steps", "1", "--serve", "--quiet", "--no-report",
                  "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 2
     assert "--serve keeps the metrics endpoint up" in capsys.readouterr().err
+
+
+def test_a_planted_slowdown_makes_the_phase_slower_by_its_share():
+    from otel_train.cli.demo import PlantedSlowdown
+
+    slowdown = PlantedSlowdown("forward:50")
+    started = time.perf_counter()
+    with slowdown("forward"):
+        time.sleep(0.02)
+    assert time.perf_counter() - started >= 0.03
+    assert PlantedSlowdown("forward:20,optimizer:5").extra == {"forward": 0.2, "optimizer": 0.05}
+
+
+@pytest.mark.parametrize("spec", ["data:20", "forward", "forward:-5", "forward:x"])
+def test_a_bad_planted_slowdown_is_refused_before_training(spec, capsys):
+    assert main(["demo", "--plant-slowdown", spec, "--quiet", "--prometheus-port", "none"]) == 2
+    assert "--plant-slowdown" in capsys.readouterr().err

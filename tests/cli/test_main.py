@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train_helpers import clean_env, start_test_run  # noqa: F401
+from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
 from otel_train.cli.main import build_parser
 
@@ -48,7 +48,7 @@ def test_every_flag_and_subcommand_of_every_subcommand_has_help():
 
 
 def test_export_without_a_format_writes_a_chrome_trace(tmp_path):
-    with start_test_run(tmp_path, spans_path=None) as run:
+    with start_in_process_run(tmp_path, spans_path=None) as run:
         for step in run.steps(range(3), loader="train"):
             with step.phase("forward"):
                 pass

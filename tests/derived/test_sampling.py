@@ -42,7 +42,8 @@ CHILD = textwrap.dedent("""
         run_id="sampled-run", rank=rank, world_size=2, sample_ratio=0.1,
         sample_keep_first_steps=10, exporter="otlp", otlp_endpoint=endpoint,
         otlp_protocol="grpc", prometheus_port=0, console=False, status_dir=status,
-        export_interval_seconds=0.2, metrics_in_export_process=metrics_there)
+        export_interval_seconds=0.2, metrics_in_export_process=metrics_there,
+        device_sync="off")
     for step in run.steps(range(200)):
         with step.phase("forward"):
             time.sleep(0.08 if step.index in slow else 0.002)

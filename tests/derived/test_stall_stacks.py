@@ -35,7 +35,7 @@ import ctypes, sys, time, otel_train
 mode, out = sys.argv[1], sys.argv[2]
 with otel_train.start_run(stall_seconds={stall}, watchdog_interval_seconds=0.2,
                           prometheus_port=None, console=False, status_dir=out, run_id="t",
-                          export_process=False, exporter="jsonl",
+                          export_process=False, exporter="jsonl", device_sync="off",
                           stall_stacks_signal="SIGUSR1") as run:
     for step in run.steps(range(3)):
         with step.phase("forward"):

@@ -29,7 +29,7 @@ import sys, time
 import otel_train
 with otel_train.start_run(log_every=10, prometheus_port=None, status_dir=sys.argv[1],
                           export_process=sys.argv[2] == "1", warmup_steps=2,
-                          report=False) as run:
+                          report=False, device_sync="off") as run:
     for i, step in enumerate(run.steps(range({steps}))):
         with run.phase("forward"):
             time.sleep({slow} if i == {slow_step} else {step})

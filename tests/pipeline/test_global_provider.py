@@ -54,7 +54,7 @@ _APP_PROVIDER_SCRIPT = textwrap.dedent("""
 
     import otel_train
     with otel_train.start_run(prometheus_port=None, console=False, status_dir=sys.argv[1],
-                              run_id="app-run") as run:
+                              run_id="app-run", device_sync="off") as run:
         for step in run.steps([0, 1]):
             with step.phase("forward"):
                 with trace.get_tracer("app").start_as_current_span("app-span"):

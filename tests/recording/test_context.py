@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
-from train_helpers import clean_env, one, run_spans, start_test_run  # noqa: F401
+from train_helpers import clean_env, one, run_spans, start_in_process_run  # noqa: F401
 
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.common.drop_counter import DropCounter
@@ -57,7 +57,7 @@ def test_an_unsampled_step_gives_an_unsampled_parent():
 
 
 def test_a_user_span_in_a_phase_is_a_child_of_that_phase(tmp_path):
-    with start_test_run(tmp_path, run_id="ctx") as run:
+    with start_in_process_run(tmp_path, run_id="ctx") as run:
         for step in run.steps([0, 1]):
             with step.phase("forward"):
                 with step.phase("attention"):
@@ -82,7 +82,7 @@ def test_a_user_span_in_a_phase_is_a_child_of_that_phase(tmp_path):
 
 
 def test_a_user_span_outside_any_step_starts_its_own_trace(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         with trace.get_tracer("user.lib").start_as_current_span("setup"):
             pass
         for _step in run.steps([0]):
@@ -94,7 +94,7 @@ def test_a_user_span_outside_any_step_starts_its_own_trace(tmp_path):
 
 
 def test_a_user_span_inside_monitoring_between_steps_nests_under_that_operation(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for _step in run.steps([0]):
             pass
         with run.monitor("checkpoint"):
@@ -111,13 +111,13 @@ def test_a_user_span_inside_monitoring_between_steps_nests_under_that_operation(
 
 def test_tracers_obtained_earlier_follow_the_active_run(tmp_path):
     tracer = trace.get_tracer("long.lived")
-    with start_test_run(tmp_path / "a") as first:
+    with start_in_process_run(tmp_path / "a") as first:
         for _step in first.steps([0]):
             with tracer.start_as_current_span("in-first"):
                 pass
     with tracer.start_as_current_span("between-runs") as span:
         assert not span.is_recording()  # no run active: a no-op
-    with start_test_run(tmp_path / "b") as second:
+    with start_in_process_run(tmp_path / "b") as second:
         for _step in second.steps([0]):
             with tracer.start_as_current_span("in-second"):
                 pass
@@ -130,6 +130,6 @@ def test_tracers_obtained_earlier_follow_the_active_run(tmp_path):
 
 def test_the_context_is_restored_after_the_run(tmp_path):
     before = trace.get_current_span()
-    with start_test_run(tmp_path):
+    with start_in_process_run(tmp_path):
         assert isinstance(trace.get_current_span(), ActivePhaseSpan)
     assert trace.get_current_span() is before

@@ -17,7 +17,7 @@ from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
     clean_env,
     one,
     run_spans,
-    start_test_run,
+    start_in_process_run,
 )
 
 import otel_train.run
@@ -117,7 +117,7 @@ def _train_one_step(run, fake: FakeAccelerator) -> None:
 
 
 def test_sync_mode_charges_async_work_to_the_phase_that_launched_it(tmp_path, fake):
-    with start_test_run(tmp_path, device_sync="sync") as run:
+    with start_in_process_run(tmp_path, device_sync="sync") as run:
         assert run.device.synced
         _train_one_step(run, fake)
     spans = run_spans(run)
@@ -131,7 +131,7 @@ def test_sync_mode_charges_async_work_to_the_phase_that_launched_it(tmp_path, fa
 
 
 def test_auto_mode_with_the_fake_accelerator_syncs_in_a_run(tmp_path, fake):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         _train_one_step(run, fake)
     spans = run_spans(run)
     assert one(spans, "forward").duration_seconds >= WORK
@@ -139,7 +139,7 @@ def test_auto_mode_with_the_fake_accelerator_syncs_in_a_run(tmp_path, fake):
 
 
 def test_off_mode_lets_async_work_land_in_the_phase_that_waits(tmp_path, fake):
-    with start_test_run(tmp_path, device_sync="off") as run:
+    with start_in_process_run(tmp_path, device_sync="off") as run:
         assert not run.device.synced
         _train_one_step(run, fake)
     spans = run_spans(run)
@@ -153,7 +153,7 @@ def test_off_mode_lets_async_work_land_in_the_phase_that_waits(tmp_path, fake):
 
 
 def test_monitor_phases_are_synchronized_too(tmp_path, fake):
-    with start_test_run(tmp_path, device_sync="sync") as run:
+    with start_in_process_run(tmp_path, device_sync="sync") as run:
         for step in run.steps([0]):
             with step.monitor("inference"):
                 fake.launch(WORK)
@@ -165,7 +165,7 @@ def test_monitor_phases_are_synchronized_too(tmp_path, fake):
 
 
 def test_the_step_ends_after_its_device_work(tmp_path, fake):
-    with start_test_run(tmp_path, device_sync="sync") as run:
+    with start_in_process_run(tmp_path, device_sync="sync") as run:
         for _step in run.steps([0]):
             fake.launch(WORK)  # in the loop body, outside any phase
     assert one(run_spans(run), "train.step").duration_seconds >= WORK
@@ -178,7 +178,7 @@ def test_sync_mode_charges_device_work_of_the_fetch_to_the_data_phase(tmp_path, 
                 fake.launch(WORK)  # e.g. batch.to("cuda", non_blocking=True)
                 yield i
 
-    with start_test_run(tmp_path, device_sync="sync") as run:
+    with start_in_process_run(tmp_path, device_sync="sync") as run:
         for step in run.steps(DeviceLoader()):
             with step.phase("forward"):
                 pass

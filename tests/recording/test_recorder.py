@@ -15,7 +15,7 @@ from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
     clean_env,
     one,
     run_spans,
-    start_test_run,
+    start_in_process_run,
 )
 
 from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN
@@ -51,7 +51,7 @@ def test_a_full_record_queue_counts_the_dropped_spans():
 def test_steps_yield_one_step_per_item_with_index_and_batch(tmp_path):
     items = ["a", "b", "c"]
     seen = []
-    with start_test_run(tmp_path, run_id="r1") as run:
+    with start_in_process_run(tmp_path, run_id="r1") as run:
         for step in run.steps(items, loader="train"):
             seen.append((step.index, step.batch))
             assert run.current_step is step
@@ -62,13 +62,13 @@ def test_steps_yield_one_step_per_item_with_index_and_batch(tmp_path):
 
 
 def test_the_batch_is_released_when_the_step_ends(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         steps = list(run.steps([object()]))
     assert steps[0].batch is None
 
 
 def test_a_step_ended_in_the_loop_body_is_queued_once_and_the_loop_goes_on(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps(range(3)):
             with step.phase("forward"):
                 pass
@@ -89,7 +89,7 @@ def test_a_step_ended_in_the_loop_body_is_queued_once_and_the_loop_goes_on(tmp_p
 def test_data_phase_covers_the_fetch_and_names_the_loader(tmp_path):
     fetch = 0.05
     loader = SlowIterable([1, 2], fetch)
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps(loader, loader="train-main"):
             with step.phase("forward"):
                 pass
@@ -110,7 +110,7 @@ def test_data_phase_covers_the_fetch_and_names_the_loader(tmp_path):
 
 
 def test_nested_phases_are_children_of_the_enclosing_phase(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             with step.phase("forward"):
                 with step.phase("attention"):
@@ -128,7 +128,7 @@ def test_nested_phases_are_children_of_the_enclosing_phase(tmp_path):
 
 
 def test_phase_set_attribute_lands_on_the_innermost_open_phase(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             with step.phase("forward") as fwd:
                 with step.phase("attention"):
@@ -143,7 +143,7 @@ def test_phase_set_attribute_lands_on_the_innermost_open_phase(tmp_path):
 def test_an_exception_in_a_phase_marks_phase_and_step_and_propagates_unchanged(tmp_path):
     boom = ValueError("loss is nan")
     with pytest.raises(ValueError) as caught:
-        with start_test_run(tmp_path) as run:
+        with start_in_process_run(tmp_path) as run:
             for step in run.steps([0, 1]):
                 with step.phase("forward"):
                     raise boom
@@ -165,7 +165,7 @@ def test_an_exception_in_a_phase_marks_phase_and_step_and_propagates_unchanged(t
 def test_an_exception_in_the_loop_body_outside_a_phase_marks_the_step(tmp_path):
     boom = KeyError("missing")
     with pytest.raises(KeyError) as caught:
-        with start_test_run(tmp_path) as run:
+        with start_in_process_run(tmp_path) as run:
             for step in run.steps([0, 1]):
                 with step.phase("forward"):
                     pass
@@ -188,7 +188,7 @@ def test_an_exception_from_the_loader_marks_the_data_phase(tmp_path):
         raise OSError("disk gone")
 
     with pytest.raises(OSError, match="disk gone"):
-        with start_test_run(tmp_path) as run:
+        with start_in_process_run(tmp_path) as run:
             for _step in run.steps(loader()):
                 pass
     spans = run_spans(run)
@@ -199,7 +199,7 @@ def test_an_exception_from_the_loader_marks_the_data_phase(tmp_path):
 
 
 def test_break_out_of_steps_ends_the_step_ok(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0, 1, 2, 3]):
             with step.phase("forward"):
                 pass
@@ -217,7 +217,7 @@ def test_break_out_of_steps_ends_the_step_ok(tmp_path):
 
 
 def test_a_phase_outside_a_step_raises_a_clear_error(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         with pytest.raises(RuntimeError, match=r"outside a step.*run\.steps"):
             run.phase("forward")
         for step in run.steps([0]):
@@ -228,7 +228,7 @@ def test_a_phase_outside_a_step_raises_a_clear_error(tmp_path):
 
 
 def test_a_phase_on_an_ended_step_raises(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             pass
         with pytest.raises(RuntimeError, match="already ended"):
@@ -242,7 +242,7 @@ def test_a_phase_on_an_ended_step_raises(tmp_path):
 
 
 def test_a_kept_step_cannot_open_phases_in_the_step_that_follows_it(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         kept = None
         for step in run.steps(range(2)):
             if kept is None:
@@ -257,7 +257,7 @@ def test_a_kept_step_cannot_open_phases_in_the_step_that_follows_it(tmp_path):
 
 
 def test_run_step_context_manager_with_its_own_data_phase(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for _ in range(2):
             with run.step(loader="stream") as step:
                 with step.phase("data"):
@@ -275,7 +275,7 @@ def test_run_step_context_manager_with_its_own_data_phase(tmp_path):
 
 
 def test_run_step_marks_an_exception_and_propagates_it(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         with pytest.raises(ZeroDivisionError):
             with run.step() as step:
                 with step.phase("forward"):
@@ -286,7 +286,7 @@ def test_run_step_marks_an_exception_and_propagates_it(tmp_path):
 
 
 def test_steps_do_not_nest(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             with pytest.raises(RuntimeError, match="do not nest"):
                 run.step()
@@ -303,7 +303,7 @@ def test_steps_do_not_nest(tmp_path):
 
 
 def test_monitor_inside_a_step_is_a_monitor_phase(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             with run.monitor("inference"):
                 time.sleep(0.02)
@@ -323,7 +323,7 @@ def test_monitor_inside_a_step_is_a_monitor_phase(tmp_path):
 
 
 def test_monitor_outside_steps_is_its_own_root_span(tmp_path):
-    with start_test_run(tmp_path, run_id="mon") as run:
+    with start_in_process_run(tmp_path, run_id="mon") as run:
         for _step in run.steps([0, 1]):
             pass
         with run.monitor("checkpoint") as op:
@@ -343,7 +343,7 @@ def test_monitor_outside_steps_is_its_own_root_span(tmp_path):
 
 
 def test_monitor_outside_steps_records_an_exception(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         with pytest.raises(RuntimeError, match="eval failed"):
             with run.monitor("eval"):
                 raise RuntimeError("eval failed")
@@ -353,7 +353,7 @@ def test_monitor_outside_steps_records_an_exception(tmp_path):
 
 
 def test_set_attribute_with_a_cpu_tensor_becomes_a_float_on_the_root(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0]):
             loss = torch.tensor(1.5, requires_grad=True) * 2
             step.set_attribute("train.loss", loss)
@@ -369,7 +369,7 @@ def test_set_attribute_with_a_cpu_tensor_becomes_a_float_on_the_root(tmp_path):
 def test_iter_data_inside_a_monitor_phase_gives_monitor_data_spans(tmp_path):
     val_loader = SlowIterable(["v0", "v1", "v2"], 0.01)
     got = []
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for step in run.steps([0], loader="train"):
             with step.monitor("val_loss"):
                 for vb in step.iter_data(val_loader, loader="val"):
@@ -390,7 +390,7 @@ def test_iter_data_inside_a_monitor_phase_gives_monitor_data_spans(tmp_path):
 
 
 def test_shutdown_twice_is_harmless_and_the_run_is_closed_after(tmp_path):
-    run = start_test_run(tmp_path)
+    run = start_in_process_run(tmp_path)
     with run:
         for _step in run.steps([0]):
             pass
@@ -406,7 +406,7 @@ def test_shutdown_twice_is_harmless_and_the_run_is_closed_after(tmp_path):
 
 
 def test_shutdown_inside_a_phase_ends_the_open_step(tmp_path):
-    run = start_test_run(tmp_path)
+    run = start_in_process_run(tmp_path)
     step = run.step()
     with step.phase("forward"):
         run.shutdown()
@@ -417,7 +417,7 @@ def test_shutdown_inside_a_phase_ends_the_open_step(tmp_path):
 
 
 def test_flush_exports_every_step_recorded_so_far(tmp_path):
-    run = start_test_run(tmp_path)
+    run = start_in_process_run(tmp_path)
     try:
         for step in run.steps(range(3)):
             with step.phase("forward"):
@@ -429,7 +429,7 @@ def test_flush_exports_every_step_recorded_so_far(tmp_path):
 
 
 def test_phase_objects_are_plain_reusable_context_managers(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         phases = []
         for step in run.steps([0, 1]):
             phases.append(step.phase("forward"))

@@ -18,7 +18,7 @@ from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
     clean_env,
     one,
     run_spans,
-    start_test_run,
+    start_in_process_run,
 )
 
 from otel_train.common.drop_counter import DropCounter
@@ -72,7 +72,7 @@ def _roots(spans: list[Any]) -> list[Any]:
 
 def test_max_steps_ends_the_loop_without_fetching_another_item(tmp_path):
     endless = CountingLoader(None)
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         steps = [step.index for step in run.steps(endless, max_steps=3)]
         assert run.current_step is None and run._recorder.held is None
     assert steps == [0, 1, 2]
@@ -90,7 +90,7 @@ def test_max_steps_larger_than_the_loader_ends_with_the_loader():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
 def test_max_steps_must_be_a_positive_int_or_none(tmp_path, bad):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         with pytest.raises(ValueError, match="max_steps must be a positive int or None"):
             run.steps([1, 2], max_steps=bad)
         assert [s.index for s in run.steps([1, 2], max_steps=None)] == [0, 1]
@@ -107,7 +107,7 @@ def test_a_loop_over_something_not_iterable_is_refused_at_the_call():
 
 def test_one_loop_per_epoch_continues_one_step_index(tmp_path):
     loader = CountingLoader(3)
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         seen = []
         for epoch in range(3):
             for step in run.steps(loader, loader="train"):
@@ -136,7 +136,7 @@ def test_a_run_wide_total_over_epochs_is_one_loop_over_the_epochs(tmp_path):
             epochs_started.append(epoch)  # e.g. sampler.set_epoch(epoch)
             yield from loader
 
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         indices = [step.index for step in run.steps(epochs(10), max_steps=6)]
     assert indices == list(range(6))
     assert epochs_started == [0, 1] and loader.fetches == 6
@@ -144,7 +144,7 @@ def test_a_run_wide_total_over_epochs_is_one_loop_over_the_epochs(tmp_path):
 
 def test_starting_each_epochs_iterator_is_the_first_steps_data_phase(tmp_path):
     loader = CountingLoader(3, start_seconds=0.05)  # the workers' start-up, per epoch
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for _epoch in range(2):
             for _step in run.steps(loader):
                 pass
@@ -165,7 +165,7 @@ def test_an_iterator_that_fails_to_start_fails_the_first_steps_data_phase(tmp_pa
             raise OSError("worker failed to start")
 
     with pytest.raises(OSError, match="worker failed"):
-        with start_test_run(tmp_path) as run:
+        with start_in_process_run(tmp_path) as run:
             for _step in run.steps(Broken()):
                 pass
     spans = run_spans(run)
@@ -208,7 +208,7 @@ def test_break_ends_the_step_at_the_break_and_queues_it_before_what_follows():
 
 def test_an_exception_leaving_the_run_marks_the_held_step_failed(tmp_path):
     with pytest.raises(KeyError):
-        with start_test_run(tmp_path) as run:
+        with start_in_process_run(tmp_path) as run:
             for step in run.steps(range(3)):
                 if step.index == 1:
                     raise KeyError("body")
@@ -217,7 +217,7 @@ def test_an_exception_leaving_the_run_marks_the_held_step_failed(tmp_path):
 
 
 def test_an_exception_caught_outside_the_loop_marks_the_step_only_from_a_phase(tmp_path):
-    with start_test_run(tmp_path) as run:
+    with start_in_process_run(tmp_path) as run:
         for failing_in_phase in (True, False):
             try:
                 for _step in run.steps(range(3)):

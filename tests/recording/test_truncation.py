@@ -77,7 +77,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
     import sys
     import otel_train
     run = otel_train.start_run(exporter="jsonl", status_dir=sys.argv[1], console=False,
-                               prometheus_port=None, report=False)
+                               prometheus_port=None, report=False, device_sync="off")
     for step in run.steps(range(5)):
         with step.phase("forward"):
             if step.index == 3:
@@ -104,7 +104,7 @@ _SIGTERM_SCRIPT = textwrap.dedent("""
     import otel_train
     run = otel_train.start_run(exporter="jsonl", status_dir=sys.argv[1], console=False,
                                prometheus_port=None, report=False, export_interval_seconds=0.05,
-                               shutdown_timeout_seconds=5.0)
+                               shutdown_timeout_seconds=5.0, device_sync="off")
     for step in run.steps(range(1000)):
         with step.phase("forward"):
             if step.index == 30:

@@ -7,7 +7,7 @@ import json
 import random
 
 import pytest
-from train_helpers import clean_env, start_test_run  # noqa: F401
+from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
 from otel_train.cli.main import main
 
@@ -15,7 +15,7 @@ from otel_train.cli.main import main
 def _two_rank_run(tmp_path) -> None:
     """Two ranks of one run writing their per-rank span files into one directory."""
     for rank in (0, 1):
-        with start_test_run(tmp_path, spans_path=None, rank=rank, world_size=2,
+        with start_in_process_run(tmp_path, spans_path=None, rank=rank, world_size=2,
                             run_id="two-ranks") as run:
             for step in run.steps(range(4), loader="train"):
                 with step.phase("forward"):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from headless_chromium import HeadlessChromium, Page, chromium_binary
 from prometheus_server import require_binary
-from train_helpers import clean_env, start_test_run  # noqa: F401
+from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
 from otel_train.cli.main import main
 from otel_train.derived.costs import format_costs_table
@@ -35,7 +35,7 @@ MIN_DRAWN_PIXELS = 50
 def _short_run(tmp_path: Path, steps: int = 40, sleep_seconds: float = 0.004,
                **options: Any) -> Path:
     """A real run: CPU sleeps as phases, an eval every 10 steps, one slow step, a checkpoint."""
-    with start_test_run(tmp_path, spans_path=None, costs_interval_seconds=0.1,
+    with start_in_process_run(tmp_path, spans_path=None, costs_interval_seconds=0.1,
                         run_id="report-run", **options) as run:
         for step in run.steps(range(steps), loader="train"):
             with step.phase("forward"):
@@ -283,7 +283,7 @@ def test_the_report_needs_no_python_plotting_package(tmp_path, monkeypatch, caps
 
 
 def test_the_report_reads_a_run_in_progress_and_a_half_written_line(tmp_path):
-    run = start_test_run(tmp_path, spans_path=None, spans_compression="none")
+    run = start_in_process_run(tmp_path, spans_path=None, spans_compression="none")
     try:
         for step in run.steps(range(12), loader="train"):
             with step.phase("forward"):
@@ -300,7 +300,7 @@ def test_the_report_reads_a_run_in_progress_and_a_half_written_line(tmp_path):
 
 def test_every_rank_is_read_and_the_timeline_shows_each_rank(tmp_path):
     for rank in (0, 1):
-        with start_test_run(tmp_path, spans_path=None, rank=rank, world_size=2,
+        with start_in_process_run(tmp_path, spans_path=None, rank=rank, world_size=2,
                             run_id="two") as run:
             for step in run.steps(range(30), loader="train"):
                 with step.phase("forward"):
@@ -334,7 +334,7 @@ def test_removed_span_files_and_missing_steps_are_counted_on_the_page(tmp_path):
 
 
 def test_a_run_with_the_console_on_says_where_the_report_goes_and_writes_it(tmp_path, capsys):
-    with start_test_run(tmp_path, spans_path=None, console=True) as run:
+    with start_in_process_run(tmp_path, spans_path=None, console=True) as run:
         for step in run.steps(range(3)):
             with step.phase("forward"):
                 pass
@@ -346,11 +346,11 @@ def test_a_run_with_the_console_on_says_where_the_report_goes_and_writes_it(tmp_
 
 
 def test_the_report_follows_the_console_unless_the_option_says_otherwise(tmp_path, capsys):
-    with start_test_run(tmp_path / "quiet", spans_path=None, console=False):
+    with start_in_process_run(tmp_path / "quiet", spans_path=None, console=False):
         pass
-    with start_test_run(tmp_path / "asked", spans_path=None, console=False, report=True):
+    with start_in_process_run(tmp_path / "asked", spans_path=None, console=False, report=True):
         pass
-    with start_test_run(tmp_path / "off", spans_path=None, console=True, report=False):
+    with start_in_process_run(tmp_path / "off", spans_path=None, console=True, report=False):
         pass
     assert not (tmp_path / "quiet" / "report.html").exists()
     assert (tmp_path / "asked" / "report.html").exists()

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import clean_env, start_test_run  # noqa: F401
+from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
 from otel_train.cli.main import main
 
 
 def _run(run_dir: Path, steps: int) -> None:
-    with start_test_run(run_dir, spans_path=None, run_id=run_dir.name) as run:
+    with start_in_process_run(run_dir, spans_path=None, run_id=run_dir.name) as run:
         for step in run.steps(range(steps), loader="train"):
             with step.phase("forward"):
                 pass
