@@ -4,8 +4,7 @@ Nothing here creates OpenTelemetry SDK objects, nor even a record per phase. A s
 flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appends
 ``(end_ns, exception_or_None)``; the background (``records/step_records.py``) turns that
 stream into the span tree. A finished step goes to a bounded deque the background drains.
-Timestamps are ``perf_counter_ns``; the builder converts them to epoch nanoseconds with one
-offset.
+Timestamps are ``perf_counter_ns``; the builder turns them into epoch ns with one offset.
 
 Device synchronization, when enabled (``device.py``), is an explicit call at every step and
 phase boundary (``SyncedPhase``): the one thing here that may wait on the device, by choice.
