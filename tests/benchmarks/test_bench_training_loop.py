@@ -22,9 +22,8 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     assert proc.returncode == 0, proc.stderr[-2000:]
     for workload in ("gpt", "mlp"):
         assert f"== {workload}, threads=1" in out
-    for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-                    "otel-none",
-                    "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps"):
+    for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled",
+                    "otel-throughput", "otel-none", "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps"):
         rows = re.findall(rf"^{variant}{_RATIO}{_RATIO}", out, re.M)
         assert len(rows) == 2, (variant, out)  # one per workload
         for med, lo, hi, med_d, lo_d, hi_d in rows:
@@ -44,7 +43,8 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     own = re.findall(rf"^\s+own cost: A/B share{_SIGNED}\s*%, reported{_SIGNED}\s*%, "
                      rf"reported - A/B{_SIGNED}\s*pp; interference slope (\d+\.\d) us per busy "
                      r"step$", out, re.M)
-    assert len(own) == 2 * 6, out  # otel-otlp/-thread/-paused/-sampled/-none, instrument
+    assert len(own) == 2 * 7, out  # otel-otlp/-thread/-paused/-sampled/-throughput/-none,
+    # instrument
     for row in own:
         ab, ab_lo, ab_hi, rep, rep_lo, rep_hi, diff, d_lo, d_hi, _slope = map(float, row)
         assert ab_lo <= ab <= ab_hi and rep_lo <= rep <= rep_hi and d_lo <= diff <= d_hi
