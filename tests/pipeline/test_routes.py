@@ -58,17 +58,22 @@ def _file_spans(path: Path) -> list[ReceivedSpan]:
     return spans
 
 
+_MEASURED = ("train.memory.host_rss_bytes", "train.step.bound")
+
+
 def _comparable(spans: list[ReceivedSpan]) -> list[str]:
     """Each span as text, its trace named by its root, its parent by name; ids and times
-    left out (a monitoring operation's trace id is drawn by each run)."""
+    left out (a monitoring operation's trace id is drawn by each run), and so are the values
+    each run measures itself (its memory, the bound its phase times give): only their keys."""
     names = {s.span_id: s.name for s in spans}
     traces = {s.trace_id: f"{s.name}/{s.attributes.get('train.step')}"
               for s in spans if s.parent_span_id is None}
     out = []
     for s in spans:
+        attrs = {k: "<measured>" if k in _MEASURED else v for k, v in s.attributes.items()}
         out.append(json.dumps([
             s.name, traces.get(s.trace_id), names.get(s.parent_span_id or "", s.parent_span_id),
-            s.attributes, s.events, s.status_code, s.status_message, s.resource_attributes,
+            attrs, s.events, s.status_code, s.status_message, s.resource_attributes,
             s.scope_name, s.scope_version, s.kind, s.links], sort_keys=True, default=str))
     return sorted(out)
 

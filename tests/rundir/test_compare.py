@@ -265,7 +265,7 @@ def test_monitoring_between_steps_counts_in_the_overhead_and_not_in_wall_per_ste
                 time.sleep(0.01)
     spans = read_file_spans(tmp_path / "m")
     roots = [s for s in spans if s.name == "train.step"]
-    between = [s for s in spans if s.name == "checkpoint" and s.is_root]
+    between = [s for s in spans if s.name == "train.checkpoint" and s.is_root]
     assert len(between) == 3 and len({s.attributes["train.step"] for s in roots}) == 30
     expected = sum(s.duration_seconds for s in between) / sum(
         s.duration_seconds for s in roots)
