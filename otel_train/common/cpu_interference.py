@@ -13,7 +13,10 @@ and sending that frame), so ``busy`` swings between ~0 and ~1 within seconds whi
 the same: a weighted least-squares line through the points (weights: steps in the interval)
 has a slope that is the extra training-thread CPU per step at full background activity. The
 charge for the run so far is ``slope x sum(steps_i x busy_i)``: the training CPU the background
-cost, step by step. A slope that is not clearly positive (fewer than ``min_points`` points, no
+cost, step by step. Only intervals that trained at full pace fit the line (``fit=False``
+for the rest: a step rate below half the run's usual one means the training thread did other
+work in it, a block's set-up or an evaluation, whose CPU per step would read as slowdown);
+every interval's busy steps are charged. A slope that is not clearly positive (fewer than ``min_points`` points, no
 spread in ``busy``, or a slope below its standard error) charges nothing: on a machine where
 the exporter runs on a core of its own the slope is ~0 and so is the charge.
 
@@ -35,14 +38,19 @@ class CpuInterferenceRegression:
     def __init__(self, min_points: int = 30) -> None:
         self.min_points = min_points
         self.points = 0
+        self._busy_steps = 0.0  # sum(steps_i x busy_i) over every interval, fitted or not
         # Weighted sums: weights w (steps), x (busy share), y (training CPU ns per step).
         self._w = self._wx = self._wy = self._wxx = self._wxy = self._wyy = 0.0
 
-    def add(self, busy: float, cpu_per_step_ns: float, steps: int) -> None:
-        """One interval: the background's busy share, the training CPU per step, the steps."""
+    def add(self, busy: float, cpu_per_step_ns: float, steps: int, fit: bool = True) -> None:
+        """One interval: the background's busy share, the training CPU per step, the steps;
+        ``fit=False``: charged, but not a point of the line."""
         if steps <= 0 or not math.isfinite(busy) or not math.isfinite(cpu_per_step_ns):
             return
         w, x, y = float(steps), min(max(busy, 0.0), 1.0), cpu_per_step_ns
+        self._busy_steps += w * x
+        if not fit:
+            return
         self.points += 1
         self._w += w
         self._wx += w * x
@@ -54,7 +62,7 @@ class CpuInterferenceRegression:
     @property
     def busy_steps(self) -> float:
         """sum(steps_i x busy_i): steps weighted by how busy the background was."""
-        return self._wx
+        return self._busy_steps
 
     def slope_ns(self) -> float | None:
         """Extra training CPU per step at full background activity, None until it is clear."""
@@ -83,4 +91,4 @@ class CpuInterferenceRegression:
         slope = self.slope_ns()
         if slope is None:
             return 0.0
-        return slope * (self._wx if busy_steps is None else busy_steps)
+        return slope * (self._busy_steps if busy_steps is None else busy_steps)

@@ -103,6 +103,7 @@ class SelfCostMeter:
         # (steps drained, last step end ns, hot path + waits ns, interference's busy steps)
         self._marks: deque[tuple[int, int, float, float]] = deque(maxlen=_MARKS)
         self.interference = CpuInterferenceRegression()
+        self._usual_rate: float | None = None  # steps per ns, a moving average
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
@@ -166,7 +167,13 @@ class SelfCostMeter:
             # A jump of the index (a resumed run's first explicit index) is not steps run:
             # no instrumented step takes under 2 us.
             if begun is not None and 0 < begun and begun * _MIN_STEP_NS <= wall:
-                self.interference.add((background_ns + exporter) / wall, on_cpu / begun, begun)
+                # Intervals at the run's usual pace fit the line; slower ones (an evaluation,
+                # work between steps on this thread) are charged only (cpu_interference.py).
+                rate = begun / wall
+                usual = self._usual_rate
+                self._usual_rate = rate if usual is None else usual + 0.05 * (rate - usual)
+                self.interference.add((background_ns + exporter) / wall, on_cpu / begun, begun,
+                                      fit=usual is None or rate >= 0.5 * usual)
 
     # -- reading ------------------------------------------------------------------------
     def _accounted_locked(self) -> float:

@@ -56,3 +56,11 @@ def test_intervals_without_steps_or_with_nan_are_ignored() -> None:
     reg.add(0.5, 1.0, 0)
     reg.add(float("nan"), 1.0, 5)
     assert reg.points == 0
+
+
+def test_intervals_left_out_of_the_line_are_still_charged() -> None:
+    reg = _fed(slope_ns=150_000, noise_ns=20_000)
+    before = reg.busy_steps
+    reg.add(0.9, 5_000_000.0, 10, fit=False)  # an evaluation's interval: off the line
+    assert reg.points == 300 and reg.busy_steps == pytest.approx(before + 9.0)
+    assert reg.slope_ns() == pytest.approx(150_000, rel=0.1)

@@ -158,3 +158,18 @@ def test_an_index_jump_is_not_taken_for_steps_run() -> None:
     meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
     meter.sample(0, 0, True, 50_000)  # a resumed run's first index, not 50,000 steps in 50 ms
     assert meter.interference.points == 0
+
+
+def test_an_interval_at_a_fraction_of_the_usual_pace_is_charged_but_not_fitted() -> None:
+    meter = _meter_with_steps()
+    clock = meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, True, 0)
+    on_cpu = begun = 0
+    for steps in (90, 90, 90, 10):  # the last: an evaluation ran on the training thread
+        on_cpu += steps * 500_000 + (30 * MS if steps == 10 else 0)
+        begun += steps
+        clock.now = (on_cpu, 0)
+        meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
+        meter.sample(25 * MS, 0, True, begun)
+    assert meter.interference.points == 3
+    assert meter.interference.busy_steps == pytest.approx(0.5 * 280, rel=0.01)
