@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import queue
 import re
 import subprocess
@@ -151,6 +152,17 @@ def github_anchor(heading: str) -> str:
     text = heading.strip().lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
+
+
+def child_env(*first_paths: str) -> dict[str, str]:
+    """The environment of a ``Child``: this repository importable (after ``first_paths``),
+    the SDK on, and no OTLP endpoint of the caller's."""
+    env = dict(os.environ)
+    paths = (*first_paths, os.environ.get("PYTHONPATH", ""), str(REPO))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env["OTEL_SDK_DISABLED"] = "false"
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    return env
 
 
 class Child:

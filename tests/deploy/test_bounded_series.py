@@ -9,14 +9,13 @@ every second by ``prometheus`` (tests/prometheus_server.py) with the rules loade
 
 from __future__ import annotations
 
-import os
 import textwrap
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from deploy_support import REPO, RULE_FILES, Child, alert_rules
+from deploy_support import RULE_FILES, Child, alert_rules, child_env
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_server import PrometheusServer, require_binary
 
@@ -61,11 +60,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_binary("prometheus")
     workdir = tmp_path_factory.mktemp("bounded-series")
     (workdir / "child.py").write_text(CHILD)
-    env = dict(os.environ)
-    paths = (os.environ.get("PYTHONPATH", ""), str(REPO))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env["OTEL_SDK_DISABLED"] = "false"
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    env = child_env()
     children = {f"r{rank}": Child(f"r{rank}", workdir, env, [str(rank), str(extra)])
                 for rank, extra in ((0, 0.0), (1, 0.04))}
     try:

@@ -41,6 +41,7 @@ from deploy_support import (
     REPO,
     RULE_FILES,
     Child,
+    child_env,
     alert_rules,
     load_dashboard,
     load_generator,
@@ -153,13 +154,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     fake = workdir / "fake_nvml"
     fake.mkdir()
     (fake / "pynvml.py").write_text(FAKE_PYNVML)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(fake), os.environ.get("PYTHONPATH", ""), str(REPO)) if p
-    )
+    env = child_env(str(fake))
     env["OTEL_TRAIN_GPU_SAMPLE_INTERVAL_SECONDS"] = "0.5"
-    env["OTEL_SDK_DISABLED"] = "false"
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
 
     children = {name: Child(name, workdir, env, [name]) for name in ("heavy", "light")}
     try:

@@ -23,7 +23,6 @@ Runs in CI (``CI=true``) and never skips there: a missing ``prometheus`` binary 
 
 from __future__ import annotations
 
-import os
 import textwrap
 import time
 from collections.abc import Iterator
@@ -31,9 +30,9 @@ from typing import Any
 
 import pytest
 from deploy_support import (
-    REPO,
     RULE_FILES,
     Child,
+    child_env,
     alert_rules,
     load_dashboard,
     prometheus_queries,
@@ -89,11 +88,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_binary("prometheus")
     workdir = tmp_path_factory.mktemp("deploy-stragglers")
     (workdir / "child.py").write_text(CHILD)
-    env = dict(os.environ)
-    paths = (os.environ.get("PYTHONPATH", ""), str(REPO))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env["OTEL_SDK_DISABLED"] = "false"
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    env = child_env()
     children = {name: Child(name, workdir, env, [run_id, *map(str, args)])
                 for name, (run_id, *args) in RUNS.items()}
     try:
