@@ -27,7 +27,7 @@ chromium:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test: setup prometheus chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 demo: setup
 	$(BIN)/otel-train demo

@@ -154,18 +154,33 @@ class ReceiverProcess:
             self._proc.kill()
 
 
-def _median_ci(values: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Median and its bootstrap 95% interval."""
+def _resample(values: list[float], rng: random.Random, block: int) -> list[float]:
+    """One bootstrap sample: ``block``-long runs of neighbours (a moving-block bootstrap, for
+    estimates that share a bare block with the next one), cut to ``len(values)``."""
+    n = len(values)
+    if block <= 1:
+        return rng.choices(values, k=n)
+    out: list[float] = []
+    while len(out) < n:
+        i = rng.randrange(n - block + 1)
+        out.extend(values[i:i + block])
+    return out[:n]
+
+
+def _median_ci(values: list[float], seed: int = 0, block: int = 1,
+               stat: Any = statistics.median) -> tuple[float, float, float]:
+    """``stat`` (the median) and its bootstrap 95% interval (2000 resamples)."""
     rng = random.Random(seed)
-    med = statistics.median(values)
+    med = stat(values)
     if len(values) < 2:
         return med, med, med
-    boots = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    block = min(block, len(values))
+    boots = sorted(stat(_resample(values, rng, block)) for _ in range(2000))
     return med, boots[49], boots[1949]
 
 
-def _fmt_ci(values: list[float]) -> str:
-    m, lo, hi = _median_ci(values)
+def _fmt_ci(values: list[float], block: int = 1, stat: Any = statistics.median) -> str:
+    m, lo, hi = _median_ci(values, block=block, stat=stat)
     return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
 
 

@@ -42,9 +42,11 @@ Variants, each compared with the bare loop:
 
 Method. This machine's speed drifts by ~10% over seconds, so whole-run comparisons cannot
 resolve 1%. Instead each comparison is a series of short blocks (50 GPT steps, 100 MLP
-steps), bare and variant alternating (ABBA order), many times, and every figure is a paired
-ratio of neighbouring blocks: drift hits both blocks of a pair alike. We print the median
-of the paired ratios with a bootstrap 95% interval (2000 resamples of the pairs).
+steps), bare and variant alternating (bare, variant, bare, variant, ..., bare), many times,
+and every figure compares a variant block with the mean of the two bare blocks either side
+of it: drift that is linear over the three cancels. We print the median of those paired
+ratios with a bootstrap 95% interval (2000 moving-block resamples: neighbouring pairs share a
+bare block, so they are resampled two at a time).
 
 - Where a variant can be switched on and off, it is, in one process: the otel-train run,
   the SDK provider and the receiver stay up for the whole series; a bare block runs the bare
@@ -84,9 +86,10 @@ Python memory blocks allocated at peak and kept after the block (per step), bare
 Beside each otel-train run's row, ``own cost``: the share of the block's time the run reports
 it lost (``run.self_cost.lost_ns`` over the block: hot path + the training thread's measured
 wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share of the same
-blocks, 1 - bare / variant block wall, and their paired difference in percentage points. Read
-it in the all-in mode (``--block-steps 1500``), where the exporter process and the receiver
-work inside the clock. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter process un-niced.
+blocks, 1 - bare / variant block wall, and their paired difference in percentage points: means
+over the blocks (a cost is a total, so an average), each with its moving-block bootstrap
+interval. Read it in the all-in mode (``--block-steps 1500``), where the exporter process and
+the receiver work inside the clock; ``--save PATH`` keeps every block's raw figures. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter process un-niced.
 
 The machine is shared: absolute figures are noisy; read the paired ratios.
 
@@ -413,18 +416,25 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     gc.collect()
     pairs = []
     gc_bare, gc_var = [0, 0, 0], [0, 0, 0]
-    for i in range(cfg["pairs"]):
-        order = ("bare", "var") if i % 2 == 0 else ("var", "bare")
-        got = {}
-        for which in order:
-            gcc.counts = [0, 0, 0]
-            gcc.active = True
-            got[which] = run_variant() if which == "var" else timed_block(clock, bare)
-            gcc.active = False
-            acc = gc_var if which == "var" else gc_bare
-            for g in range(3):
-                acc[g] += gcc.counts[g]
-        pairs.append(got)
+
+    def counted(which: str) -> dict[str, int]:
+        gcc.counts = [0, 0, 0]
+        gcc.active = True
+        got = run_variant() if which == "var" else timed_block(clock, bare)
+        gcc.active = False
+        acc = gc_var if which == "var" else gc_bare
+        for g in range(3):
+            acc[g] += gcc.counts[g]
+        return got
+
+    # bare, var, bare, var, ..., bare: each variant block between two bare ones, so the
+    # machine's drift over the three cancels to first order (see the module docstring).
+    before = counted("bare")
+    for _ in range(cfg["pairs"]):
+        var = counted("var")
+        after = counted("bare")
+        pairs.append({"bare": before, "var": var, "bare_after": after})
+        before = after
     slope = None
     if meter is not None:  # the blocks' busy steps at the slope the whole run ends with
         slope = meter.interference.slope_ns()
@@ -447,7 +457,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     devnull.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return {"pairs": pairs, "steps": n, "gc_bare": gc_bare, "gc_var": gc_var,
-            "gc_steps": n * cfg["pairs"], "spans_built": spans_built, "memory": memory,
+            "gc_steps": n * cfg["pairs"], "gc_bare_steps": n * (cfg["pairs"] + 1),
+            "spans_built": spans_built, "memory": memory,
             "interference_slope_ns": slope}
 
 
@@ -529,9 +540,16 @@ def _spawn(cfg: dict[str, Any], launcher: list[str] | None = None,
         return json.loads(out.read_text())
 
 
-def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int,
-         delivered: str) -> str:
-    """One table row from (bare, variant) block pairs."""
+def _interpolated(p: dict[str, dict[str, int]]) -> tuple[dict[str, float], dict[str, int]]:
+    """(the bare blocks either side of the variant block, averaged; the variant block)."""
+    b0, b1 = p["bare"], p["bare_after"]
+    return {k: (b0[k] + b1[k]) / 2 for k in b0}, p["var"]
+
+
+def _row(name: str, pairs: list[tuple[dict[str, Any], dict[str, int]]], steps: int,
+         delivered: str, block: int = 2) -> str:
+    """One table row from (bare, variant) block pairs; ``block``: neighbouring pairs that
+    share a bare block, resampled together in the bootstrap."""
     ratio = [v["wall"] / b["wall"] for b, v in pairs]  # per step: blocks have equal steps
     ratio_d = [(v["wall"] + v["drain_wall"]) / b["wall"] for b, v in pairs]
     us = 1000.0 * steps
@@ -549,19 +567,25 @@ def _row(name: str, pairs: list[tuple[dict[str, int], dict[str, int]]], steps: i
     bg = med(lambda b, v: (v["proc_cpu"] + v["drain_proc_cpu"] - v["thread_cpu"]
                            - v["drain_thread_cpu"]) - (b["proc_cpu"] - b["thread_cpu"]))
     child = med(lambda b, v: v.get("child_cpu", 0))
-    return (f"{name:<16}{_fmt_ci(ratio):>24}{_fmt_ci(ratio_d):>24}{stall:9.0f}{stall_d:+8.0f}"
+    return (f"{name:<16}{_fmt_ci(ratio, block):>24}{_fmt_ci(ratio_d, block):>24}"
+            f"{stall:9.0f}{stall_d:+8.0f}"
             f"{runq_d:+8.0f}{gil_d:+8.0f}{tcpu_d:+9.0f}{pcpu_d:+9.0f}{bg:+8.0f}"
             f"{child:8.0f}  {delivered}")
 
 
-def _own_cost_line(pairs: list[tuple[dict[str, int], dict[str, int]]]) -> str:
+def _own_cost_line(pairs: list[tuple[dict[str, Any], dict[str, int]]]) -> str:
     """The share of the loop's time the run reports it lost (``SelfCostMeter.lost_ns`` over
-    the block's wall) beside the A/B's share, 1 - bare / variant, and their difference."""
+    the block's wall) beside the A/B's share, 1 - bare / variant, and their difference:
+    means over the blocks, each with its moving-block bootstrap interval."""
     ab = [1.0 - b["wall"] / v["wall"] for b, v in pairs]
     reported = [v["reported_lost"] / v["wall"] for _, v in pairs]
     diff = [100.0 * (r - a) for r, a in zip(reported, ab)]
-    return (f"{'':<16}  own cost: A/B share {_fmt_ci([100 * a for a in ab])} %, reported "
-            f"{_fmt_ci([100 * r for r in reported])} %, reported - A/B {_fmt_ci(diff)} pp")
+
+    def ci(values: list[float]) -> str:
+        return _fmt_ci(values, block=2, stat=statistics.fmean)
+
+    return (f"{'':<16}  own cost: A/B share {ci([100 * a for a in ab])} %, reported "
+            f"{ci([100 * r for r in reported])} %, reported - A/B {ci(diff)} pp")
 
 
 HEADER = (f"{'variant':<16}{'ratio [95% CI]':>24}{'ratio+drain [95% CI]':>24}"
@@ -613,6 +637,8 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
             continue
         got = receiver.count() - before
         for variant in group:
+            args.saved[f"{workload}/threads={threads}/{variant}"] = dict(
+                results[variant], delivered=got if len(group) == 1 else None)
             first_bare = _report_variant(variant, results[variant],
                                          got if len(group) == 1 else None, n, first_bare)
         if len(group) > 1:
@@ -629,7 +655,7 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
 def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
                     first_bare: bool) -> bool:
     """Print one variant's row (and gc/tracemalloc lines); False once bare was printed."""
-    pairs = [(p["bare"], p["var"]) for p in res["pairs"]]
+    pairs = [_interpolated(p) for p in res["pairs"]]
     if first_bare:
         print(_bare_line(pairs, n))
         first_bare = False
@@ -652,9 +678,12 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
               f"step", flush=True)
     gc_steps = res["gc_steps"]
     if variant in ("otel-otlp", "otel-thread", "otel-sdk"):
-        per_k = lambda c: "/".join(f"{1000 * x / gc_steps:.1f}" for x in c)  # noqa: E731
-        print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare {per_k(res['gc_bare'])}"
-              f", {variant} {per_k(res['gc_var'])}")
+        def per_k(c: list[int], steps: int) -> str:
+            return "/".join(f"{1000 * x / steps:.1f}" for x in c)
+
+        print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare "
+              f"{per_k(res['gc_bare'], res['gc_bare_steps'])}, {variant} "
+              f"{per_k(res['gc_var'], gc_steps)}")
     mem = res.get("memory")
     if mem:
         s = mem["steps"]
@@ -692,8 +721,54 @@ def run_peer(peer: str, base: dict[str, Any], args: argparse.Namespace,
         return
     delivered = f"{receiver.count() - before} (OTLP/HTTP)" if peer == "torchtel" else \
         "- (own aggregator, no OTLP)"
-    print(_row(peer + " (subproc)", pairs, base["block_steps"], delivered)
+    print(_row(peer + " (subproc)", pairs, base["block_steps"], delivered, block=1)
           + f"  [{args.subprocess_pairs} subprocess pairs]", flush=True)
+
+
+def combine(paths: list[str]) -> int:
+    """The tables of several ``--save`` files, their blocks pooled (variant by variant): one
+    long comparison run in pieces, each piece its own process."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        try:
+            saved = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--combine: cannot read {path}: {exc}") from None
+        for key, res in saved.items():
+            into = pooled.get(key)
+            if into is None:
+                pooled[key] = dict(res, runs=1, slopes=[res.get("interference_slope_ns") or 0.0])
+                continue
+            if res["steps"] != into["steps"]:
+                raise SystemExit(f"--combine: {key} has {res['steps']}-step blocks in {path}, "
+                                 f"{into['steps']} before: only blocks of one length pool")
+            into["pairs"] = into["pairs"] + res["pairs"]
+            into["runs"] += 1
+            into["slopes"].append(res.get("interference_slope_ns") or 0.0)
+            for k in ("gc_steps", "gc_bare_steps", "spans_built"):
+                into[k] = into.get(k, 0) + res.get(k, 0)
+            for k in ("gc_bare", "gc_var"):
+                into[k] = [a + b for a, b in zip(into[k], res[k])]
+            into["delivered"] = (None if into.get("delivered") is None
+                                 or res.get("delivered") is None
+                                 else into["delivered"] + res["delivered"])
+            into["memory"] = None
+    workload_threads = None
+    first_bare = True
+    for key, res in pooled.items():
+        head, variant = key.rsplit("/", 1)
+        if head != workload_threads:
+            workload_threads, first_bare = head, True
+            print(f"\n== {head}: {len(res['pairs'])} pairs of {res['steps']}-step blocks from "
+                  f"{res['runs']} run(s), pooled")
+            print(HEADER)
+        res["interference_slope_ns"] = statistics.fmean(res["slopes"])
+        first_bare = _report_variant(variant, res, res.get("delivered"), res["steps"],
+                                     first_bare)
+        if res["runs"] > 1:
+            print(f"{'':<16}  interference slope by run (us per busy step): "
+                  + ", ".join(f"{x / 1e3:.1f}" for x in res["slopes"]))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -712,12 +787,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the tracemalloc blocks")
+    ap.add_argument("--save", metavar="PATH", help="write every block's raw figures (JSON) there")
+    ap.add_argument("--combine", nargs="+", metavar="PATH",
+                    help="print the tables of these --save files with their blocks pooled "
+                    "(runs nothing)")
     args = ap.parse_args(argv)
     if args.worker:
         cfg = json.loads(args.worker)
         res = worker_in_process(cfg) if cfg["mode"] == "pairs" else worker_subprocess_block(cfg)
         Path(cfg["result_path"]).write_text(json.dumps(res))
         return 0
+    if args.combine:
+        return combine(args.combine)
     args.workloads = [x for x in args.workloads.split(",") if x]
     args.variants = [x for x in args.variants.split(",") if x]
     threads = [int(x) for x in args.threads.split(",") if x]
@@ -731,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_training_loop: {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}")
     receiver = ReceiverProcess()
+    args.saved = {}
     t0 = time.monotonic()
     try:
         for workload in args.workloads:
@@ -738,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_config(workload, th, args, receiver)
     finally:
         receiver.close()
+        if args.save:
+            Path(args.save).write_text(json.dumps(args.saved))
     print(f"\n(total {time.monotonic() - t0:.0f} s) columns: ratio = variant block wall / "
           "bare block wall (steps only); ratio+drain adds the work the block left this process "
           "(the span worker's drain; the whole flush when exporting in-process); stall = "

@@ -14,10 +14,12 @@ _RATIO = r"\s+(\d+\.\d+) \[(\d+\.\d+), (\d+\.\d+)\]"
 _SIGNED = r"\s+(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]"
 
 
-def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_delivers_spans():
+def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_delivers_spans(
+        tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(BENCH), "--smoke"], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=240)
+    saved = tmp_path / "blocks.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--save", str(saved)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     for workload in ("gpt", "mlp"):
@@ -55,3 +57,12 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     assert len(delivered) == 2 and all(n > 0 for n in delivered), out
     assert re.search(r"otel-none .*\(exporter none; [1-9]\d* built\)", out)
     assert len(re.findall(r"^otel-recorder .*- \(no export\)$", out, re.M)) == 2, out
+
+    # Every block's figures were saved; two saves pool into one table with twice the pairs
+    # and the same rows (a long comparison run in pieces).
+    combined = subprocess.run([sys.executable, str(BENCH), "--combine", str(saved), str(saved)],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert combined.returncode == 0, combined.stderr[-2000:]
+    assert "== mlp/threads=1: 4 pairs of 10-step blocks from 2 run(s), pooled" in combined.stdout
+    assert len(re.findall(rf"^otel-otlp{_RATIO}{_RATIO}", combined.stdout, re.M)) == 2
+    assert len(re.findall(r"own cost: A/B share", combined.stdout)) == 2 * 7

@@ -263,21 +263,29 @@ class _Encoder:
          _ids) = rec
         consts, keys, block = const
         head = None
+        extra = b""
         if status is None and not events and start and end and name and _ATTR_SLOW not in keys:
-            # The usual root: the step, the loader (if any) and the slow flag, in that order
-            # (a run constant named like a phase attribute went through the rows).
+            # The usual root: the step, the loader (if any) and the slow flag, in that order,
+            # then what the step added (its bound, tokens, samples), encoded pair by pair
+            # (cached); a run constant named like any of them goes through the rows.
             root_keys = tuple(attrs)
-            if root_keys == _ROOT_KEYS or root_keys == _ROOT_KEYS_LOADER:
-                head = self._root_head(name, attrs.get(_ATTR_LOADER), attrs[_ATTR_SLOW])
+            n = 3 if root_keys[1:2] == (_ATTR_LOADER,) else 2
+            usual = root_keys[:n]
+            if ((usual == _ROOT_KEYS or usual == _ROOT_KEYS_LOADER)
+                    and (len(root_keys) == n or keys.isdisjoint(root_keys[n:]))):
+                head = self._root_head(name, attrs[_ATTR_LOADER] if n == 3 else None,
+                                       attrs[_ATTR_SLOW])
+                if head is not None and len(root_keys) > n:
+                    extra = b"".join(self._items(b"\x4a", tuple(attrs.items())[n:]))
         if head is None:
             root = (name, trace_id, root_id, flags, 0, False, start, end, attrs, status,
                     events, _INTERNAL, None, ())
             return W.span_field(self.row(root, consts, keys, block))
         # A phase's fields less the parent id.
-        return b"".join((W.span_field_head(fixed - 10 + head[2]), tid,
+        return b"".join((W.span_field_head(fixed - 10 + head[2] + len(extra)), tid,
                          W.pack_id(b"\x12\x08", root_id), head[0],
                          W.pack_times(b"\x39", start, b"\x41", end), attrs_head, head[1],
-                         W.UNSET_LOCAL))
+                         extra, W.UNSET_LOCAL))
 
     def _root_head(self, name: str, loader: Any, slow: Any) -> tuple[bytes, bytes, int] | None:
         """A root's name and kind fields, its loader and slow attributes and their length

@@ -119,7 +119,12 @@ def _odd_records(records):
              {"train.step": i, "train.dataloader": "train", "train.slow": True},
              {"train.step": i, "train.slow": False},
              {"train.step": i, "train.slow": True, "train.dataloader": "train"},  # reordered
-             {"train.step": i, "train.dataloader": "train", "train.slow": 1}]  # not a bool
+             {"train.step": i, "train.dataloader": "train", "train.slow": 1},  # not a bool
+             # What a step adds after them (its bound, tokens, samples; a float too)
+             {"train.step": i, "train.dataloader": "train", "train.slow": False,
+              "train.step.bound": "compute", "train.tokens": 256, "train.samples": 32},
+             {"train.step": i, "train.slow": True, "train.step.bound": "input",
+              "train.mfu": 0.41}]
     # Spans over 4 KiB (a long phase name and loader): their length takes a longer varint.
     long = step[:9] + ([("f" * 5000,) + p[1:2] + ("L" * 3000,) + p[3:] for p in step[9]],
                        step[10])
@@ -147,8 +152,9 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
     for n, rec in enumerate(records):
         shapes["between steps" if rec[9] is None else "phase attribute"
                if any(p[10] for p in rec[9]) else "plain"] += 1
-        shapes["usual root"] += tuple(rec[6]) in (
-            ("train.step", "train.slow"), ("train.step", "train.dataloader", "train.slow"))
+        shapes["usual root"] += tuple(rec[6])[:3] in (
+            ("train.step", "train.slow", "train.step.bound"),
+            ("train.step", "train.dataloader", "train.slow"))
         random.seed(n)
         want = _fields([enc.row(r, consts, keys, block) for r in rows_from_record(rec)])
         random.seed(n)
@@ -164,7 +170,7 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
     random.seed(1)
     assert rec_enc.record(records[0], named) == want
     # And one named like a root attribute, on a usual root: the constant's value.
-    usual = records[-5]
+    usual = records[-7]
     for name in ("train.slow", "train.dataloader"):
         named = dict(factory.run_constants, **{name: "constant"})
         c2, k2, b2 = enc._constants(named)
@@ -172,6 +178,23 @@ def test_a_span_record_encodes_straight_to_the_bytes_its_rows_encode_to(tmp_path
         want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(usual)])
         random.seed(2)
         assert rec_enc.record(usual, named) == want, name
+    # A root with the step's own attributes after the usual ones is joined from cached parts,
+    # not encoded as a row (unless a run constant shares one of their names).
+    added = records[-2]
+    assert tuple(added[6])[3:] == ("train.step.bound", "train.tokens", "train.samples")
+    rows_encoded = []
+    fast = _Encoder()
+    fast.row = lambda *a: rows_encoded.append(a) or _Encoder.row(fast, *a)  # type: ignore
+    random.seed(3)
+    want = _fields([enc.row(r, consts, keys, block) for r in rows_from_record(added)])
+    random.seed(3)
+    assert fast.record(added, factory.run_constants) == want and rows_encoded == []
+    named = dict(factory.run_constants, **{"train.tokens": 1})
+    c2, k2, b2 = enc._constants(named)
+    random.seed(4)
+    want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(added)])
+    random.seed(4)
+    assert fast.record(added, named) == want and len(rows_encoded) == 1
     # Encoded spans and user rows, mixed in one request: the rows' request, byte for byte.
     random.seed(5)
     rows = [row for rec in records for row in rows_from_record(rec)]
