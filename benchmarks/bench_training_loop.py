@@ -89,7 +89,9 @@ wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share o
 blocks, 1 - bare / variant block wall, and their paired difference in percentage points: means
 over the blocks (a cost is a total, so an average), each with its moving-block bootstrap
 interval. Read it in the all-in mode (``--block-steps 1500``), where the exporter process and
-the receiver work inside the clock; ``--save PATH`` keeps every block's raw figures. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter process un-niced.
+the receiver work inside the clock; ``--save PATH`` keeps every block's raw figures and
+``--combine`` pools several saves. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter
+process un-niced.
 
 The machine is shared: absolute figures are noisy; read the paired ratios.
 
