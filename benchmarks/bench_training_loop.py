@@ -684,7 +684,7 @@ def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
             return "/".join(f"{1000 * x / steps:.1f}" for x in c)
 
         print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare "
-              f"{per_k(res['gc_bare'], res['gc_bare_steps'])}, {variant} "
+              f"{per_k(res['gc_bare'], res.get('gc_bare_steps', gc_steps))}, {variant} "
               f"{per_k(res['gc_var'], gc_steps)}")
     mem = res.get("memory")
     if mem:

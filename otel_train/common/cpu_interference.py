@@ -16,9 +16,10 @@ charge for the run so far is ``slope x sum(steps_i x busy_i)``: the training CPU
 cost, step by step. Only intervals that trained at full pace fit the line (``fit=False``
 for the rest: a step rate below half the run's usual one means the training thread did other
 work in it, a block's set-up or an evaluation, whose CPU per step would read as slowdown);
-every interval's busy steps are charged. A slope that is not clearly positive (fewer than ``min_points`` points, no
-spread in ``busy``, or a slope below its standard error) charges nothing: on a machine where
-the exporter runs on a core of its own the slope is ~0 and so is the charge.
+every interval's busy steps are charged. A slope that is not clearly positive (fewer than
+``min_points`` points, no spread in ``busy``, or a slope below its standard error) charges
+nothing: on a machine where the exporter runs on a core of its own the slope is ~0 and so is
+the charge.
 
 Usage::
 

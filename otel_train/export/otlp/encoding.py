@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -269,14 +270,13 @@ class _Encoder:
             # then what the step added (its bound, tokens, samples), encoded pair by pair
             # (cached); a run constant named like any of them goes through the rows.
             root_keys = tuple(attrs)
-            n = 3 if root_keys[1:2] == (_ATTR_LOADER,) else 2
-            usual = root_keys[:n]
-            if ((usual == _ROOT_KEYS or usual == _ROOT_KEYS_LOADER)
-                    and (len(root_keys) == n or keys.isdisjoint(root_keys[n:]))):
-                head = self._root_head(name, attrs[_ATTR_LOADER] if n == 3 else None,
+            usual = _ROOT_KEYS_LOADER if root_keys[1:2] == (_ATTR_LOADER,) else _ROOT_KEYS
+            n = len(usual)
+            if root_keys[:n] == usual and keys.isdisjoint(root_keys[n:]):
+                head = self._root_head(name, attrs.get(_ATTR_LOADER) if n == 3 else None,
                                        attrs[_ATTR_SLOW])
                 if head is not None and len(root_keys) > n:
-                    extra = b"".join(self._items(b"\x4a", tuple(attrs.items())[n:]))
+                    extra = b"".join(self._items(b"\x4a", islice(attrs.items(), n, None)))
         if head is None:
             root = (name, trace_id, root_id, flags, 0, False, start, end, attrs, status,
                     events, _INTERNAL, None, ())
