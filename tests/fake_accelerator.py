@@ -25,9 +25,13 @@ import torch
 class FakeAccelerator:
     """``torch.accelerator``-shaped fake: is_available, current_accelerator, synchronize..."""
 
-    def __init__(self, device_type: str = "cuda", available: bool = True) -> None:
+    def __init__(self, device_type: str = "cuda", available: bool = True,
+                 initialized: bool = True) -> None:
         self.device_type = device_type
         self.available = available
+        # As torch.cuda.is_initialized(): False until the process's first device call
+        # (a launch here, or a synchronize, which creates the context on a real device).
+        self.initialized = initialized
         self._lock = threading.Lock()
         self._busy_until = 0.0  # time.monotonic() at which the stream drains
         self.synchronize_calls = 0
@@ -42,6 +46,7 @@ class FakeAccelerator:
             start = max(time.monotonic(), self._busy_until)
             self._busy_until = start + seconds
             self.launches += 1
+            self.initialized = True
 
     def item(self) -> float:
         """A blocking device-to-host read (``tensor.item()``): waits, but is no library sync."""
@@ -71,10 +76,15 @@ class FakeAccelerator:
     def current_device_index(self) -> int:
         return 0
 
+    def is_initialized(self) -> bool:
+        """``torch.cuda.is_initialized``: has this process used the device yet?"""
+        return self.initialized
+
     def synchronize(self, device: Any = None) -> None:
         """Block until every launched kernel has finished."""
         with self._lock:
             self.synchronize_calls += 1
+            self.initialized = True
         _sleep_until(self.stream_position())
 
 

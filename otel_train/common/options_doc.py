@@ -66,7 +66,8 @@ OPTION_DOCS: dict[str, OptionDoc] = {
     "device_sync": OptionDoc(
         "run", "`sync`: synchronize the accelerator at every phase boundary (exact "
         "attribution); `events`: device timing events resolved in the background (no stall); "
-        "`off`: host clock only; `auto`: `sync` when an accelerator is present "
+        "`off`: host clock only; `auto`: `sync` when an accelerator is present; `sync`/`auto` "
+        "start synchronizing at the process's first use of the device, not before "
         "([device-timing.md](device-timing.md))"),
     "shutdown_timeout_seconds": OptionDoc(
         "run", "bound on shutdown and on interpreter exit (less a reserve for the "

@@ -14,6 +14,11 @@ launched in ``forward`` is paid for in whichever phase next waits on the device 
 - ``auto`` (default): ``sync`` when an accelerator is present, else host clock (on CPU the
   host clock is exact, there is nothing to synchronize).
 
+A process that has not initialized its accelerator yet (a CPU loop on a GPU machine, or a
+model moved to the device after ``start_run``) is not synchronized until it does: a
+synchronize would create a device context (seconds, and memory on the GPU) only to drain an
+empty queue, and costs CPU on every boundary (figures in docs/device-timing.md).
+
 Device-agnostic through ``torch.accelerator`` (torch >= 2.6), with ``torch.cuda`` as a
 fallback on older torch.
 """
@@ -38,6 +43,9 @@ class DeviceTiming:
     synchronize: Callable[[], None] | None  # called at boundaries when not None
     make_event: Callable[[], Any] | None = None  # events mode: a recorded timing event
     probes: Any = None  # device_probes.DeviceProbes: events / allocator peaks per boundary
+    # True when the device was not initialized at start: boundaries synchronize from the
+    # process's own first use of it on (``_synchronize_once_in_use``).
+    pending_first_use: bool = False
 
     @property
     def synced(self) -> bool:
@@ -52,6 +60,9 @@ class DeviceTiming:
         return self._clock()
 
     def _clock(self) -> str:
+        if self.synchronize is not None and self.pending_first_use:
+            return (f"{self.device_type}: synchronized at phase boundaries once this process "
+                    f"uses {self.device_type} (not initialized at start; until then host clock)")
         if self.synchronize is not None:
             return f"{self.device_type}: synchronized at phase boundaries"
         if self.make_event is not None:
@@ -85,6 +96,25 @@ def _accelerator_api(torch: Any) -> Any | None:
             cuda.synchronize(device)
 
     return _CudaShim
+
+
+def _in_use_check(torch: Any | None, accelerator: Any, device_type: str) -> Any | None:
+    """``is_initialized`` of the device's backend (``torch.cuda``, ``torch.xpu``), if it has one."""
+    if torch is None:  # a fake accelerator passed in: its own check, if any
+        return getattr(accelerator, "is_initialized", None)
+    return getattr(getattr(torch, device_type, None), "is_initialized", None)
+
+
+def _synchronize_once_in_use(synchronize: Callable[[], None],
+                             in_use: Callable[[], bool]) -> Callable[[], None]:
+    """``synchronize``, skipped while the process has not initialized the device."""
+    def synchronize_once_in_use() -> None:
+        # One cheap flag read per boundary; a synchronize before the process's own first
+        # device call would initialize the device for nothing.
+        if in_use():
+            synchronize()
+
+    return synchronize_once_in_use
 
 
 def resolve_device_timing(mode: str, accelerator: Any | None = None,
@@ -138,5 +168,14 @@ def resolve_device_timing(mode: str, accelerator: Any | None = None,
             return event
 
         return DeviceTiming(mode, device_type, None, make_event)
+    in_use = _in_use_check(torch, accelerator, device_type)
+    try:
+        pending = in_use is not None and not in_use()
+    except Exception:  # a check that fails says nothing: synchronize as asked
+        pending = False
+    if pending:
+        return DeviceTiming(mode, device_type,
+                            _synchronize_once_in_use(accelerator.synchronize, in_use),
+                            pending_first_use=True)
     # The bound function itself: one call per boundary, no wrapper frame on the hot path.
     return DeviceTiming(mode, device_type, accelerator.synchronize)

@@ -96,6 +96,35 @@ def test_old_torch_without_accelerator_module_falls_back_to_torch_cuda():
     assert synced == [None]
 
 
+
+def test_an_accelerator_this_process_has_not_initialized_is_not_synchronized_yet():
+    fake = FakeAccelerator(initialized=False)  # e.g. a CPU loop on a GPU machine
+    timing = resolve_device_timing("auto", accelerator=fake)
+    assert timing.synced and timing.pending_first_use
+    assert "once this process uses cuda" in timing.describe()
+    timing.synchronize()
+    # No synchronize, so no device context created for an empty queue.
+    assert (fake.synchronize_calls, fake.initialized) == (0, False)
+    fake.launch(0.0)  # the process's first device call
+    timing.synchronize()
+    assert fake.synchronize_calls == 1
+
+
+def test_an_initialized_accelerator_is_synchronized_by_the_bound_function_itself():
+    fake = FakeAccelerator()
+    timing = resolve_device_timing("sync", accelerator=fake)
+    assert not timing.pending_first_use
+    assert timing.synchronize == fake.synchronize  # no wrapper frame on the hot path
+
+
+def test_the_first_use_check_is_the_device_backends_is_initialized():
+    import torch
+
+    acc = FakeAccelerator()
+    assert device_mod._in_use_check(torch, acc, "cuda") is torch.cuda.is_initialized
+    assert device_mod._in_use_check(None, acc, "cuda") == acc.is_initialized
+    assert device_mod._in_use_check(torch, acc, "mps-like") is None  # no check: synchronize
+
 # -- a whole run on the fake accelerator ---------------------------------------------------
 
 @pytest.fixture
@@ -137,6 +166,27 @@ def test_auto_mode_with_the_fake_accelerator_syncs_in_a_run(tmp_path, fake):
     assert one(spans, "forward").duration_seconds >= WORK
     assert all(s.attributes["train.device.synced"] is True for s in spans)
 
+
+
+def test_a_run_synchronizes_from_the_processs_first_device_use_on(tmp_path, monkeypatch):
+    acc = FakeAccelerator(initialized=False)
+    real = resolve_device_timing
+    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
+    with start_in_process_run(tmp_path) as run:
+        assert run.device.pending_first_use
+        for step in run.steps([0, 1], loader="train"):
+            with step.phase("forward"):
+                if step.index == 1:
+                    syncs_before_first_use = acc.synchronize_calls
+                    acc.launch(WORK)  # the model reaches the device only in step 1
+    spans = run_spans(run)
+    forwards = sorted((s for s in spans if s.name == "forward"),
+                      key=lambda s: s.attributes["train.step"])
+    assert forwards[0].duration_seconds < WORK / 2
+    assert forwards[1].duration_seconds >= WORK  # synchronized: charged where launched
+    assert syncs_before_first_use == 0
+    assert acc.synchronize_calls >= 2
 
 def test_off_mode_lets_async_work_land_in_the_phase_that_waits(tmp_path, fake):
     with start_in_process_run(tmp_path, device_sync="off") as run:
