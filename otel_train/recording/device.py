@@ -117,6 +117,22 @@ def _synchronize_once_in_use(synchronize: Callable[[], None],
     return synchronize_once_in_use
 
 
+def _synchronized_timing(mode: str, device_type: str, accelerator: Any,
+                         torch: Any | None) -> DeviceTiming:
+    """``sync`` timing: the bound synchronize, or its wrapper until the device's first use."""
+    in_use = _in_use_check(torch, accelerator, device_type)
+    try:
+        pending = in_use is not None and not in_use()
+    except Exception:  # a check that fails says nothing: synchronize as asked
+        pending = False
+    if pending:
+        return DeviceTiming(mode, device_type,
+                            _synchronize_once_in_use(accelerator.synchronize, in_use),
+                            pending_first_use=True)
+    # The bound function itself: one call per boundary, no wrapper frame on the hot path.
+    return DeviceTiming(mode, device_type, accelerator.synchronize)
+
+
 def resolve_device_timing(mode: str, accelerator: Any | None = None,
                           event_class: Any | None = None) -> DeviceTiming:
     """Resolve ``device_sync`` against the accelerator that is present (if any).
@@ -168,14 +184,4 @@ def resolve_device_timing(mode: str, accelerator: Any | None = None,
             return event
 
         return DeviceTiming(mode, device_type, None, make_event)
-    in_use = _in_use_check(torch, accelerator, device_type)
-    try:
-        pending = in_use is not None and not in_use()
-    except Exception:  # a check that fails says nothing: synchronize as asked
-        pending = False
-    if pending:
-        return DeviceTiming(mode, device_type,
-                            _synchronize_once_in_use(accelerator.synchronize, in_use),
-                            pending_first_use=True)
-    # The bound function itself: one call per boundary, no wrapper frame on the hot path.
-    return DeviceTiming(mode, device_type, accelerator.synchronize)
+    return _synchronized_timing(mode, device_type, accelerator, torch)
