@@ -26,8 +26,10 @@ chromium:
 	@command -v chromium >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# One worker per core, at most 4, each test file on one worker (its module fixtures, such as
+# a Prometheus server, start once). `pytest -q` alone runs the same tests one at a time.
 test: setup prometheus chromium
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=20
 
 demo: setup
 	$(BIN)/otel-train demo

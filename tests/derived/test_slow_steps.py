@@ -254,7 +254,9 @@ def test_an_empty_loop_with_the_console_off_logs_a_handful_of_lines_at_most(
                                    status_dir=str(tmp_path))
         for step in run.steps(range(13_000)):
             if step.index % 2000 == 1999:
-                time.sleep(0.05)  # a real slow step now and then
+                # A real slow step now and then, long enough for the span worker to make room
+                # in the queue the empty steps fill, on a loaded machine too.
+                time.sleep(0.2)
         slow_steps = run._telemetry.derived.slow.slow_steps
         run.shutdown(timeout=10)
     lines = [r.getMessage() for r in caplog.records if "slow step" in r.getMessage()]

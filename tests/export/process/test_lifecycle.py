@@ -42,7 +42,9 @@ def test_a_client_starts_in_starting_and_every_state_has_its_legal_moves() -> No
     assert all(to is not S.STARTING for moves in LEGAL_MOVES.values() for to in moves)
 
 
-@pytest.mark.parametrize("start,to", [(a, b) for a, moves in LEGAL_MOVES.items() for b in moves],
+# Sorted: the moves are sets, and every collection (an xdist worker's too) must list them alike.
+@pytest.mark.parametrize("start,to", [(a, b) for a, moves in LEGAL_MOVES.items()
+                                      for b in sorted(moves, key=lambda s: s.name)],
                          ids=lambda s: s.name)
 def test_each_legal_transition_moves_to_its_state_and_logs_nothing(
         start: ClientState, to: ClientState, caplog: pytest.LogCaptureFixture) -> None:
