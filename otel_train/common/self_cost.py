@@ -46,6 +46,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_train.common.cpu_interference import CpuInterferenceRegression
+from otel_train.common.proc_files import ProcFileReader
 
 _MARKS = 64  # drains remembered for the recent window
 _MIN_STEP_NS = 2_000
@@ -61,16 +62,20 @@ class TrainingThreadSchedstat:
             self.unavailable = f"no per-thread schedstat on {sys.platform}"
         elif not os.path.exists(self.path):
             self.unavailable = f"{self.path} is missing (kernel without schedstats)"
+        # Read every poll of the span worker: one pread, not an open/read/close (proc_files.py).
+        self._file = ProcFileReader(self.path, 128)
 
     def read(self) -> tuple[int, int] | None:
         """(on-CPU ns, run-queue wait ns) so far, or None where it cannot be read."""
         if self.unavailable is not None:
             return None
+        data = self._file.read()
+        if data is None:  # the thread has exited
+            return None
         try:
-            with open(self.path, "rb") as f:
-                on, wait = f.read().split()[:2]
+            on, wait = data.split()[:2]
             return int(on), int(wait)
-        except (OSError, ValueError):  # the thread has exited
+        except ValueError:
             return None
 
 

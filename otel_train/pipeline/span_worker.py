@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter
-from otel_train.export.process.cpu import process_cpu_seconds
+from otel_train.export.process.cpu import ProcessCpuReader
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.envelope_records import StartupRecordMaker
 from otel_train.records.span_rows import record_span_count, view_from_record
@@ -140,6 +140,7 @@ class SpanBuildWorker:
         self.spans_built = 0
         self._cpu_mark = 0  # this thread's CPU at the last own-cost sample
         self._seen_step_end = 0
+        self._exporter_cpu: ProcessCpuReader | None = None  # the exporter's /proc stat, kept open
         self.paused = False  # benchmarks pause the worker to time the hot path alone
 
     def start(self) -> None:
@@ -215,7 +216,12 @@ class SpanBuildWorker:
         pid = getattr(self._export, "pid", None)
         if pid is None:
             return None
-        seconds = process_cpu_seconds(pid)
+        reader = self._exporter_cpu
+        if reader is None or reader.pid != pid:  # the first poll, or a restarted exporter
+            if reader is not None:
+                reader.close()
+            reader = self._exporter_cpu = ProcessCpuReader(pid)
+        seconds = reader.cpu_seconds()
         return None if seconds is None else int(seconds * 1e9)
 
     def _drain_locked(self, deadline_ns: int | None) -> int:

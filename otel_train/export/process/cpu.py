@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
+from otel_train.common.proc_files import ProcFileReader
+
 METRIC_EXPORTER_CPU = "otel_train_exporter_process_cpu_seconds_total"
 
 
@@ -34,10 +36,39 @@ class ExporterProcessHandle(Protocol):
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return _stat_cpu_seconds(f.read())
+    except OSError:
+        return None
+
+
+class ProcessCpuReader:
+    """``process_cpu_seconds`` for one process, read every poll: the file kept open (one
+    ``pread`` a read, proc_files.py)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._file = ProcFileReader(f"/proc/{pid}/stat")
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds so far, or None (the process has exited)."""
+        data = self._file.read()
+        return None if data is None else _stat_cpu_seconds(data)
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_cpu_seconds(data: bytes) -> float | None:
+    """utime + stime of a ``/proc/<pid>/stat`` line, in seconds."""
+    try:
+        fields = data.rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (ValueError, IndexError):
         return None
 
 

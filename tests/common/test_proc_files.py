@@ -1,0 +1,62 @@
+"""/proc files re-read through one kept-open descriptor: fresh content, None once gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from otel_train.common.proc_files import ProcFileReader
+from otel_train.export.process.cpu import ProcessCpuReader, process_cpu_seconds
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+
+def _on_cpu_ns(reader: ProcFileReader) -> int:
+    data = reader.read()
+    assert data is not None
+    return int(data.split()[0])
+
+
+def test_each_read_is_the_files_content_now_through_the_same_descriptor() -> None:
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    if not Path(path).exists():
+        pytest.skip("kernel without schedstats")
+    reader = ProcFileReader(path)
+    first = _on_cpu_ns(reader)
+    fd = reader._fd
+    sum(range(2_000_000))  # some CPU on this thread
+    assert _on_cpu_ns(reader) > first
+    assert reader._fd == fd  # kept open: one pread a read
+    assert Path(path).read_bytes().split()[0] != b""  # the same file, read the usual way
+
+
+def test_a_task_that_has_exited_reads_none_and_a_closed_reader_reopens() -> None:
+    tid: list[int] = []
+    t = threading.Thread(target=lambda: tid.append(threading.get_native_id()))
+    t.start()
+    t.join()
+    gone = ProcFileReader(f"/proc/self/task/{tid[0]}/stat")
+    assert gone.read() is None
+    mine = ProcFileReader("/proc/self/stat")
+    assert mine.read() is not None
+    mine.close()
+    assert mine._fd is None and mine.read() is not None
+
+
+def test_a_child_processs_cpu_reads_as_process_cpu_seconds_does_and_none_once_reaped() -> None:
+    child = subprocess.Popen([sys.executable, "-c",
+                              "sum(range(30_000_000)); import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        reader = ProcessCpuReader(child.pid)
+        seconds = reader.cpu_seconds()
+        assert seconds is not None and seconds >= 0.0
+        again = process_cpu_seconds(child.pid)
+        assert again is not None and again >= seconds
+    finally:
+        child.communicate(b"", timeout=30)
+    assert reader.cpu_seconds() is None
