@@ -1,0 +1,127 @@
+"""What a live otel-train run costs the training thread when it has nothing to record.
+
+A run keeps threads beside training: the span worker polls every 50 ms (own-cost sample,
+exporter hand-over), the stall watchdog every second, the Prometheus server. Each wake-up takes
+the GIL, and the training thread waits for it whenever it wants it back (after every torch op
+that let go of it). This bench runs the bare training loop (no ``run.steps``, no phases) in
+blocks, alternately with no run in the process and beside a live run started just before the
+block (outside the clock), and prints the training thread's blocked time per step (schedstat:
+wall - on CPU - run queue; on CPython mostly waiting for the GIL) both ways.
+
+It also says what the all-in A/B of ``bench_training_loop.py`` cannot: its bare blocks run
+beside the live run, so this cost is in both of its arms and its A/B share leaves it out,
+while the run's own-cost meter charges it (it is wait in the intervals where training runs).
+
+Usage::
+
+    python benchmarks/bench_idle_run.py                       # gpt and mlp, 8 rounds
+    python benchmarks/bench_idle_run.py --workloads gpt --rounds 20
+    python benchmarks/bench_idle_run.py --smoke               # seconds; the test runs it
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_support import ROOT, ReceiverProcess, _fmt_ci  # noqa: E402
+from bench_training_loop import Workload, loop_bare  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+
+BLOCK_STEPS = {"gpt": 200, "mlp": 1500}
+
+
+def _schedstat_reader() -> Any:
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+
+    def read() -> tuple[int, int]:
+        with open(path, "rb") as f:
+            on, runq = f.read().split()[:2]
+        return int(on), int(runq)
+
+    return read
+
+
+def _block(w: Workload, n: int, read: Any) -> tuple[float, float]:
+    """(blocked us per step, wall us per step) of ``n`` bare steps."""
+    t0, s0 = time.perf_counter_ns(), read()
+    loop_bare(w, n)
+    s1, t1 = read(), time.perf_counter_ns()
+    wall = t1 - t0
+    blocked = wall - (s1[0] - s0[0]) - (s1[1] - s0[1])
+    return blocked / n / 1e3, wall / n / 1e3
+
+
+def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
+    """Rounds of (no run, idle run) blocks; prints the table for one workload."""
+    import otel_train
+
+    w = Workload(name, eval_every=50)
+    read = _schedstat_reader()
+    loop_bare(w, min(steps, 50))  # warm-up: allocator, first-use paths
+    none: list[tuple[float, float]] = []
+    idle: list[tuple[float, float]] = []
+    stderr = sys.stderr
+    for r in range(rounds):
+        none.append(_block(w, steps, read))
+        tmp = tempfile.mkdtemp(prefix="bench-idle-")
+        sys.stderr = open(os.devnull, "w")  # the run's console: on, as in bench_training_loop
+        try:
+            run = otel_train.start_run(
+                exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
+                prometheus_port=0, console=True, status_dir=tmp, service_name="bench-idle")
+            run.flush()  # the exporter process ready before the clock starts
+            idle.append(_block(w, steps, read))
+            run.shutdown()
+        finally:
+            sys.stderr.close()
+            sys.stderr = stderr
+        print(f"  round {r + 1}/{rounds}: blocked {none[-1][0]:.1f} -> {idle[-1][0]:.1f} us "
+              f"per step", flush=True)
+    diff = [i[0] - n[0] for n, i in zip(none, idle)]
+    wall = statistics.median(n[1] for n in none)
+    print(f"\n== {name}: {rounds} rounds of {steps}-step bare blocks ({wall:.0f} us per step "
+          f"with no run)")
+    print(f"training thread blocked per step, no run:       "
+          f"{statistics.median(n[0] for n in none):7.1f} us (median)")
+    print(f"training thread blocked per step, idle run:     "
+          f"{statistics.median(i[0] for i in idle):7.1f} us (median)")
+    print(f"idle run - no run, paired: {_fmt_ci(diff)} us per step, "
+          f"{_fmt_ci([100 * d / wall for d in diff])} % of the step")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="gpt,mlp", help="comma list of gpt, mlp")
+    ap.add_argument("--rounds", type=int, default=8, help="(no run, idle run) block pairs")
+    ap.add_argument("--block-steps", type=int, default=None,
+                    help=f"steps per block (default: {BLOCK_STEPS})")
+    ap.add_argument("--smoke", action="store_true", help="2 rounds of 20-step blocks")
+    args = ap.parse_args(argv)
+    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        print("bench_idle_run: no per-thread schedstat here (Linux with schedstats only)")
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    receiver = ReceiverProcess()
+    try:
+        for name in [x for x in args.workloads.split(",") if x]:
+            steps = 20 if args.smoke else (args.block_steps or BLOCK_STEPS[name])
+            run_workload(name, 2 if args.smoke else args.rounds, steps, receiver.endpoint)
+    finally:
+        receiver.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
