@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,25 @@ def test_each_read_is_the_files_content_now_through_the_same_descriptor() -> Non
 
 def test_a_task_that_has_exited_reads_none_and_a_closed_reader_reopens() -> None:
     tid: list[int] = []
-    t = threading.Thread(target=lambda: tid.append(threading.get_native_id()))
+    go = threading.Event()
+
+    def task() -> None:
+        tid.append(threading.get_native_id())
+        go.wait(10)
+
+    t = threading.Thread(target=task)
     t.start()
-    t.join()
-    gone = ProcFileReader(f"/proc/self/task/{tid[0]}/stat")
-    assert gone.read() is None
+    while not tid:
+        time.sleep(0.001)
+    reader = ProcFileReader(f"/proc/self/task/{tid[0]}/stat")
+    assert reader.read() is not None  # opened while the task lives, as the meter's is
+    go.set()
+    t.join()  # returns as the thread's code ends; the kernel lets the task go just after
+    deadline = time.monotonic() + 5
+    while reader.read() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The descriptor names the task that exited, even where a new thread takes its id.
+    assert reader.read() is None
     mine = ProcFileReader("/proc/self/stat")
     assert mine.read() is not None
     mine.close()
