@@ -27,12 +27,11 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, ReceiverProcess, _fmt_ci  # noqa: E402
+from bench_support import ROOT, ReceiverProcess, ThreadClock, _fmt_ci, timed_block  # noqa: E402
 from bench_training_loop import Workload, loop_bare  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -40,25 +39,10 @@ sys.path.insert(0, str(ROOT))
 BLOCK_STEPS = {"gpt": 200, "mlp": 1500}
 
 
-def _schedstat_reader() -> Any:
-    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-
-    def read() -> tuple[int, int]:
-        with open(path, "rb") as f:
-            on, runq = f.read().split()[:2]
-        return int(on), int(runq)
-
-    return read
-
-
-def _block(w: Workload, n: int, read: Any) -> tuple[float, float]:
+def _block(w: Workload, n: int, clock: ThreadClock) -> tuple[float, float]:
     """(blocked us per step, wall us per step) of ``n`` bare steps."""
-    t0, s0 = time.perf_counter_ns(), read()
-    loop_bare(w, n)
-    s1, t1 = read(), time.perf_counter_ns()
-    wall = t1 - t0
-    blocked = wall - (s1[0] - s0[0]) - (s1[1] - s0[1])
-    return blocked / n / 1e3, wall / n / 1e3
+    got = timed_block(clock, lambda: loop_bare(w, n))
+    return got["blocked"] / n / 1e3, got["wall"] / n / 1e3
 
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
@@ -66,13 +50,13 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
     import otel_train
 
     w = Workload(name, eval_every=50)
-    read = _schedstat_reader()
+    clock = ThreadClock()  # the run's own schedstat reader (self_cost.py)
     loop_bare(w, min(steps, 50))  # warm-up: allocator, first-use paths
     none: list[tuple[float, float]] = []
     idle: list[tuple[float, float]] = []
     stderr = sys.stderr
     for r in range(rounds):
-        none.append(_block(w, steps, read))
+        none.append(_block(w, steps, clock))
         tmp = tempfile.mkdtemp(prefix="bench-idle-")
         sys.stderr = open(os.devnull, "w")  # the run's console: on, as in bench_training_loop
         try:
@@ -80,7 +64,7 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
                 exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
                 prometheus_port=0, console=True, status_dir=tmp, service_name="bench-idle")
             run.flush()  # the exporter process ready before the clock starts
-            idle.append(_block(w, steps, read))
+            idle.append(_block(w, steps, clock))
             run.shutdown()
         finally:
             sys.stderr.close()

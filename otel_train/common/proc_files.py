@@ -54,9 +54,4 @@ class ProcFileReader:
                 pass
 
     def __del__(self) -> None:
-        fd = self._fd
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_locked()  # nothing else holds a reference: no lock needed
