@@ -26,4 +26,5 @@ def test_the_smoke_run_prints_the_blocked_time_with_no_run_and_beside_an_idle_ru
     assert "== mlp: 2 rounds of 20-step bare blocks" in out
     assert re.search(r"blocked per step, no run:\s+-?\d+\.\d us", out), out
     assert re.search(r"blocked per step, idle run:\s+-?\d+\.\d us", out), out
-    assert re.search(r"idle run - no run, paired:\s+-?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] us", out), out
+    ci = r"-?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\]"
+    assert re.search(rf"idle run - no run, paired:\s+{ci} us", out), out
