@@ -10,7 +10,7 @@ from integration_support import BIN, EXAMPLES, subprocess_env
 from otlp_receivers import HttpOtlpReceiver
 
 STEPS = 6
-SLOW_SECONDS = 0.05
+SLOW_SECONDS = 0.1
 # What each rank prints; the URL ends at its port digits (see where it is matched).
 _RANK_LINE = re.compile(
     r"rank (\d): run [^\s,]+, metrics (http://(?:\[[^\]\s]*\]|[^\s:/\[]+):\d+)")
@@ -61,6 +61,8 @@ def test_two_ranks_share_step_traces_and_serve_their_own_metrics(tmp_path) -> No
         assert _metric(text, "otel_train_steps_total", rank=str(rank)) == STEPS
     forward = {rank: _metric(text, "otel_train_phase_duration_seconds_sum", phase="forward",
                              rank=str(rank)) for rank, text in scrape.items()}
-    # The straggler's forward holds STEPS sleeps; the fast rank's forward holds none.
+    # The straggler's forward holds STEPS sleeps; the fast rank's forward holds none. Its own
+    # six forwards of the tiny model read 0.07 s on a loaded 2-core CI run: half the sleeps'
+    # total leaves room for that and still fails if the sleeps were charged to rank 0 too.
     assert forward[1] >= STEPS * SLOW_SECONDS
-    assert forward[1] - forward[0] >= 0.8 * STEPS * SLOW_SECONDS
+    assert forward[0] < 0.5 * STEPS * SLOW_SECONDS
