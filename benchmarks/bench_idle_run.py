@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -69,6 +70,7 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
         finally:
             sys.stderr.close()
             sys.stderr = stderr
+            shutil.rmtree(tmp, ignore_errors=True)
         print(f"  round {r + 1}/{rounds}: blocked {none[-1][0]:.1f} -> {idle[-1][0]:.1f} us "
               f"per step", flush=True)
     diff = [i[0] - n[0] for n, i in zip(none, idle)]
