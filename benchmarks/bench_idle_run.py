@@ -27,12 +27,10 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, ReceiverProcess, ThreadClock, _fmt_ci, timed_block  # noqa: E402
+from bench_support import ROOT, ThreadClock, _fmt_ci, each_workload, timed_block  # noqa: E402
 from bench_training_loop import Workload, loop_bare  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -93,20 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"steps per block (default: {BLOCK_STEPS})")
     ap.add_argument("--smoke", action="store_true", help="2 rounds of 20-step blocks")
     args = ap.parse_args(argv)
-    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        print("bench_idle_run: no per-thread schedstat here (Linux with schedstats only)")
-        return 0
-    import torch
-
-    torch.set_num_threads(1)
-    receiver = ReceiverProcess()
-    try:
-        for name in [x for x in args.workloads.split(",") if x]:
-            steps = 20 if args.smoke else (args.block_steps or BLOCK_STEPS[name])
-            run_workload(name, 2 if args.smoke else args.rounds, steps, receiver.endpoint)
-    finally:
-        receiver.close()
-    return 0
+    rounds = 2 if args.smoke else args.rounds
+    return each_workload("bench_idle_run", args.workloads, lambda name, endpoint: run_workload(
+        name, rounds, 20 if args.smoke else (args.block_steps or BLOCK_STEPS[name]),
+        endpoint))
 
 
 if __name__ == "__main__":

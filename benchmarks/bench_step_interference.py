@@ -35,13 +35,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, ReceiverProcess, exporter_pid  # noqa: E402
+from bench_support import ROOT, each_workload, exporter_pid  # noqa: E402
 from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -221,21 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"steps per block (default: {BLOCK_STEPS})")
     ap.add_argument("--smoke", action="store_true", help="1 round of 300-step blocks")
     args = ap.parse_args(argv)
-    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        print("bench_step_interference: no per-thread schedstat here (Linux with schedstats "
-              "only)")
-        return 0
-    import torch
-
-    torch.set_num_threads(1)
-    receiver = ReceiverProcess()
-    try:
-        for name in [x for x in args.workloads.split(",") if x]:
-            steps = 300 if args.smoke else (args.block_steps or BLOCK_STEPS[name])
-            run_workload(name, 1 if args.smoke else args.rounds, steps, receiver.endpoint)
-    finally:
-        receiver.close()
-    return 0
+    rounds = 1 if args.smoke else args.rounds
+    return each_workload("bench_step_interference", args.workloads, lambda name, endpoint: run_workload(
+        name, rounds, 300 if args.smoke else (args.block_steps or BLOCK_STEPS[name]),
+        endpoint))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Usage::
     clock = ThreadClock(); a = clock.read(); ...; b = clock.read()
     child = ProcessCpu(run._telemetry.export.pid); child.read_ns()
     receiver = ReceiverProcess(); receiver.endpoint; receiver.count(); receiver.close()
+    each_workload("bench_x", "gpt,mlp", lambda name, endpoint: ...)  # schedstat benches
 """
 
 from __future__ import annotations
@@ -184,3 +185,19 @@ def _fmt_ci(values: list[float], block: int = 1, stat: Any = statistics.median) 
     return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
 
 
+def each_workload(prog: str, workloads: str, run: Any) -> int:
+    """``run(name, endpoint)`` for each of the comma-listed workloads, one torch thread and one
+    receiver for all; says so and does nothing where there is no per-thread schedstat."""
+    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        print(f"{prog}: no per-thread schedstat here (Linux with schedstats only)")
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    receiver = ReceiverProcess()
+    try:
+        for name in [x for x in workloads.split(",") if x]:
+            run(name, receiver.endpoint)
+    finally:
+        receiver.close()
+    return 0

