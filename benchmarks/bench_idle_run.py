@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -30,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, ThreadClock, _fmt_ci, each_workload, timed_block  # noqa: E402
+from bench_support import ROOT, ThreadClock, _fmt_ci, rounds_main, timed_block  # noqa: E402
 from bench_training_loop import Workload, loop_bare  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -84,18 +83,8 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default="gpt,mlp", help="comma list of gpt, mlp")
-    ap.add_argument("--rounds", type=int, default=8, help="(no run, idle run) block pairs")
-    ap.add_argument("--block-steps", type=int, default=None,
-                    help=f"steps per block (default: {BLOCK_STEPS})")
-    ap.add_argument("--smoke", action="store_true", help="2 rounds of 20-step blocks")
-    args = ap.parse_args(argv)
-    rounds = 2 if args.smoke else args.rounds
-    return each_workload("bench_idle_run", args.workloads, lambda name, endpoint: run_workload(
-        name, rounds, 20 if args.smoke else (args.block_steps or BLOCK_STEPS[name]),
-        endpoint))
-
+    return rounds_main(argv, __doc__, run_workload, workloads="gpt,mlp", rounds=8,
+                       block_steps=BLOCK_STEPS, smoke=(2, 20), pair="(no run, idle run)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import array
 import bisect
 import glob
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, each_workload, exporter_pid  # noqa: E402
+from bench_support import ROOT, exporter_pid, rounds_main  # noqa: E402
 from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -213,18 +212,8 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default="mlp", help="comma list of gpt, mlp")
-    ap.add_argument("--rounds", type=int, default=3, help="(idle, active) block pairs")
-    ap.add_argument("--block-steps", type=int, default=None,
-                    help=f"steps per block (default: {BLOCK_STEPS})")
-    ap.add_argument("--smoke", action="store_true", help="1 round of 300-step blocks")
-    args = ap.parse_args(argv)
-    rounds = 1 if args.smoke else args.rounds
-    return each_workload("bench_step_interference", args.workloads, lambda name, endpoint: run_workload(
-        name, rounds, 300 if args.smoke else (args.block_steps or BLOCK_STEPS[name]),
-        endpoint))
-
+    return rounds_main(argv, __doc__, run_workload, workloads="mlp", rounds=3,
+                       block_steps=BLOCK_STEPS, smoke=(1, 300), pair="(idle, active)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,11 +7,12 @@ Usage::
     clock = ThreadClock(); a = clock.read(); ...; b = clock.read()
     child = ProcessCpu(run._telemetry.export.pid); child.read_ns()
     receiver = ReceiverProcess(); receiver.endpoint; receiver.count(); receiver.close()
-    each_workload("bench_x", "gpt,mlp", lambda name, endpoint: ...)  # schedstat benches
+    rounds_main(argv, __doc__, run_workload, workloads="mlp", rounds=3, ...)  # paired-block benches
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import random
@@ -185,19 +186,32 @@ def _fmt_ci(values: list[float], block: int = 1, stat: Any = statistics.median) 
     return f"{m:6.3f} [{lo:5.3f}, {hi:5.3f}]"
 
 
-def each_workload(prog: str, workloads: str, run: Any) -> int:
-    """``run(name, endpoint)`` for each of the comma-listed workloads, one torch thread and one
-    receiver for all; says so and does nothing where there is no per-thread schedstat."""
+def rounds_main(argv: list[str] | None, doc: str, run_workload: Any, *, workloads: str,
+                rounds: int, block_steps: dict[str, int], smoke: tuple[int, int],
+                pair: str) -> int:
+    """The command line of a bench made of rounds of paired blocks per workload:
+    ``run_workload(name, rounds, steps, endpoint)`` for each workload, one torch thread and
+    one receiver for all; ``smoke``: (rounds, steps). Where there is no per-thread schedstat
+    it says so and does nothing."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--workloads", default=workloads, help="comma list of gpt, mlp")
+    ap.add_argument("--rounds", type=int, default=rounds, help=f"{pair} block pairs")
+    ap.add_argument("--block-steps", type=int, default=None,
+                    help=f"steps per block (default: {block_steps})")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"{smoke[0]} round(s) of {smoke[1]}-step blocks")
+    args = ap.parse_args(argv)
     if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        print(f"{prog}: no per-thread schedstat here (Linux with schedstats only)")
+        print(f"{ap.prog}: no per-thread schedstat here (Linux with schedstats only)")
         return 0
     import torch
 
     torch.set_num_threads(1)
     receiver = ReceiverProcess()
     try:
-        for name in [x for x in workloads.split(",") if x]:
-            run(name, receiver.endpoint)
+        for name in [x for x in args.workloads.split(",") if x]:
+            steps = smoke[1] if args.smoke else (args.block_steps or block_steps[name])
+            run_workload(name, smoke[0] if args.smoke else args.rounds, steps, receiver.endpoint)
     finally:
         receiver.close()
     return 0
