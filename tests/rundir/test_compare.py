@@ -66,8 +66,10 @@ def test_the_verdict_names_forward_when_forward_is_20_percent_slower(runs, capsy
     assert forward.rstrip().endswith("slower")
 
 
-def test_fail_if_slower_10_exits_1_and_says_what_was_slower(runs, capsys):
-    code, _, err = _compare(capsys, str(runs["a"]), str(runs["b"]), "--fail-if-slower", "10")
+def test_fail_if_slower_5_exits_1_and_says_what_was_slower(runs, capsys):
+    # B's step is ~17% slower by its sleeps; a loaded machine's overshoot has put the
+    # interval's low end under 10%, never under 5.
+    code, _, err = _compare(capsys, str(runs["a"]), str(runs["b"]), "--fail-if-slower", "5")
     assert code == 1
     assert "otel-train compare: slower than allowed: step: +" in err
 
