@@ -94,7 +94,8 @@ def take_over(lifecycle: ClientLifecycle, process: ExporterProcess, outbox: Outb
     """Move to TAKEN_OVER and export here what the child never got (under the I/O lock).
 
     The derived metrics are fed here from now on; the steps of frames the child never read
-    are fed now, unless this process fed them already (the child could not run the chain).
+    are fed now, unless this process fed them already: the child could not run the chain,
+    or the frame was queued before the child was ready (``fed`` in the frame).
     """
     was_ready = lifecycle.state is ClientState.READY
     fed = metrics.fed_here  # the frames still here were fed when they were queued
@@ -106,8 +107,8 @@ def take_over(lifecycle: ClientLifecycle, process: ExporterProcess, outbox: Outb
     left, cut = outbox.take_unsent()
     fallback.count_lost(cut)  # a frame half in the dead pipe
     feed_left = metrics.fed_here and not fed  # the child never saw these steps
-    for recs, rows in left:
-        if feed_left and recs:
+    for recs, rows, fed_when_queued in left:
+        if feed_left and recs and not fed_when_queued:
             metrics.feed_here(recs)
         fallback.send(recs, rows)
     if feed_left and was_ready:

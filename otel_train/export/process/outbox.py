@@ -9,9 +9,9 @@ break; a control frame (no spans) evicts nothing.
 Usage::
 
     outbox = Outbox(max_queued_spans, drops, warn)
-    outbox.queue(marshal.dumps(("spans", recs, rows, cost)), spans)
+    outbox.queue(marshal.dumps(("spans", recs, rows, cost, fed)), spans)
     empty = outbox.write_to(fd)          # what the pipe takes now
-    left, cut = outbox.take_unsent()     # on take-over: (recs, rows) never written
+    left, cut = outbox.take_unsent()     # on take-over: (recs, rows, fed) never written
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class Outbox:
                 self.sent_spans += head[_SPANS]
         return True
 
-    def take_unsent(self) -> tuple[list[tuple[list[Any], list[Any]]], int]:
-        """Empty the outbox: the (records, rows) of frames never started, and the spans of
-        a frame cut half-way into the pipe."""
+    def take_unsent(self) -> tuple[list[tuple[list[Any], list[Any], bool]], int]:
+        """Empty the outbox: the (records, rows, fed here) of frames never started, and the
+        spans of a frame cut half-way into the pipe."""
         left = [_frame_spans(f[_LEFT]) for f in self.frames if not f[_STARTED]]
         cut = sum(f[_SPANS] for f in self.frames if f[_STARTED])
         self.frames.clear()
@@ -101,12 +101,15 @@ class Outbox:
         self.spans = 0
 
 
-def _frame_spans(view: memoryview) -> tuple[list[Any], list[Any]]:
-    """(span records, user span rows) of a frame not yet written (its header intact)."""
+def _frame_spans(view: memoryview) -> tuple[list[Any], list[Any], bool]:
+    """(span records, user span rows, whether this process fed the records to its
+    derived metrics when it queued them) of a frame not yet written (its header intact)."""
     try:
         data = bytes(view)
         (size,) = HEADER.unpack_from(data, 0)
         msg = marshal.loads(data[HEADER.size:HEADER.size + size])
-        return (list(msg[1]), list(msg[2])) if msg[0] == "spans" else ([], [])
+        if msg[0] != "spans":
+            return [], [], False
+        return list(msg[1]), list(msg[2]), (len(msg) > 4 and bool(msg[4]))
     except Exception:
-        return [], []
+        return [], [], False

@@ -782,3 +782,27 @@ def test_steps_before_the_child_is_ready_feed_this_process_and_the_child_goes_on
     else:  # the first two kept, most of the rest left out (a us step may look slow)
         assert roots[:2] == [0, 1] and len(roots) < 25
         assert metrics['otel_train_spans_sampled_out_total{rank="0"}'] > 0
+
+
+def test_steps_fed_here_before_a_child_that_never_started_are_counted_once_at_the_take_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shutdown gives up on a child still starting: the frames it never read were fed
+    to this process's chain when they were queued, so the take-over exports them and feeds
+    them no second time (a SIGTERM soon after the start on a loaded machine)."""
+    from otel_train.export.process import launch
+    from otel_train.export.process.client import ClientState
+
+    monkeypatch.setattr(launch, "_BOOT", "import time; time.sleep(30); " + launch._BOOT)
+    run = start_test_run(tmp_path)
+    client = run._telemetry.export
+    _train(run, 20)
+    run._telemetry.worker.drain()
+    assert client.state is ClientState.STARTING
+    run.shutdown(timeout=2)
+    assert client._lifecycle.state in (ClientState.TAKEN_OVER, ClientState.CLOSED)
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["steps"] == 20
+    assert written["operations"]["val_loss"]["calls"] == 4
+    roots = sorted(s.attributes["train.step"] for s in read_file_spans(tmp_path / "spans.jsonl")
+                   if s.name == "train.step")
+    assert roots == list(range(20))

@@ -43,7 +43,7 @@ def test_past_the_bound_the_oldest_whole_frames_are_dropped_and_the_newest_stays
     outbox.queue(_spans(9), 30)  # alone over the bound: it stays all the same
     assert drops.counts() == {"export_queue_full": 16}
     left, cut = outbox.take_unsent()
-    assert [recs for recs, _ in left] == [[], [("rec", 9)]] and cut == 0
+    assert [recs for recs, _, _ in left] == [[], [("rec", 9)]] and cut == 0
     assert outbox.spans == 0 and not outbox.frames
 
 
@@ -71,4 +71,12 @@ def test_a_full_pipe_keeps_the_rest_and_a_frame_cut_half_way_is_never_dropped(
     assert drops.counts() == {"export_queue_full": 6}
     left, cut = outbox.take_unsent()
     assert cut == 6  # the half-written frame: lost with the pipe at a take-over
-    assert [recs for recs, _ in left] == [[("rec", 3)]]
+    assert [recs for recs, _, _ in left] == [[("rec", 3)]]
+
+
+def test_an_unsent_frame_says_whether_its_records_were_fed_here_when_it_was_queued() -> None:
+    outbox = _outbox(100, DropCounter())
+    outbox.queue(marshal.dumps(("spans", [("rec", 1)], [], 0, True)), 1)
+    outbox.queue(marshal.dumps(("spans", [("rec", 2)], [], 0, False)), 1)
+    left, _ = outbox.take_unsent()
+    assert [(recs, fed) for recs, _, fed in left] == [([("rec", 1)], True), ([("rec", 2)], False)]
