@@ -1,7 +1,8 @@
 """The span worker: the background thread that drains the recorder's queue.
 
-Once 256 steps wait, the oldest has waited 0.5 s, or (console on) a step the console prints a
-fast line for is queued, it turns each step into a span record
+Once 256 steps wait, the oldest ended 0.5 s ago, or (console on) a step the console prints a
+fast line for is queued (``drain_schedule.py``, which also says how long it sleeps between
+looks), it turns each step into a span record
 (``records/step_records.py``), hands the drain's ``StepView``s to the derived metrics, then the
 records, with the rows of user spans that ended meanwhile (``user_spans.py``), to the route's
 sink (``record_sinks.py``). No ``ReadableSpan`` is made here.
@@ -16,15 +17,17 @@ Usage::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
-from time import monotonic, perf_counter_ns, thread_time_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any
 
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.export.process.cpu import ProcessCpuReader
+from otel_train.pipeline.drain_schedule import ConsoleDrainClock, DrainSchedule
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.envelope_records import StartupRecordMaker
 from otel_train.records.span_rows import record_span_count, view_from_record
@@ -42,6 +45,8 @@ _log = logging.getLogger("otel_train")
 # ~0.4 s of its step.
 MAX_DRAIN_DELAY_SECONDS = 0.5
 CONSOLE_MAX_DRAIN_DELAY_SECONDS = 0.35
+# A look between drains samples the own cost when the last sample is this old.
+_SAMPLE_EVERY_NS = 250_000_000
 
 
 class RowRoute:
@@ -55,39 +60,6 @@ class RowRoute:
         self.export = export
         self.rank = rank
         self.user_rows = user_rows
-
-
-class ConsoleDrainClock:
-    """When the console's next fast line is queued: a step whose index is the next multiple
-    of ``log_every``, ending at least ``min_interval_seconds`` after the last one, as the
-    console counts it (by the steps' own end times; a cheap look at the newest queued record,
-    once per poll)."""
-
-    def __init__(self, every_steps: int, min_interval_seconds: float) -> None:
-        self._every = every_steps
-        self._interval_ns = int(min_interval_seconds * 1e9)
-        self._next_index = 0
-        self._next_end_ns = 0  # perf_counter_ns: no line for a step ending before this
-
-    def due(self, queue: Any) -> bool:
-        """The newest queued step has reached the next line's step, and its time has come."""
-        try:
-            newest = queue[-1]
-        except IndexError:
-            return False
-        index = getattr(newest, "index", None)
-        end_ns = getattr(newest, "end_ns", 0)
-        if not isinstance(index, int) or index < self._next_index or not end_ns:
-            return False
-        if end_ns < self._next_end_ns:
-            return False
-        self._next_index = (index // self._every + 1) * self._every
-        # The console's next line comes no earlier than its last line's step end + its
-        # interval; which step that was (a fast line or a breakdown) is the console's to
-        # say, so the gate opens again after half the interval: at most two early drains
-        # per interval, and the line's step is never waited past.
-        self._next_end_ns = end_ns + self._interval_ns // 2
-        return True
 
 
 class SpanBuildWorker:
@@ -118,27 +90,31 @@ class SpanBuildWorker:
         self._startup = startup
         self._drops = drops
         self._self_cost = self_cost
-        self._interval = poll_interval_seconds
         # A drain has a fixed cost, paid in the GIL: waking up with cold caches costs more
-        # than the records themselves at a fast step pace. So the worker looks every poll
-        # interval but drains once ``drain_at_records`` steps wait, or the oldest has waited
-        # ``max_drain_delay_seconds``: metrics stay fresher than any scrape interval, and
-        # fast loops drain in batches large enough that the exporter process gets few,
-        # large frames.
-        self._drain_at = drain_at_records
-        self._max_delay = max_drain_delay_seconds
-        # With the console on, a step it prints a fast line for (every ``log_every`` steps,
-        # at most once per its interval) is drained at the next poll, not after the delay:
-        # its line prints ~0.1 s after the step ends, and only those steps pay for an early
-        # drain (ConsoleDrainClock).
-        self._console = (ConsoleDrainClock(console_every_steps, console_min_interval_seconds)
-                         if console_every_steps else None)
+        # than the records themselves at a fast step pace. So the worker drains once
+        # ``drain_at_records`` steps wait, or the oldest ended ``max_drain_delay_seconds``
+        # ago: metrics stay fresher than any scrape interval, and fast loops drain in
+        # batches large enough that the exporter process gets few, large frames. With the
+        # console on, a step it prints a fast line for is drained at the next look, not
+        # after the delay (ConsoleDrainClock). Between looks it sleeps until one of those
+        # can come true (DrainSchedule), ``poll_interval_seconds`` at least; the exporter
+        # process's reports (console lines) wake it at once.
+        self._schedule = DrainSchedule(
+            poll_interval_seconds, drain_at_records, max_drain_delay_seconds,
+            ConsoleDrainClock(console_every_steps, console_min_interval_seconds)
+            if console_every_steps else None)
         self._stop = threading.Event()
+        # Wakes a worker sleeping on the exporter process's pipes (``wait_for_io``) at stop.
+        self._wake_r = self._wake_w = -1
+        if getattr(export, "wait_for_io", None) is not None:
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_w, False)
         self._drain_lock = threading.Lock()
         self._warn = RateLimitedLogger(_log)
         self._thread = threading.Thread(target=self._run, name="otel-train-spans", daemon=True)
         self.spans_built = 0
         self._cpu_mark = 0  # this thread's CPU at the last own-cost sample
+        self._sampled_ns = 0  # perf_counter_ns of the last own-cost sample
         self._seen_step_end = 0
         self._exporter_cpu: ProcessCpuReader | None = None  # the exporter's /proc stat, kept open
         self.paused = False  # benchmarks pause the worker to time the hot path alone
@@ -149,33 +125,68 @@ class SpanBuildWorker:
 
     def _run(self) -> None:
         self._cpu_mark = thread_time_ns()
-        q = self._recorder.queue
+        rec = self._recorder
+        q = rec.queue
         user_rows = self._route.user_rows
         tick = getattr(self._export, "tick", None)
-        waiting_since = 0.0  # monotonic time the queue was first seen non-empty
+        schedule = self._schedule
+        poll = schedule.poll_ns / 1e9
+        rows_since = 0  # perf_counter_ns the user spans' rows were first seen waiting
+        wait = poll
         while not self._stop.is_set():
-            self._stop.wait(self._interval)
-            if self.paused:
+            if self.paused:  # nothing is read while paused: a readable pipe must not wake it
+                self._stop.wait(poll)
                 continue
-            self._sample_cost()
-            if q or (user_rows is not None and user_rows.waiting):
-                now = monotonic()
-                if not waiting_since:
-                    waiting_since = now
-                if (len(q) >= self._drain_at or now - waiting_since >= self._max_delay
-                        or (self._console is not None and self._console.due(q))):
-                    waiting_since = 0.0
-                    self.drain()
-                    # The drain's interval apart: the training thread's wait in it is
-                    # bounded by the drain's own CPU, not by the whole poll's.
-                    self._sample_cost()
-                    continue
-            if tick is not None:
+            reports = self._sleep(wait, tick is not None)
+            if self.paused or self._stop.is_set():
+                wait = poll
+                continue
+            now = perf_counter_ns()
+            schedule.observe(q)
+            rows = user_rows is not None and user_rows.waiting
+            if rows and not rows_since:
+                rows_since = now
+            drain = schedule.drain_due(q, now) or (
+                rows and now - rows_since >= schedule.max_delay_ns)
+            # The own-cost sample reads two /proc files, and each read lets go of the GIL
+            # (the training thread then waits to take it back): around each drain, and at
+            # a look only once its interval is long enough to say something.
+            if drain or now - self._sampled_ns >= _SAMPLE_EVERY_NS:
+                self._sample_cost()
+            if drain:
+                rows_since = 0
+                self.drain()
+                # The drain's interval apart: the training thread's wait in it is bounded
+                # by the drain's own CPU, not by the whole look's.
+                self._sample_cost()
+                now = perf_counter_ns()
+            elif tick is not None:
                 try:
-                    tick()  # between drains: user spans, frames the pipe could not take yet
+                    tick(reports)  # between drains: user spans, frames the pipe could not take
                 except Exception as exc:
                     self._warn.warning("send", "otel-train: exporter hand-over failed: %r",
                                        exc)
+                    self._stop.wait(poll)  # what woke it may still be unread: no busy loop
+            ended = rec.last_step_end_ns
+            active = rec.current is not None or (ended and now - ended < schedule.max_delay_ns)
+            wait = schedule.wait_seconds(q, now, bool(active), stepped=bool(ended))
+            if rows_since:
+                wait = max(poll, min(wait, (rows_since + schedule.max_delay_ns - now) / 1e9))
+
+    def _sleep(self, seconds: float, reads: bool) -> bool:
+        """Until ``seconds`` pass, the worker is stopped, or (with the exporter process, whose
+        reports the next look reads: ``reads``) the child reports or the pipe takes what
+        waits; True when the child's reports are readable."""
+        wait_for_io = getattr(self._export, "wait_for_io", None)
+        if wait_for_io is None or self._wake_r < 0 or not reads:
+            self._stop.wait(seconds)
+            return False
+        try:
+            return bool(wait_for_io(seconds, self._wake_r))
+        except Exception as exc:  # never a busy loop: sleep the time instead
+            self._warn.warning("wait", "otel-train: waiting on the exporter process: %r", exc)
+            self._stop.wait(seconds)
+            return True
 
     def drain(self, deadline_ns: int | None = None) -> int:
         """Build and hand on every queued record (until ``deadline_ns``); return the count."""
@@ -196,6 +207,7 @@ class SpanBuildWorker:
     def _sample_cost(self) -> None:
         """Own cost: this thread's CPU since the last sample, and the training thread's wait
         in that interval (``SelfCostMeter.sample``); never raises."""
+        self._sampled_ns = perf_counter_ns()
         try:
             cpu = thread_time_ns()
             used, self._cpu_mark = cpu - self._cpu_mark, cpu
@@ -332,8 +344,15 @@ class SpanBuildWorker:
         """Stop the thread, then drain what is left within ``timeout_seconds``."""
         deadline = perf_counter_ns() + int(timeout_seconds * 1e9)
         self._stop.set()
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # full: the worker wakes all the same
         if self._thread.is_alive():
             self._thread.join(max(0.0, timeout_seconds))
+        if not self._thread.is_alive():
+            self._close_wake_pipe()
         route = self._route
         if route.user_rows is not None:
             route.user_rows.close()  # a span ending from now on is counted, not kept
@@ -350,3 +369,12 @@ class SpanBuildWorker:
             lost = sum(r.span_count() for r in list(left))
             left.clear()
             self._drops.add("shutdown_timeout", lost)
+
+    def _close_wake_pipe(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._wake_r = self._wake_w = -1

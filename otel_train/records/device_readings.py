@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import Any
 
 from otel_train.common import attributes as A
@@ -200,16 +201,33 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     return None
 
 
+# Steps whose records are built within this long share one RSS reading: each read is a
+# syscall that lets go of the GIL, which the training thread then waits to take back.
+HOST_RSS_REUSE_NS = 250_000_000
+
+
 class HostRss:
-    """This process's resident set size from ``/proc/self/statm`` (one ``pread``, ~2 us)."""
+    """This process's resident set size from ``/proc/self/statm`` (one ``pread``, ~2 us),
+    read at most every 0.25 s (``HOST_RSS_REUSE_NS``)."""
 
     def __init__(self) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._fd: int | None = None
         self._tried = False
+        self._last: int | None = None
+        self._read_ns = 0
 
     def read_bytes(self) -> int | None:
-        """Resident bytes now, or None where ``/proc`` has no statm."""
+        """Resident bytes now (the reading of the last 0.25 s), or None where ``/proc`` has
+        no statm."""
+        now = perf_counter_ns()
+        if self._read_ns and now - self._read_ns < HOST_RSS_REUSE_NS:
+            return self._last
+        self._read_ns = now
+        self._last = self._read()
+        return self._last
+
+    def _read(self) -> int | None:
         if self._fd is None:
             if self._tried:
                 return None

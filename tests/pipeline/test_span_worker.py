@@ -227,7 +227,7 @@ def test_the_console_drain_clock_opens_for_the_console_s_next_fast_line_only() -
     from collections import deque
     from types import SimpleNamespace
 
-    from otel_train.pipeline.span_worker import ConsoleDrainClock
+    from otel_train.pipeline.drain_schedule import ConsoleDrainClock
 
     clock = ConsoleDrainClock(10, 1.0)
     queue: deque = deque()

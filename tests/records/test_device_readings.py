@@ -21,7 +21,7 @@ from otel_train.common.drop_counter import DropCounter
 from otel_train.recording.device import resolve_device_timing
 from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.recording.recorder import Recorder
-from otel_train.records.device_readings import HostRss, step_bound
+from otel_train.records.device_readings import HOST_RSS_REUSE_NS, HostRss, step_bound
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 
 pytestmark = pytest.mark.timeout(60)
@@ -204,13 +204,15 @@ def test_the_bound_rule_orders_communication_input_compute_host():
     assert step_bound(1.0, 0.1, None, None, None) == A.BOUND_COMPUTE  # no device clock
 
 
-def test_host_rss_reads_this_process_resident_bytes_on_every_nth_step():
+def test_host_rss_reads_this_process_resident_bytes_on_every_nth_step_once_per_quarter_second():
     rss = HostRss()
     first = rss.read_bytes()
     assert first is not None and 10 * MIB < first < 64 * 1024 * MIB
     block = bytearray(64 * MIB)  # touched pages become resident
     for i in range(0, len(block), 4096):
         block[i] = 1
+    assert rss.read_bytes() == first  # within 0.25 s: the same reading, no syscall
+    time.sleep(HOST_RSS_REUSE_NS / 1e9)
     assert rss.read_bytes() >= first + 48 * MIB
     rec = _recorder(None)
     builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import marshal
+import select
 import subprocess
 import threading
 import time
@@ -62,7 +63,6 @@ from otel_train.export.process.launch import (
 )
 from otel_train.export.process.lifecycle import ClientLifecycle, ClientState
 from otel_train.export.process.outbox import Outbox
-from otel_train.export.process.pipe import STATS_INTERVAL_SECONDS
 from otel_train.export.process.reports import ChildReports
 from otel_train.records.span_rows import RowSpanFactory, row_from_span
 
@@ -75,6 +75,8 @@ _TAKEN_OVER, _FORKED = ClientState.TAKEN_OVER, ClientState.FORKED
 # The child reads frames in these states; before, frames wait here, so that a child that
 # never starts leaves them all at hand to export from this process.
 _CHILD_READS = frozenset({_READY, _FINAL})
+# The child's reports are read in these states (its start-up report while STARTING).
+_REPORTS = frozenset({_STARTING, _READY, _FINAL})
 # Of what is left of the shutdown bound: what a child still starting gets to come up (it has
 # the exporter half made; this process would have to import and connect one of its own),
 # and what a running child gets to export (the rest is its margin to report final counts).
@@ -95,8 +97,6 @@ class ExportProcessClient(SpanProcessor):
         self._recs: list[tuple[Any, ...]] = []  # span records (span_rows.py) of steps
         self._rec_spans = 0
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
-        self._next_read = 0.0  # monotonic: when tick() reads the child's reports next
-        self._console_here = False  # the child prints the console report (derive_metrics)
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
         self._metrics = DerivedMetricsLink(self._warn)
@@ -154,9 +154,8 @@ class ExportProcessClient(SpanProcessor):
         before the child is ready go through ``feed`` too, and the child gets
         ``take_state()`` once it is (the console prints on time from the first step).
         """
-        # The console's lines come back up the pipe: read them at every tick of the span
-        # worker (50 ms), not with the counts (every 0.25 s), so they print on time.
-        self._console_here = bool(settings.get("console"))
+        # The console's lines come back up the pipe: they wake the span worker
+        # (``wait_for_io``), so they print on time.
         with self._io_lock:
             self._metrics.attach(self_cost, on_state, feed, take_state)
             if self._lifecycle.child_expected:
@@ -252,19 +251,47 @@ class ExportProcessClient(SpanProcessor):
                     ("spans", recs, rows, link.self_cost_ns(), fed)), spans + len(rows))
             self._write()
             self._read()
-            if lifecycle.child_expected and self._process.exited():
-                self._child_died()
+            self._check_exit()
 
-    def tick(self) -> None:
-        """Between drains (every poll of the span worker): hand over what waits, if anything;
-        read the child's counts and log records a few times a second."""
-        now = time.monotonic()
-        if self._user_spans or self._outbox.frames or now >= self._next_read:
-            self._next_read = now + STATS_INTERVAL_SECONDS
+    def _check_exit(self) -> None:
+        """Take over if the child exited unasked (under the I/O lock). Its end of the
+        report pipe closed first, so only then is ``waitpid`` asked: each syscall lets go
+        of the GIL, and the training thread waits to take it back."""
+        if (self._lifecycle.child_expected and self._process.reader.eof
+                and self._process.exited()):
+            self._child_died()
+
+    def tick(self, reports: bool = True) -> None:
+        """Between drains (each look of the span worker): hand over what waits, if anything;
+        read the child's reports (counts, console lines, log records) when ``reports`` (the
+        report pipe was readable)."""
+        if self._user_spans or self._outbox.frames:
             self.end_drain()
-        elif self._console_here and self._lifecycle.state in _CHILD_READS:
+        elif self._lifecycle.state in _REPORTS and (reports or self._process.reader.eof):
             with self._io_lock:
-                self._read()
+                if reports:
+                    self._read()
+                self._check_exit()
+
+    def wait_for_io(self, seconds: float, wake_fd: int) -> bool:
+        """The span worker's sleep: until the child reports (a console line prints on time),
+        the pipe takes frames waiting here, ``wake_fd`` is readable, or ``seconds`` pass;
+        True when the child's reports are readable."""
+        lifecycle, process = self._lifecycle, self._process
+        report_fd = process.reader.fd
+        rfds = [wake_fd]
+        wfds = []
+        if lifecycle.state in _REPORTS:
+            if report_fd >= 0 and not process.reader.eof:
+                rfds.append(report_fd)  # at end of file: the timer, then the exit check
+            if self._outbox.frames and lifecycle.state in _CHILD_READS and process.cmd_fd >= 0:
+                wfds.append(process.cmd_fd)
+        try:
+            readable, _, _ = select.select(rfds, wfds, [], seconds)
+        except (OSError, ValueError):  # a pipe closed by a take-over meanwhile
+            select.select([wake_fd], [], [], seconds)
+            return False
+        return report_fd in readable and report_fd >= 0
 
     def _rows_of(self, user_spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
         """User spans as rows; one that cannot be made a row is counted (``build_error``)."""

@@ -25,6 +25,7 @@ class FrameReader:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.eof = False  # the writer closed its end (read_available saw end of file)
         self._buf = bytearray()
 
     def read_available(self) -> list[bytes]:
@@ -37,8 +38,11 @@ class FrameReader:
             except OSError:  # closed, or the child is gone
                 break
             if not chunk:
+                self.eof = True
                 break
             self._buf += chunk
+            if len(chunk) < _READ_CHUNK:
+                break  # the pipe is empty now: no second read to be told so
         return self._frames()
 
     def read_one(self) -> bytes | None:
