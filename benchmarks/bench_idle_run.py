@@ -1,12 +1,14 @@
 """What a live otel-train run costs the training thread when it has nothing to record.
 
-A run keeps threads beside training: the span worker polls every 50 ms (own-cost sample,
-exporter hand-over), the stall watchdog every second, the Prometheus server. Each wake-up takes
-the GIL, and the training thread waits for it whenever it wants it back (after every torch op
-that let go of it). This bench runs the bare training loop (no ``run.steps``, no phases) in
-blocks, alternately with no run in the process and beside a live run started just before the
-block (outside the clock), and prints the training thread's blocked time per step (schedstat:
-wall - on CPU - run queue; on CPython mostly waiting for the GIL) both ways.
+A run keeps threads beside training: between steps the span worker looks about three times a
+second (``pipeline/drain_schedule.py``: own-cost sample, exporter hand-over), the stall
+watchdog every second, the Prometheus server. Each wake-up takes the GIL, and the training
+thread waits for it whenever it wants it back (after every torch op that let go of it). This
+bench runs the bare training loop (no ``run.steps``, no phases) in blocks, alternately with
+no run in the process and beside a live run started just before the block (outside the clock)
+that has taken a few steps and sits between steps, as during an evaluation or the A/B's bare
+blocks, and prints the training thread's blocked time per step (schedstat: wall - on CPU -
+run queue; on CPython mostly waiting for the GIL) both ways.
 
 It also says what the all-in A/B of ``bench_training_loop.py`` cannot: its bare blocks run
 beside the live run, so this cost is in both of its arms and its A/B share leaves it out,
@@ -26,13 +28,15 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import ROOT, ThreadClock, _fmt_ci, rounds_main, timed_block  # noqa: E402
-from bench_training_loop import Workload, loop_bare  # noqa: E402
+from bench_training_loop import Workload, loop_bare, loop_otel  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
+from otel_train.pipeline.span_worker import MAX_DRAIN_DELAY_SECONDS  # noqa: E402
 
 BLOCK_STEPS = {"gpt": 200, "mlp": 1500}
 
@@ -62,6 +66,9 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
                 exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
                 prometheus_port=0, console=True, status_dir=tmp, service_name="bench-idle")
             run.flush()  # the exporter process ready before the clock starts
+            loop_otel(w, 3, run)  # a run between steps, not one waiting for its first
+            run.flush()
+            time.sleep(MAX_DRAIN_DELAY_SECONDS)  # the last step's age limit has passed
             idle.append(_block(w, steps, clock))
             run.shutdown()
         finally:

@@ -5,8 +5,8 @@ the *on-CPU* slowdown: a thread that shares a physical core (SMT siblings, the 2
 VM), caches and memory bandwidth with the exporter process or the span worker executes the same
 step in more CPU time while they run. A paired A/B sees it; wait accounting does not.
 
-``CpuInterferenceRegression`` estimates it inside the run. Each poll interval of the span worker
-gives one point: ``busy`` = the share of the interval otel-train's background was on a CPU
+``CpuInterferenceRegression`` estimates it inside the run. Each interval between the span
+worker's own-cost samples gives one point: ``busy`` = the share of the interval otel-train's background was on a CPU
 (span worker + exporter process CPU / wall) and ``cpu_per_step`` = the training thread's on-CPU
 time per step begun in it. The background works in bursts (a drain, then the exporter encoding
 and sending that frame), so ``busy`` swings between ~0 and ~1 within seconds while the steps stay
@@ -24,7 +24,7 @@ the charge.
 Usage::
 
     reg = CpuInterferenceRegression()
-    reg.add(busy=0.4, cpu_per_step_ns=560_000.0, steps=90)   # one poll interval
+    reg.add(busy=0.4, cpu_per_step_ns=560_000.0, steps=90)   # one sample interval
     reg.charge_ns()                                          # training CPU lost so far
 """
 

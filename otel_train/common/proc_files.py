@@ -1,9 +1,9 @@
-"""Small ``/proc`` files read from a background thread every poll, one syscall a read.
+"""Small ``/proc`` files read from a background thread again and again, one syscall a read.
 
 ``open(path).read()`` makes about seven syscalls (open, fstat, ioctl, lseek, read, read, close),
-and CPython lets go of the GIL around each: a background thread that reads two such files every
-50 ms hands the GIL back and forth with the training thread a dozen times per poll, and the
-training thread waits for it each time it wants it back. ``ProcFileReader`` keeps the file
+and CPython lets go of the GIL around each: a background thread that reads two such files hands
+the GIL back and forth with the training thread a dozen times per look, and the training
+thread waits for it each time it wants it back. ``ProcFileReader`` keeps the file
 open and re-reads it with ``os.pread(fd, n, 0)``: one syscall, one hand-over. ``/proc`` files
 are generated afresh on each read from offset 0.
 

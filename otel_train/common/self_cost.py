@@ -10,8 +10,9 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
   (``training_thread_drains_seconds``): they come when the user calls, not with each step;
 - ``wait_us_per_step``: the training thread's measured wait caused by otel-train's threads,
   from its ``/proc/self/task/<tid>/schedstat`` sampled by the span worker around each drain
-  and poll: over each interval, time the training thread was neither on a CPU nor runnable
-  (on CPython: waiting for the GIL) up to the CPU otel-train's background thread spent in
+  and (every 0.25 s) between drains: over each interval, time the training thread was
+  neither on a CPU nor runnable (on CPython: waiting for the GIL) up to the CPU
+  otel-train's background thread spent in
   it (``gil``), and time it was runnable but waiting for a CPU up to what the exporter
   process (and the rest of the background thread's CPU) ran in it (``run_queue``). ``None``
   with ``wait_unavailable`` saying why where schedstat is missing (not Linux);
@@ -32,7 +33,7 @@ Usage::
     meter = SelfCostMeter(calibrate_ns_per_phase(), started_ns=perf_counter_ns())
     meter.note_ready()                                 # start_run returned
     meter.note_steps(steps, first_start_ns, last_end_ns)   # the span worker, per drain
-    meter.sample(background_ns, exporter_cpu_ns, loop_active)   # the span worker, per poll
+    meter.sample(background_ns, exporter_cpu_ns, loop_active)   # the span worker, per sample
     meter.figures(exporter_cpu_seconds=1.2, exporter_startup_cpu_seconds=0.4)
 """
 
@@ -62,7 +63,8 @@ class TrainingThreadSchedstat:
             self.unavailable = f"no per-thread schedstat on {sys.platform}"
         elif not os.path.exists(self.path):
             self.unavailable = f"{self.path} is missing (kernel without schedstats)"
-        # Read every poll of the span worker: one pread, not an open/read/close (proc_files.py).
+        # Read at each own-cost sample of the span worker: one pread, not an open/read/close
+        # (proc_files.py).
         self._file = ProcFileReader(self.path, 128)
 
     def read(self) -> tuple[int, int] | None:
