@@ -106,12 +106,12 @@ def test_a_busy_background_thread_shows_as_the_training_threads_wait() -> None:
     if SelfCostMeter().schedstat.unavailable:
         pytest.skip("no per-thread schedstat here")
     busy = _worker_run(busy_seconds=0.02)
-    assert busy["wait_gil_us_per_step"] > 0
+    assert busy["wait_gil_us_per_step"] > 0, busy
     # Never more than the background thread ran: the wait is bounded by its CPU.
-    assert busy["wait_us_per_step"] <= busy["background_cpu_us_per_step"] * 1.001 + 0.01
-    assert busy["share_of_step_time"] > 0
+    assert busy["wait_us_per_step"] <= busy["background_cpu_us_per_step"] * 1.001 + 0.01, busy
+    assert busy["share_of_step_time"] > 0, busy
     quiet = _worker_run(busy_seconds=0.0)
-    assert quiet["wait_gil_us_per_step"] < busy["wait_gil_us_per_step"]
+    assert quiet["wait_gil_us_per_step"] < busy["wait_gil_us_per_step"], (quiet, busy)
 
 
 def test_the_gauge_serves_the_recent_share_of_the_loops_time(tmp_path: Path) -> None:
