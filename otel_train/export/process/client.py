@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import marshal
-import select
 import subprocess
 import threading
 import time
@@ -277,21 +276,12 @@ class ExportProcessClient(SpanProcessor):
         """The span worker's sleep: until the child reports (a console line prints on time),
         the pipe takes frames waiting here, ``wake_fd`` is readable, or ``seconds`` pass;
         True when the child's reports are readable."""
-        lifecycle, process = self._lifecycle, self._process
-        report_fd = process.reader.fd
-        rfds = [wake_fd]
-        wfds = []
-        if lifecycle.state in _REPORTS:
-            if report_fd >= 0 and not process.reader.eof:
-                rfds.append(report_fd)  # at end of file: the timer, then the exit check
-            if self._outbox.frames and lifecycle.state in _CHILD_READS and process.cmd_fd >= 0:
-                wfds.append(process.cmd_fd)
-        try:
-            readable, _, _ = select.select(rfds, wfds, [], seconds)
-        except (OSError, ValueError):  # a pipe closed by a take-over meanwhile
-            select.select([wake_fd], [], [], seconds)
+        lifecycle = self._lifecycle
+        if lifecycle.state not in _REPORTS:
+            self._process.wait_for_io(False, seconds, wake_fd, want_reports=False)
             return False
-        return report_fd in readable and report_fd >= 0
+        want_write = bool(self._outbox.frames) and lifecycle.state in _CHILD_READS
+        return self._process.wait_for_io(want_write, seconds, wake_fd)
 
     def _rows_of(self, user_spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
         """User spans as rows; one that cannot be made a row is counted (``build_error``)."""

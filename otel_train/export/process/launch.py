@@ -95,13 +95,24 @@ class ExporterProcess:
         """The child has exited (reaped here)."""
         return self.proc.poll() is not None
 
-    def wait_for_io(self, want_write: bool, seconds: float) -> None:
-        """Sleep until a report can be read (or the command pipe written), ``seconds`` at most."""
+    def wait_for_io(self, want_write: bool, seconds: float, wake_fd: int = -1,
+                    want_reports: bool = True) -> bool:
+        """Sleep until a report can be read (with ``want_reports``; never at end of file),
+        the command pipe written (``want_write``) or ``wake_fd`` read, ``seconds`` at most;
+        True when a report can be read."""
+        reader = self.reader
+        report_fd = reader.fd if want_reports and not reader.eof else -1
+        rfds = [fd for fd in (report_fd, wake_fd) if fd >= 0]
         wfds = [self.cmd_fd] if want_write and self.cmd_fd >= 0 else []
         try:
-            select.select([self.reader.fd], wfds, [], seconds)
-        except (OSError, ValueError):  # a pipe already closed
-            time.sleep(min(seconds, 0.01))
+            readable, _, _ = select.select(rfds, wfds, [], seconds)
+        except (OSError, ValueError):  # a pipe closed meanwhile (a take-over)
+            if wake_fd >= 0:
+                select.select([wake_fd], [], [], seconds)
+            else:
+                time.sleep(min(seconds, 0.01))
+            return False
+        return report_fd >= 0 and report_fd in readable
 
     def close_pipes(self) -> None:
         """Close this process's ends: the child reads end-of-file, and no read here can reach
