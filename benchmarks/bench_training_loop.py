@@ -26,6 +26,9 @@ Variants, each compared with the bare loop:
 - ``otel-throughput``: ``otel-otlp`` with FLOPs per step and a peak given, so every step's
   root also gets ``train.flops`` and ``train.mfu`` and the throughput and MFU gauges are
   served (every run already counts tokens and samples from its batches' shapes);
+- ``otel-any-cpu``: ``otel-otlp`` with ``background_cpus="off"``: the exporter process and
+  the run's threads wherever the scheduler puts them, the training thread's CPU included
+  (``otel-otlp`` keeps them off it, the default);
 - ``instrument``: ``otel_train.instrument(model, opt, dataloader)`` (zero-code hooks) on the
   same OTLP run;
 - ``otel-sdk``: the OpenTelemetry SDK by hand: ``start_as_current_span`` per step and per phase,
@@ -134,11 +137,11 @@ from bench_support import (  # noqa: E402
 )
 
 IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-              "otel-none", "otel-recorder", "instrument", "otel-sdk", "record-function",
-              "timestamps")
+              "otel-any-cpu", "otel-none", "otel-recorder", "instrument", "otel-sdk",
+              "record-function", "timestamps")
 # otel-train runs exporting OTLP
 EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-             "instrument")
+             "otel-any-cpu", "instrument")
 SAMPLED_RATIO = 0.1  # otel-sampled
 THROUGHPUT = {"flops_per_step": 1e9, "peak_flops_per_second": 1e12}  # otel-throughput
 PEERS = ("torchtel", "traceml")
@@ -341,6 +344,7 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             prometheus_port=0, console=True, status_dir=tmp, service_name="bench",
             export_process=variant != "otel-thread",
             sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None,
+            background_cpus="off" if variant == "otel-any-cpu" else "auto",
             **(THROUGHPUT if variant == "otel-throughput" else {}))
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,

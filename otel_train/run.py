@@ -46,6 +46,7 @@ from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.monitor_record import CheckpointRecord
 from otel_train.recording.device import DeviceTiming, resolve_device_timing
 from otel_train.recording.device_probes import resolve_device_probes
+from otel_train.recording.hot_path_cost import calibrate_hot_path
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resolve_identity
@@ -56,7 +57,6 @@ from otel_train.recording.recorder import (
     Phase,
     Recorder,
     Step,
-    calibrate_ns_per_phase,
 )
 from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.pipeline.profile_spans import span_emitter
@@ -115,8 +115,10 @@ class Run:
                                        options.device_events_every_steps, options.memory_peaks,
                                        host_clock_only=options.device_sync == "off")
         self.device = dataclasses.replace(self.device, probes=probes)
-        self.self_cost = SelfCostMeter(calibrate_ns_per_phase(), started_ns=started_ns,
-                                       window_steps=options.recent_window_steps)
+        hot_path = calibrate_hot_path()
+        self.self_cost = SelfCostMeter(hot_path.warm_ns_per_span, started_ns=started_ns,
+                                       window_steps=options.recent_window_steps,
+                                       cold_ns_per_span=hot_path.cold_ns_per_span)
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
                                   probes)
         # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).

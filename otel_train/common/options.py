@@ -153,6 +153,9 @@ class RunOptions:
     # The exporter process's niceness (added to this process's, 0..19): its CPU yields to
     # the training threads when they compete for a core.
     export_process_nice: int = 10
+    # Where otel-train's background runs (common/cpu_affinity.py): auto keeps the exporter
+    # process and the run's threads off the CPU the training thread starts on; off: anywhere.
+    background_cpus: str = _choice("auto")  # auto | off
     # -- device busy/idle and memory (recording/device_probes.py) ----------------------------
     # Device events (device_sync=events) and allocator peaks on one step in N.
     device_events_every_steps: int = 10
@@ -301,6 +304,8 @@ class RunOptions:
         if port is not DEFAULT and port is not None:
             if not _is_int(port) or not 0 <= port <= 65535:
                 self._fail("prometheus_port", "must be None (off), 0 (a free port) or 1..65535")
+        if self.background_cpus not in ("auto", "off"):
+            self._fail("background_cpus", "must be one of auto, off")
         v = self.export_process_nice
         if not _is_int(v) or not 0 <= v <= 19:
             self._fail("export_process_nice", "must be an integer from 0 (as the training "

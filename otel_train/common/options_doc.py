@@ -192,6 +192,18 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "a busy machine the exporter process takes its time rather than the training "
         "loop's; spans wait a little longer in its bounded queue. The default is the one "
         "that measured lowest in the all-in A/B (docs/benchmarks.md)."),
+    "background_cpus": OptionDoc(
+        "export", "where otel-train's background runs: `auto` keeps the exporter process and "
+        "the run's threads off the CPU the training thread starts on; `off`: wherever the "
+        "scheduler puts them",
+        details="otel-train's background works in bursts; left to the scheduler, a burst can "
+        "take the CPU the training thread has just left to wait for the GIL, and the "
+        "training thread comes back to a core whose caches hold the background's code and "
+        "data. With `auto` the background may use every CPU the process may use but that "
+        "one; the training thread, torch's threads and the data loader's workers are never "
+        "pinned. Nothing is done where the process may use one CPU only. `auto` measured below "
+        "`off` in both all-in A/B runs on a 2-vCPU VM, by less than their intervals "
+        "(docs/benchmarks.md)."),
     "metrics_in_export_process": OptionDoc(
         "export", "with `export_process`: the derived metrics run in the exporter process "
         "too; `False`: they always run in the training process",

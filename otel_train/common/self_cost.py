@@ -4,9 +4,11 @@ The figures (``SelfCostMeter.figures``, under ``own_cost`` in ``run.costs()`` an
 monitoring_costs.json; docs/monitoring-costs.md explains each):
 
 - ``hot_path_us_per_step``: the step and phase context managers on the training thread,
-  estimated as recorded spans x a calibrated cost per span (timing the hot path on the hot
-  path would double it). Drains the training thread runs itself when it asks for them
-  (``run.costs()``, ``run.flush()``) are measured and reported apart
+  estimated as recorded spans x a cost per span calibrated at start-up (timing the hot path
+  on the hot path would double it): the cold figure for a step long enough to have evicted
+  the hot path from the core's caches (``COLD_STEP_NS_PER_SPAN`` of step time per span), the
+  warm one otherwise (recording/hot_path_cost.py). Drains the training thread runs itself
+  when it asks for them (``run.costs()``, ``run.flush()``) are measured and reported apart
   (``training_thread_drains_seconds``): they come when the user calls, not with each step;
 - ``wait_us_per_step``: the training thread's measured wait caused by otel-train's threads,
   from its ``/proc/self/task/<tid>/schedstat`` sampled by the span worker around each drain
@@ -30,7 +32,9 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
 
 Usage::
 
-    meter = SelfCostMeter(calibrate_ns_per_phase(), started_ns=perf_counter_ns())
+    cost = calibrate_hot_path()
+    meter = SelfCostMeter(cost.warm_ns_per_span, started_ns=perf_counter_ns(),
+                          cold_ns_per_span=cost.cold_ns_per_span)
     meter.note_ready()                                 # start_run returned
     meter.note_steps(steps, first_start_ns, last_end_ns)   # the span worker, per drain
     meter.sample(background_ns, exporter_cpu_ns, loop_active)   # the span worker, per sample
@@ -51,6 +55,10 @@ from otel_train.common.proc_files import ProcFileReader
 
 _MARKS = 64  # drains remembered for the recent window
 _MIN_STEP_NS = 2_000
+#: A step with at least this much of its own time per recorded span has evicted the hot path
+#: from the core's caches between two calls (2 MiB of work takes ~50-100 us to touch): its
+#: spans are charged at the cold cost per span.
+COLD_STEP_NS_PER_SPAN = 50_000
 
 
 class TrainingThreadSchedstat:
@@ -89,8 +97,11 @@ class SelfCostMeter:
     """
 
     def __init__(self, hot_path_ns_per_span: float = 0.0, started_ns: int | None = None,
-                 training_tid: int | None = None, window_steps: int = 100) -> None:
+                 training_tid: int | None = None, window_steps: int = 100,
+                 cold_ns_per_span: float | None = None) -> None:
         self.hot_path_ns_per_span = hot_path_ns_per_span
+        self.cold_ns_per_span = (hot_path_ns_per_span if cold_ns_per_span is None
+                                 else max(hot_path_ns_per_span, cold_ns_per_span))
         self.window_steps = window_steps
         # The thread that started the run trains (run.steps is driven from it).
         self.training_tid = training_tid or threading.get_native_id()
@@ -118,10 +129,12 @@ class SelfCostMeter:
         with self._lock:
             self._background_ns += ns
 
-    def add_hot_path_spans(self, spans: int) -> None:
-        """Account the estimated hot-path cost of ``spans`` recorded spans."""
+    def add_hot_path_spans(self, spans: int, cold_spans: int = 0) -> None:
+        """Account the estimated hot-path cost of ``spans`` recorded spans at the warm cost
+        and ``cold_spans`` at the cold one."""
         with self._lock:
-            self._hot_path_ns += spans * self.hot_path_ns_per_span
+            self._hot_path_ns += (spans * self.hot_path_ns_per_span
+                                  + cold_spans * self.cold_ns_per_span)
 
     def add_training_thread_ns(self, ns: int) -> None:
         """Add otel-train work the training thread did itself (a drain in ``run.costs()``)."""
@@ -257,6 +270,8 @@ class SelfCostMeter:
             "recent_share_of_step_time": self.recent_share(),
             "lost_us_per_step": per_step(lost),
             "hot_path_us_per_step": per_step(hot),
+            "hot_path_ns_per_span": {"warm": round(self.hot_path_ns_per_span, 1),
+                                     "cold": round(self.cold_ns_per_span, 1)},
             "wait_us_per_step": per_step(waits),
             "wait_gil_us_per_step": None if unavailable else per_step(gil),
             "wait_run_queue_us_per_step": None if unavailable else per_step(runq),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.attributes import INSTRUMENTATION_SCOPE
+from otel_train.common.cpu_affinity import BackgroundCpus
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, resource_attributes
 from otel_train.common.options import RunOptions
@@ -99,7 +101,7 @@ class RunTelemetry:
                  global_provider: RunScopedTracerProvider | None,
                  sdk_provider: TracerProvider | None, export: Any,
                  derived: DerivedMetricsStage, builder: StepRecordBuilder,
-                 worker: SpanBuildWorker) -> None:
+                 worker: SpanBuildWorker, background: BackgroundCpus | None = None) -> None:
         self.plan = plan
         self.export_plan = plan.export
         self.provider_mode = plan.provider_mode
@@ -112,6 +114,7 @@ class RunTelemetry:
         self.derived = derived
         self.builder = builder
         self.worker = worker
+        self.background = background or BackgroundCpus(None, why_not="not resolved")
 
     @property
     def prometheus_url(self) -> str | None:
@@ -129,6 +132,7 @@ class RunTelemetry:
 
     def start(self) -> None:
         """Start the metrics endpoint and threads, then route the global provider to us."""
+        before = {t.native_id for t in threading.enumerate()}
         try:
             self.derived.start()  # may raise: e.g. the Prometheus port is taken
         except BaseException:
@@ -136,6 +140,12 @@ class RunTelemetry:
                 self.export.shutdown(0.5)
             raise
         self.worker.start()
+        # The threads just started are the run's (the metrics server, the watchdog, the span
+        # worker...): off the training thread's CPU with the exporter process; threads they
+        # start later inherit it.
+        self.background.pin_threads(t.native_id for t in threading.enumerate()
+                                    if t.native_id not in before)
+        _log.info("otel-train: %s", self.background.describe())
         if self.global_provider is not None:
             self.global_provider.activate(self.sdk_provider)
 
@@ -236,8 +246,10 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         builder.host_rss_every_steps = device.probes.host_rss_every_steps
     # The exporter process first: its CPU counter must be on the metrics registry before the
     # derived-metrics stage mirrors the registry's families over OTLP.
+    # Read here, on the training thread: the CPU it runs on now is the one kept free.
+    background = BackgroundCpus.resolve(options.background_cpus)
     export, collectors, plan = _build_export(plan, options, environment, provider, builder,
-                                             drops)
+                                             drops, background)
     try:
         derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
                                       self_cost, collectors=collectors)
@@ -263,12 +275,12 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,
-                        builder=builder, worker=worker)
+                        builder=builder, worker=worker, background=background)
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,
-                  provider: Any, builder: StepRecordBuilder, drops: DropCounter
-                  ) -> tuple[Any, list[Any], PipelinePlan]:
+                  provider: Any, builder: StepRecordBuilder, drops: DropCounter,
+                  background: BackgroundCpus) -> tuple[Any, list[Any], PipelinePlan]:
     """The export the plan names (the client, the stage, or None), the metrics collectors it
     brings, and the plan as built (the fallback's, should the exporter process not start)."""
     factory = builder.factory
@@ -284,7 +296,7 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
                 plan.export, factory.resource, factory.scope, factory.run_constants, drops,
                 options.max_queued_spans, options.export_batch_size,
                 options.export_interval_seconds, fallback=in_process_stage,
-                nice=options.export_process_nice)
+                nice=options.export_process_nice, cpus=background.as_argument())
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)

@@ -22,7 +22,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from time import perf_counter_ns, thread_time_ns
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
@@ -52,8 +52,7 @@ if TYPE_CHECKING:
     from otel_train.recording.device_probes import DeviceProbes
 
 __all__ = ["ACCELERATED", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
-           "Phase", "Recorder", "Step", "SyncedPhase", "calibrate_ns_per_phase",
-           "decode_events", "flat_events"]
+           "Phase", "Recorder", "Step", "SyncedPhase", "decode_events", "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
@@ -484,17 +483,3 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
     def __repr__(self) -> str:
         return f"<Step {self.index}{' ended' if self.end_ns else ''}>"
 
-
-def calibrate_ns_per_phase(rounds: int = 200) -> float:
-    """This machine's CPU cost of one recorded phase (for the self-cost gauge)."""
-    from otel_train.common.drop_counter import DropCounter
-
-    rec = Recorder(rounds + 1, DropCounter(), None)
-    t0 = thread_time_ns()
-    for i in range(rounds):
-        step = rec.begin_step(None, i)
-        with step.phase("a"):
-            pass
-        rec.finish_step(step, None)
-        rec.queue.clear()
-    return max((thread_time_ns() - t0) / (rounds * 2), 0.0)

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench_idle_run.py"
+from bench_smoke import run_mlp_smoke
 
 
 def test_the_smoke_run_prints_the_blocked_time_with_no_run_and_beside_an_idle_run(
         tmp_path) -> None:
-    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        pytest.skip("no per-thread schedstat here")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--workloads", "mlp"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    out = run_mlp_smoke("bench_idle_run.py", tmp_path)
     assert "== mlp: 2 rounds of 20-step bare blocks" in out
     assert re.search(r"blocked per step, no run:\s+-?\d+\.\d us", out), out
     assert re.search(r"blocked per step, idle run:\s+-?\d+\.\d us", out), out

@@ -25,7 +25,8 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     for workload in ("gpt", "mlp"):
         assert f"== {workload}, threads=1" in out
     for variant in ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled",
-                    "otel-throughput", "otel-none", "otel-recorder", "instrument", "otel-sdk", "record-function", "timestamps"):
+                    "otel-throughput", "otel-any-cpu", "otel-none", "otel-recorder",
+                    "instrument", "otel-sdk", "record-function", "timestamps"):
         rows = re.findall(rf"^{variant}{_RATIO}{_RATIO}", out, re.M)
         assert len(rows) == 2, (variant, out)  # one per workload
         for med, lo, hi, med_d, lo_d, hi_d in rows:
@@ -45,8 +46,8 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     own = re.findall(rf"^\s+own cost: A/B share{_SIGNED}\s*%, reported{_SIGNED}\s*%, "
                      rf"reported - A/B{_SIGNED}\s*pp; interference slope (\d+\.\d) us per busy "
                      r"step$", out, re.M)
-    assert len(own) == 2 * 7, out  # otel-otlp/-thread/-paused/-sampled/-throughput/-none,
-    # instrument
+    # otel-otlp/-thread/-paused/-sampled/-throughput/-any-cpu/-none, instrument
+    assert len(own) == 2 * 8, out
     for row in own:
         ab, ab_lo, ab_hi, rep, rep_lo, rep_hi, diff, d_lo, d_hi, _slope = map(float, row)
         assert ab_lo <= ab <= ab_hi and rep_lo <= rep <= rep_hi and d_lo <= diff <= d_hi
@@ -65,4 +66,4 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     assert combined.returncode == 0, combined.stderr[-2000:]
     assert "== mlp/threads=1: 4 pairs of 10-step blocks from 2 run(s), pooled" in combined.stdout
     assert len(re.findall(rf"^otel-otlp{_RATIO}{_RATIO}", combined.stdout, re.M)) == 2
-    assert len(re.findall(r"own cost: A/B share", combined.stdout)) == 2 * 7
+    assert len(re.findall(r"own cost: A/B share", combined.stdout)) == 2 * 8

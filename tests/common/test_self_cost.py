@@ -40,6 +40,17 @@ def test_the_hot_path_per_step_and_its_share_of_the_loops_time() -> None:
     assert fig["lost_us_per_step"] == pytest.approx(10.0)
 
 
+def test_cold_spans_are_charged_at_the_cold_cost_and_both_costs_are_reported() -> None:
+    meter = SelfCostMeter(1_000.0, started_ns=0, cold_ns_per_span=4_000.0)
+    meter.add_hot_path_spans(10, cold_spans=20)  # 10 warm spans, 20 cold
+    meter.note_steps(6, 0, 6 * 10 * MS)
+    fig = meter.figures()
+    assert fig["hot_path_us_per_step"] == pytest.approx((10 * 1.0 + 20 * 4.0) / 6, abs=1e-3)
+    assert fig["hot_path_ns_per_span"] == {"warm": 1_000.0, "cold": 4_000.0}
+    # A cold figure under the warm one (a disturbed calibration) is never charged below it.
+    assert SelfCostMeter(2_000.0, cold_ns_per_span=500.0).cold_ns_per_span == 2_000.0
+
+
 def test_background_cpu_is_reported_beside_the_loss_not_in_it() -> None:
     meter = _meter_with_steps()
     meter.add_background_ns(100 * 40_000)  # 40 us per step on another core

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 import pytest
@@ -15,7 +16,7 @@ from train_helpers import clean_env, nested_step  # noqa: F401  (clean_env: auto
 
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
-from otel_train.common.self_cost import SelfCostMeter
+from otel_train.common.self_cost import COLD_STEP_NS_PER_SPAN, SelfCostMeter
 from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.recorder import Recorder
@@ -84,6 +85,25 @@ def test_a_drain_feeds_the_metrics_its_views_then_hands_the_marked_records_to_th
     assert [r[6]["train.step"] for r in sink.records] == [0, 1, 2]
     assert all(r[6]["train.slow"] for r in sink.records)  # marked before export
     assert worker.spans_built == sink.spans == 12
+
+
+def test_a_step_long_enough_to_evict_the_caches_is_charged_cold_and_an_empty_one_warm():
+    drops = DropCounter()
+    rec = Recorder(10, drops, None)
+    meter = SelfCostMeter(1_000.0, cold_ns_per_span=100_000.0)
+    worker = SpanBuildWorker(rec, _builder(), RowRoute(None, Sink(), IDENT.rank), drops,
+                             meter, 0.01)
+    empty = rec.begin_step(None, 0)
+    with empty.phase("forward"):
+        pass
+    rec.finish_step(empty, None)
+    long = rec.begin_step(None, 1)
+    with long.phase("forward"):
+        time.sleep(2 * COLD_STEP_NS_PER_SPAN / 1e9)  # the step's own work: 2 spans' worth
+    rec.finish_step(long, None)
+    assert worker.drain() == 2
+    # 2 spans each: the empty step at 1 us a span, the long one at 100 us.
+    assert meter.figures()["hot_path_us_per_step"] == (2 * 1.0 + 2 * 100.0) / 2
 
 
 def test_user_spans_that_ended_go_as_rows_with_the_drain():

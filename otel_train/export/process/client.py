@@ -88,7 +88,8 @@ class ExportProcessClient(SpanProcessor):
     def __init__(self, plan: Any, resource: Resource, scope: InstrumentationScope,
                  run_constants: dict[str, Any], drops: DropCounter, max_queued_spans: int,
                  max_batch_size: int, interval_seconds: float,
-                 fallback: Callable[[], Any] | None = None, nice: int = 0) -> None:
+                 fallback: Callable[[], Any] | None = None, nice: int = 0,
+                 cpus: str = "") -> None:
         self._drops = drops
         self._warn = RateLimitedLogger(_log)
         self._lock = threading.Lock()  # the pending records and user spans (worker, training)
@@ -105,7 +106,7 @@ class ExportProcessClient(SpanProcessor):
             fallback, RowSpanFactory(resource, scope, run_constants), drops)
         self._process = ExporterProcess(exporter_config(
             plan, resource, scope, run_constants, max_queued_spans, max_batch_size,
-            interval_seconds), nice=nice)
+            interval_seconds), nice=nice, cpus=cpus)
         self.pid: int | None = self._process.pid
         if fallback is not None and getattr(plan, "protocol", None) == "grpc":
             import_for_exit_fallback()
