@@ -25,16 +25,14 @@ Usage::
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, rounds_main  # noqa: E402
+from bench_support import ROOT, live_run, rounds_main  # noqa: E402
 from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -106,20 +104,14 @@ def _block(w: Workload, n: int, run: Any) -> tuple[float, float]:
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
     """Blocks of the timed loop beside one run (no exporter); prints one workload's row."""
-    import otel_train
-
     del endpoint  # nothing is exported: the records are read back and dropped
     w = Workload(name, eval_every=50)
-    tmp = tempfile.mkdtemp(prefix="bench-hot-path-in-situ-")
-    try:
-        run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
-                                   status_dir=tmp, max_queued_steps=steps + 16)
+    with live_run(None, "bench-hot-path-in-situ", exporter="none", otlp_protocol=None,
+                  prometheus_port=None, console=False,
+                  max_queued_steps=steps + 16) as (run, _):
         _block(w, min(steps, 50), run)  # warm-up
         got = [_block(w, steps, run) for _ in range(rounds)]
         cost = run.costs()["own_cost"]["hot_path_ns_per_span"]
-        run.shutdown()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     per_step = statistics.median(g[0] for g in got) / 1e3
     spans = statistics.median(g[1] for g in got)
     charged = spans * cost["cold"] / 1e3

@@ -23,16 +23,20 @@ Usage::
 
 from __future__ import annotations
 
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, ThreadClock, _fmt_ci, rounds_main, timed_block  # noqa: E402
+from bench_support import (  # noqa: E402
+    ROOT,
+    ThreadClock,
+    _fmt_ci,
+    live_run,
+    rounds_main,
+    timed_block,
+)
 from bench_training_loop import Workload, loop_bare, loop_otel  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -49,32 +53,19 @@ def _block(w: Workload, n: int, clock: ThreadClock) -> tuple[float, float]:
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
     """Rounds of (no run, idle run) blocks; prints the table for one workload."""
-    import otel_train
-
     w = Workload(name, eval_every=50)
     clock = ThreadClock()  # the run's own schedstat reader (self_cost.py)
     loop_bare(w, min(steps, 50))  # warm-up: allocator, first-use paths
     none: list[tuple[float, float]] = []
     idle: list[tuple[float, float]] = []
-    stderr = sys.stderr
     for r in range(rounds):
         none.append(_block(w, steps, clock))
-        tmp = tempfile.mkdtemp(prefix="bench-idle-")
-        sys.stderr = open(os.devnull, "w")  # the run's console: on, as in bench_training_loop
-        try:
-            run = otel_train.start_run(
-                exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
-                prometheus_port=0, console=True, status_dir=tmp, service_name="bench-idle")
+        with live_run(endpoint, "bench-idle") as (run, _):
             run.flush()  # the exporter process ready before the clock starts
             loop_otel(w, 3, run)  # a run between steps, not one waiting for its first
             run.flush()
             time.sleep(MAX_DRAIN_DELAY_SECONDS)  # the last step's age limit has passed
             idle.append(_block(w, steps, clock))
-            run.shutdown()
-        finally:
-            sys.stderr.close()
-            sys.stderr = stderr
-            shutil.rmtree(tmp, ignore_errors=True)
         print(f"  round {r + 1}/{rounds}: blocked {none[-1][0]:.1f} -> {idle[-1][0]:.1f} us "
               f"per step", flush=True)
     diff = [i[0] - n[0] for n, i in zip(none, idle)]

@@ -29,17 +29,15 @@ import array
 import bisect
 import glob
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, exporter_pid, rounds_main  # noqa: E402
+from bench_support import ROOT, exporter_pid, live_run, rounds_main  # noqa: E402
 from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -164,16 +162,9 @@ def _threads(run: Any) -> list[str]:
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
     """Rounds of (idle, active) blocks beside one run; prints the table for one workload."""
-    import otel_train
-
     w = Workload(name, eval_every=10**9)  # no evaluation: every step is a training step
-    tmp = tempfile.mkdtemp(prefix="bench-interference-")
     stderr = sys.stderr
-    sys.stderr = open(os.devnull, "w")  # the run's console: on, as in bench_training_loop
-    try:
-        run = otel_train.start_run(
-            exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
-            prometheus_port=0, console=True, status_dir=tmp, service_name="bench-interference")
+    with live_run(endpoint, "bench-interference") as (run, tmp):
         _run_steps(w, min(steps, 200), run)  # warm-up: first-use paths, the exporter's start
         run.flush()
         paths = _threads(run)
@@ -194,10 +185,6 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
             raise
         run.shutdown()
         samples = _Samples(out, len(paths))
-    finally:
-        sys.stderr.close()
-        sys.stderr = stderr
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n== {name}: {rounds} rounds of {steps}-step blocks; training-thread CPU per step "
           f"against its {2 * NEIGHBOURS} neighbours' median")
     print(f"{'block':<7}{'CPU us':>9}{'bg us':>10}{'beside':>10}{'median +':>12}"

@@ -13,14 +13,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +109,35 @@ class ProcessCpu:
             return self._last
         self._last = max(self._last, total)
         return self._last
+
+
+@contextlib.contextmanager
+def live_run(endpoint: str | None, service_name: str,
+             **options: Any) -> Iterator[tuple[Any, str]]:
+    """One otel-train run for the blocks to run beside: OTLP/HTTP to ``endpoint``, Prometheus
+    on a free port, the console on and sent to /dev/null (its cost counts, not its text), the
+    status dir a temp dir named after ``service_name``; ``options`` override these. Yields
+    (run, that dir); afterwards the run is shut down (if the body did not), stderr restored
+    and the dir removed."""
+    import otel_train
+
+    tmp = tempfile.mkdtemp(prefix=f"{service_name}-")
+    stderr = sys.stderr
+    sys.stderr = open(os.devnull, "w")
+    run = None
+    try:
+        kwargs: dict[str, Any] = {
+            "exporter": "otlp", "otlp_endpoint": endpoint, "otlp_protocol": "http/protobuf",
+            "prometheus_port": 0, "console": True, "status_dir": tmp,
+            "service_name": service_name}
+        run = otel_train.start_run(**{**kwargs, **options})
+        yield run, tmp
+    finally:
+        if run is not None:
+            run.shutdown()  # a no-op where the body shut it down
+        sys.stderr.close()
+        sys.stderr = stderr
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def exporter_pid(run: Any) -> int | None:

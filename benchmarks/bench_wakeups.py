@@ -25,17 +25,15 @@ Usage::
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_support import ROOT, rounds_main  # noqa: E402
+from bench_support import ROOT, live_run, rounds_main  # noqa: E402
 from bench_training_loop import Workload, loop_bare, loop_otel  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -88,18 +86,10 @@ def _measure(body: Callable[[], None], pids: dict[str, int],
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
     """Rounds of (idle, bare, otel) beside one live run; prints the table for one workload."""
-    import otel_train
-
     w = Workload(name, eval_every=50)
-    tmp = tempfile.mkdtemp(prefix="bench-wakeups-")
-    stderr = sys.stderr
-    sys.stderr = open(os.devnull, "w")  # the run's console: on, as in bench_training_loop
     got: dict[str, list[dict[str, tuple[float, float]]]] = {s: [] for s in STATES}
     step_rate: dict[str, list[float]] = {s: [] for s in STATES}
-    try:
-        run = otel_train.start_run(
-            exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="http/protobuf",
-            prometheus_port=0, console=True, status_dir=tmp, service_name="bench-wakeups")
+    with live_run(endpoint, "bench-wakeups") as (run, _):
         loop_otel(w, min(steps, 50), run)  # warm-up; the run has stepped
         run.flush()
         exporter = getattr(run._telemetry.export, "pid", None)
@@ -116,11 +106,6 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
                 got[state].append(rates)
                 step_rate[state].append(0.0 if state == "idle" else steps / seconds)
                 run.flush()
-        run.shutdown()
-    finally:
-        sys.stderr.close()
-        sys.stderr = stderr
-        shutil.rmtree(tmp, ignore_errors=True)
     _print(name, rounds, steps, got, step_rate)
 
 

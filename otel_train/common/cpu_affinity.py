@@ -14,7 +14,7 @@ Usage::
 
     cpus = BackgroundCpus.resolve("auto")      # on the training thread, before the threads
     cpus.pin_threads([t.native_id for t in started])
-    cpus.as_argument()                         # the exporter process pins itself at boot
+    ExporterProcess(config, cpus=cpus.cpus)    # set on the child as it starts
 """
 
 from __future__ import annotations
@@ -85,13 +85,10 @@ class BackgroundCpus:
                 _log.debug("otel-train: could not set thread %s's CPUs: %r", tid, exc)
         return pinned
 
-    def as_argument(self) -> str:
-        """The CPUs as a comma list for the exporter process's command line ('' for none)."""
-        return ",".join(str(c) for c in sorted(self.cpus)) if self.cpus else ""
-
     def describe(self) -> str:
-        """One line for the banner and the costs: where the background runs and why."""
+        """One line for the run's log: where the background runs and why."""
         if self.cpus is None:
             return f"background CPUs: the scheduler's ({self.why_not})"
-        return (f"background CPUs: {self.as_argument()} (off CPU {self.training_cpu}, where "
-                f"the training thread runs)")
+        listed = ",".join(str(c) for c in sorted(self.cpus))
+        return f"background CPUs: {listed} (off CPU {self.training_cpu}, where the training " \
+               "thread runs)"

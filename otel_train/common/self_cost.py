@@ -61,6 +61,11 @@ _MIN_STEP_NS = 2_000
 COLD_STEP_NS_PER_SPAN = 50_000
 
 
+def is_cold_step(step_wall_ns: int, spans: int) -> bool:
+    """A step that took ``step_wall_ns`` for ``spans`` spans is charged the cold cost."""
+    return spans > 0 and step_wall_ns >= spans * COLD_STEP_NS_PER_SPAN
+
+
 class TrainingThreadSchedstat:
     """The training thread's scheduler clock: ns on a CPU and ns runnable, waiting for one."""
 

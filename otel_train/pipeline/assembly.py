@@ -296,7 +296,7 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
                 plan.export, factory.resource, factory.scope, factory.run_constants, drops,
                 options.max_queued_spans, options.export_batch_size,
                 options.export_interval_seconds, fallback=in_process_stage,
-                nice=options.export_process_nice, cpus=background.as_argument())
+                nice=options.export_process_nice, cpus=background.cpus)
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import RateLimitedLogger
-from otel_train.common.self_cost import COLD_STEP_NS_PER_SPAN, SelfCostMeter
+from otel_train.common.self_cost import SelfCostMeter, is_cold_step
 from otel_train.export.process.cpu import ProcessCpuReader
 from otel_train.pipeline.drain_schedule import ConsoleDrainClock, DrainSchedule
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
@@ -306,7 +306,7 @@ class SpanBuildWorker:
             built += spans
             # A step long enough for its work to evict the hot path from the caches: its
             # spans cost the cold figure (recording/hot_path_cost.py).
-            if record.end_ns - record.start_ns >= spans * COLD_STEP_NS_PER_SPAN:
+            if is_cold_step(record.end_ns - record.start_ns, spans):
                 cold += spans
             if view is not None:
                 views.append(view)

@@ -29,7 +29,7 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from otel_train.common.drop_counter import DropCounter
-from otel_train.common.self_cost import COLD_STEP_NS_PER_SPAN
+from otel_train.common.self_cost import is_cold_step
 from otel_train.recording.recorder import Recorder
 
 __all__ = ["HotPathCost", "calibrate_hot_path"]
@@ -47,9 +47,8 @@ class HotPathCost:
 
     def ns_per_span(self, step_wall_ns: int, spans: int) -> float:
         """The cost per span of a step that took ``step_wall_ns`` and recorded ``spans``."""
-        if spans > 0 and step_wall_ns >= spans * COLD_STEP_NS_PER_SPAN:
-            return self.cold_ns_per_span
-        return self.warm_ns_per_span
+        return self.cold_ns_per_span if is_cold_step(step_wall_ns, spans) \
+            else self.warm_ns_per_span
 
 
 def _warm_ns_per_span(rounds: int) -> float:

@@ -89,7 +89,7 @@ class ExportProcessClient(SpanProcessor):
                  run_constants: dict[str, Any], drops: DropCounter, max_queued_spans: int,
                  max_batch_size: int, interval_seconds: float,
                  fallback: Callable[[], Any] | None = None, nice: int = 0,
-                 cpus: str = "") -> None:
+                 cpus: frozenset[int] | None = None) -> None:
         self._drops = drops
         self._warn = RateLimitedLogger(_log)
         self._lock = threading.Lock()  # the pending records and user spans (worker, training)

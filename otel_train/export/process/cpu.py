@@ -43,8 +43,8 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 class ProcessCpuReader:
-    """``process_cpu_seconds`` for one process, read at each own-cost sample: the file kept open (one
-    ``pread`` a read, proc_files.py)."""
+    """``process_cpu_seconds`` for one process, read at each own-cost sample: the file kept
+    open (one ``pread`` a read, proc_files.py)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -34,14 +34,11 @@ _log = logging.getLogger("otel_train")
 # Signals are ignored before anything is imported: the launcher's SIGINT/SIGTERM are for the
 # training process, whose shutdown flushes through the child; the child leaves when the pipe
 # closes or the training process is gone.
-# The niceness and the CPUs (option background_cpus) come next, before the imports, so the
-# child's start-up yields to training too and stays off its CPU (threads it starts later
-# inherit both).
+# The niceness comes next, before the imports, so the child's start-up yields to training too
+# (threads it starts later inherit it).
 _BOOT = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
          "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "import json, os, sys; int(sys.argv[4]) and os.nice(int(sys.argv[4]))\n"
-         "try:\n sys.argv[5] and os.sched_setaffinity(0, {int(c) for c in sys.argv[5].split(',')})\n"
-         "except (OSError, ValueError):\n pass\n"
+         "import json, os, sys; int(sys.argv[4]) and os.nice(int(sys.argv[4])); "
          "sys.path[:0] = json.loads(sys.argv[3]); "
          "from otel_train.export.process.child import child_main; "
          "child_main(int(sys.argv[1]), int(sys.argv[2]))")
@@ -65,7 +62,8 @@ def exporter_config(plan: Any, resource: Resource, scope: InstrumentationScope,
 class ExporterProcess:
     """The running child and this process's non-blocking ends of its pipes."""
 
-    def __init__(self, config: dict[str, Any], nice: int = 0, cpus: str = "") -> None:
+    def __init__(self, config: dict[str, Any], nice: int = 0,
+                 cpus: frozenset[int] | None = None) -> None:
         # os.pipe() descriptors are not inherited across exec; the child gets its two ends
         # through pass_fds only.
         cmd_r, self.cmd_fd = os.pipe()
@@ -76,8 +74,7 @@ class ExporterProcess:
                 # in argv), so a sitecustomize such as opentelemetry-instrument's does not
                 # instrument the exporter itself, and start-up stays short.
                 [sys.executable, "-I", "-c", _BOOT, str(cmd_r), str(report_w),
-                 json.dumps([p for p in sys.path if isinstance(p, str)]), str(int(nice)),
-                 cpus],
+                 json.dumps([p for p in sys.path if isinstance(p, str)]), str(int(nice))],
                 # Its own session: a terminal's Ctrl-C or a launcher's signal to the process
                 # group is for training, whose shutdown then flushes through this child.
                 pass_fds=(cmd_r, report_w), stdin=subprocess.DEVNULL, close_fds=True,
@@ -90,10 +87,10 @@ class ExporterProcess:
             os.close(cmd_r)
             os.close(report_w)
         self.pid: int = self.proc.pid
-        if cpus:  # now, for the interpreter's start-up too (the child sets it again at boot)
-            try:
-                os.sched_setaffinity(self.pid, {int(c) for c in cpus.split(",")})
-            except (OSError, ValueError):
+        if cpus:  # option background_cpus: set before the child starts a thread, which
+            try:  # inherits it
+                os.sched_setaffinity(self.pid, cpus)
+            except OSError:  # the child has already exited: its start-up failure is reported
                 pass
         write_all(self.cmd_fd, frame(pickle.dumps(config)))
         os.set_blocking(self.cmd_fd, False)
