@@ -221,14 +221,15 @@ def _fmt_ci(values: list[float], block: int = 1, stat: Any = statistics.median) 
 
 def rounds_main(argv: list[str] | None, doc: str, run_workload: Any, *, workloads: str,
                 rounds: int, block_steps: dict[str, int], smoke: tuple[int, int],
-                pair: str) -> int:
+                pair: str, rounds_help: str | None = None) -> int:
     """The command line of a bench made of rounds of paired blocks per workload:
     ``run_workload(name, rounds, steps, endpoint)`` for each workload, one torch thread and
     one receiver for all; ``smoke``: (rounds, steps). Where there is no per-thread schedstat
     it says so and does nothing."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--workloads", default=workloads, help="comma list of gpt, mlp")
-    ap.add_argument("--rounds", type=int, default=rounds, help=f"{pair} block pairs")
+    ap.add_argument("--rounds", type=int, default=rounds,
+                    help=rounds_help or f"{pair} block pairs")
     ap.add_argument("--block-steps", type=int, default=None,
                     help=f"steps per block (default: {block_steps})")
     ap.add_argument("--smoke", action="store_true",

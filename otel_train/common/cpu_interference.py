@@ -6,20 +6,25 @@ VM), caches and memory bandwidth with the exporter process or the span worker ex
 step in more CPU time while they run. A paired A/B sees it; wait accounting does not.
 
 ``CpuInterferenceRegression`` estimates it inside the run. Each interval between the span
-worker's own-cost samples gives one point: ``busy`` = the share of the interval otel-train's background was on a CPU
-(span worker + exporter process CPU / wall) and ``cpu_per_step`` = the training thread's on-CPU
-time per step begun in it. The background works in bursts (a drain, then the exporter encoding
-and sending that frame), so ``busy`` swings between ~0 and ~1 within seconds while the steps stay
-the same: a weighted least-squares line through the points (weights: steps in the interval)
-has a slope that is the extra training-thread CPU per step at full background activity. The
-charge for the run so far is ``slope x sum(steps_i x busy_i)``: the training CPU the background
-cost, step by step. Only intervals that trained at full pace fit the line (``fit=False``
-for the rest: a step rate below half the run's usual one means the training thread did other
-work in it, a block's set-up or an evaluation, whose CPU per step would read as slowdown);
-every interval's busy steps are charged. A slope that is not clearly positive (fewer than
-``min_points`` points, no spread in ``busy``, or a slope below its standard error) charges
-nothing: on a machine where the exporter runs on a core of its own the slope is ~0 and so is
-the charge.
+worker's own-cost samples gives one point: ``busy`` = the share of the interval otel-train's
+background was on a CPU (span worker + exporter process CPU / wall) and ``cpu_per_step`` = the
+training thread's on-CPU time per step begun in it. The background works in bursts (a drain,
+then the exporter encoding and sending that frame), so ``busy`` swings between ~0 and ~1
+from one interval to the next while the steps stay the same. The machine's own speed drifts
+too (a shared host moves a step's CPU by ~20% over seconds), slowly next to the intervals:
+the line is fitted on the *differences* between consecutive fitted intervals (``Δcpu_per_step
+= slope x Δbusy``, weighted least squares through the origin, each difference weighted by the
+harmonic mean of the two intervals' steps), where the drift cancels and the background's
+bursts remain. The slope is the extra training-thread CPU per step at full background
+activity; the charge for the run so far is ``slope x sum(steps_i x busy_i)``: the training
+CPU the background cost, step by step. Only intervals that trained at full pace fit the line
+(``fit=False`` for the rest, SelfCostMeter decides: an evaluation or a script's own work
+between steps would read as slowdown); every interval's busy steps are charged. A slope that
+is not clearly positive (fewer than ``min_points`` points, no spread in ``busy``, or a slope
+below its standard error) charges nothing: where the background's bursts do not slow the
+training thread the slope is ~0 and so is the charge. What the line cannot see is a slowdown
+that does not follow the bursts from one interval to the next (a steady one, such as the
+span worker's Python sharing the interpreter with the training thread: docs/benchmarks.md).
 
 Usage::
 
@@ -34,14 +39,17 @@ import math
 
 
 class CpuInterferenceRegression:
-    """Weighted least squares of training CPU per step on background busy share, O(1) memory."""
+    """Weighted least squares of training CPU per step on background busy share, fitted on
+    consecutive intervals' differences, O(1) memory."""
 
     def __init__(self, min_points: int = 30) -> None:
         self.min_points = min_points
         self.points = 0
         self._busy_steps = 0.0  # sum(steps_i x busy_i) over every interval, fitted or not
-        # Weighted sums: weights w (steps), x (busy share), y (training CPU ns per step).
-        self._w = self._wx = self._wy = self._wxx = self._wxy = self._wyy = 0.0
+        self._last: tuple[float, float, float] | None = None  # the last fitted (w, x, y)
+        self._w = self._wy = 0.0  # steps and training CPU over the fitted intervals
+        # Over the differences: weight d, Δx (busy), Δy (training CPU ns per step).
+        self._d = self._dxx = self._dxy = self._dyy = 0.0
 
     def add(self, busy: float, cpu_per_step_ns: float, steps: int, fit: bool = True) -> None:
         """One interval: the background's busy share, the training CPU per step, the steps;
@@ -54,11 +62,16 @@ class CpuInterferenceRegression:
             return
         self.points += 1
         self._w += w
-        self._wx += w * x
         self._wy += w * y
-        self._wxx += w * x * x
-        self._wxy += w * x * y
-        self._wyy += w * y * y
+        last, self._last = self._last, (w, x, y)
+        if last is None:
+            return
+        d = w * last[0] / (w + last[0])
+        dx, dy = x - last[1], y - last[2]
+        self._d += d
+        self._dxx += d * dx * dx
+        self._dxy += d * dx * dy
+        self._dyy += d * dy * dy
 
     @property
     def busy_steps(self) -> float:
@@ -67,25 +80,21 @@ class CpuInterferenceRegression:
 
     def slope_ns(self) -> float | None:
         """Extra training CPU per step at full background activity, None until it is clear."""
-        if self.points < self.min_points or self._w <= 0:
+        if self.points < self.min_points or self._d <= 0:
             return None
-        w = self._w
-        mx, my = self._wx / w, self._wy / w
-        sxx = self._wxx / w - mx * mx
+        sxx = self._dxx / self._d
         if sxx <= 1e-6:  # the background never varied: nothing to compare
             return None
-        sxy = self._wxy / w - mx * my
-        slope = sxy / sxx
-        syy = max(0.0, self._wyy / w - my * my)
-        # Standard error of the slope with the points as the sample size (weights only shape
-        # the line): the residual variance over the spread of busy.
-        resid = max(0.0, syy - slope * sxy)
+        slope = self._dxy / self._dxx
+        # Standard error of the slope with the differences as the sample size (weights only
+        # shape the line): the residual variance over the spread of Δbusy.
+        resid = max(0.0, self._dyy - slope * self._dxy) / self._d
         se = math.sqrt(resid / (sxx * max(1, self.points - 2)))
         if slope <= 0 or slope < se:
             return None
         # Never more than the whole step's CPU: a line through a few outliers must not charge
         # the run more than it computed.
-        return min(slope, my)
+        return min(slope, self._wy / self._w)
 
     def charge_ns(self, busy_steps: float | None = None) -> float:
         """Training CPU the background cost over ``busy_steps`` (default: the whole run)."""

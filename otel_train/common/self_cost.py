@@ -22,9 +22,10 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
   the background runs beside it (shared core, caches, memory bandwidth), estimated in the run
   by regressing its CPU per step on the background's busy share, interval by interval
   (cpu_interference.py); ``cpu_interference_us_per_busy_step`` is that line's slope;
-- ``share_of_step_time``: (hot path + wait + interference) / the loop's wall time (first step's start to the
-  last step's end), 0..1: the share of its time the training loop loses, the figure an A/B
-  of the same loop with and without otel-train measures (1 - bare / instrumented);
+- ``share_of_step_time``: (hot path + wait + interference) / the loop's wall time (first
+  step's start to the last step's end), 0..1: the share of its time the training loop
+  loses, the figure an A/B of the same loop with and without otel-train measures
+  (1 - bare / instrumented);
 - ``background_cpu_us_per_step`` (this process's otel-train threads) and
   ``exporter_process_cpu_us_per_step`` (start-up left out): CPU that runs beside training;
 - ``startup``: start_run's own time, the time until the first step, the exporter process's
@@ -44,6 +45,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 from collections import deque
@@ -55,6 +57,13 @@ from otel_train.common.proc_files import ProcFileReader
 
 _MARKS = 64  # drains remembered for the recent window
 _MIN_STEP_NS = 2_000
+#: The interference line is fitted on intervals of at least this many steps, at a pace of at
+#: least half the usual one: the usual pace is the median over the last ``_RATES`` such
+#: intervals, and nothing is fitted before ``_MIN_RATES`` of them (the run's first seconds,
+#: warming up, would set a slow pace as the usual one and fit their slow steps).
+_MIN_FIT_STEPS = 4
+_RATES = 64
+_MIN_RATES = 8
 #: A step with at least this much of its own time per recorded span has evicted the hot path
 #: from the core's caches between two calls (2 MiB of work takes ~50-100 us to touch): its
 #: spans are charged at the cold cost per span.
@@ -126,7 +135,8 @@ class SelfCostMeter:
         # (steps drained, last step end ns, hot path + waits ns, interference's busy steps)
         self._marks: deque[tuple[int, int, float, float]] = deque(maxlen=_MARKS)
         self.interference = CpuInterferenceRegression()
-        self._usual_rate: float | None = None  # steps per ns, a moving average
+        self._rates: deque[float] = deque(maxlen=_RATES)  # steps per ns, recent intervals
+        self._training_thread_drained = False  # in the interval being sampled
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
@@ -145,6 +155,7 @@ class SelfCostMeter:
         """Add otel-train work the training thread did itself (a drain in ``run.costs()``)."""
         with self._lock:
             self._on_training_thread_ns += ns
+            self._training_thread_drained = True
 
     def on_training_thread(self) -> bool:
         """The calling thread is the training thread."""
@@ -176,6 +187,7 @@ class SelfCostMeter:
         with self._lock:
             self._background_ns += background_ns
             prev, self._prev = self._prev, (now, stat, exporter_cpu_ns, steps_begun)
+            drained, self._training_thread_drained = self._training_thread_drained, False
             if prev is None or stat is None or prev[1] is None or not loop_active:
                 return
             wall = now - prev[0]
@@ -192,13 +204,19 @@ class SelfCostMeter:
             # A jump of the index (a resumed run's first explicit index) is not steps run:
             # no instrumented step takes under 2 us.
             if begun is not None and 0 < begun and begun * _MIN_STEP_NS <= wall:
-                # Intervals at the run's usual pace fit the line; slower ones (an evaluation,
-                # work between steps on this thread) are charged only (cpu_interference.py).
-                rate = begun / wall
-                usual = self._usual_rate
-                self._usual_rate = rate if usual is None else usual + 0.05 * (rate - usual)
                 self.interference.add((background_ns + exporter) / wall, on_cpu / begun, begun,
-                                      fit=usual is None or rate >= 0.5 * usual)
+                                      fit=self._fits_locked(begun / wall, begun, drained))
+
+    def _fits_locked(self, rate: float, begun: int, drained: bool) -> bool:
+        """An interval is a point of the interference line when it trained at the run's usual
+        pace; slower ones (warming up, an evaluation, work between steps on this thread, a
+        drain the training thread ran itself) are charged only (cpu_interference.py)."""
+        if begun < _MIN_FIT_STEPS:  # one evaluation or slow step would be the whole figure
+            return False
+        rates = self._rates
+        usual = statistics.median(rates) if len(rates) >= _MIN_RATES else None
+        rates.append(rate)
+        return usual is not None and not drained and rate >= 0.5 * usual
 
     # -- reading ------------------------------------------------------------------------
     def _accounted_locked(self) -> float:

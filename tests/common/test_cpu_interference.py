@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -63,4 +64,18 @@ def test_intervals_left_out_of_the_line_are_still_charged() -> None:
     before = reg.busy_steps
     reg.add(0.9, 5_000_000.0, 10, fit=False)  # an evaluation's interval: off the line
     assert reg.points == 300 and reg.busy_steps == pytest.approx(before + 9.0)
+    assert reg.slope_ns() == pytest.approx(150_000, rel=0.1)
+
+
+def test_the_machines_slow_drift_does_not_hide_the_slope() -> None:
+    # The host's speed wanders (AR(1): ~100 us of a 550 us step, tenths of seconds to
+    # seconds), several times the background's effect: a line through the intervals'
+    # levels is off by ~20%, the one through consecutive intervals' differences is not.
+    rng = random.Random(3)
+    reg = CpuInterferenceRegression()
+    drift = 0.0
+    for _ in range(400):
+        drift = 0.98 * drift + rng.gauss(0, 20_000)
+        x = rng.random() * 0.6
+        reg.add(x, 550_000 + drift + 150_000 * x + rng.gauss(0, 10_000), 90)
     assert reg.slope_ns() == pytest.approx(150_000, rel=0.1)

@@ -171,16 +171,53 @@ def test_an_index_jump_is_not_taken_for_steps_run() -> None:
     assert meter.interference.points == 0
 
 
-def test_an_interval_at_a_fraction_of_the_usual_pace_is_charged_but_not_fitted() -> None:
-    meter = _meter_with_steps()
-    clock = meter.schedstat = ScriptedSchedstat()
-    meter.sample(0, 0, True, 0)
-    on_cpu = begun = 0
-    for steps in (90, 90, 90, 10):  # the last: an evaluation ran on the training thread
-        on_cpu += steps * 500_000 + (30 * MS if steps == 10 else 0)
+def _intervals(meter: SelfCostMeter, steps_and_extra_ms: list[tuple[int, int]],
+               state: list[int] | None = None) -> list[int]:
+    """Feed 50 ms intervals of ``steps`` 0.5 ms steps plus ``extra`` ms of the training
+    thread's CPU each, half of each interval busy; returns (on-CPU ns, steps begun)."""
+    clock = meter.schedstat
+    on_cpu, begun = state or [0, 0]
+    for steps, extra_ms in steps_and_extra_ms:
+        on_cpu += steps * 500_000 + extra_ms * MS
         begun += steps
         clock.now = (on_cpu, 0)
         meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
         meter.sample(25 * MS, 0, True, begun)
+    return [on_cpu, begun]
+
+
+def _sampled_meter() -> SelfCostMeter:
+    meter = _meter_with_steps()
+    meter.schedstat = ScriptedSchedstat()
+    meter.sample(0, 0, True, 0)
+    return meter
+
+
+def test_an_interval_at_a_fraction_of_the_usual_pace_is_charged_but_not_fitted() -> None:
+    meter = _sampled_meter()
+    # 8 intervals set the usual pace (not fitted: it is not known before them), 3 at that
+    # pace, then one where an evaluation ran on the training thread
+    _intervals(meter, [(90, 0)] * 11 + [(10, 30)])
     assert meter.interference.points == 3
-    assert meter.interference.busy_steps == pytest.approx(0.5 * 280, rel=0.01)
+    assert meter.interference.busy_steps == pytest.approx(0.5 * (11 * 90 + 10), rel=0.01)
+
+
+def test_a_slow_warm_up_does_not_become_the_usual_pace() -> None:
+    meter = _sampled_meter()
+    # the run's first three intervals warm up at a tenth of the pace: a pace set by them
+    # would fit them, and every slow interval after them
+    _intervals(meter, [(9, 40)] * 3 + [(90, 0)] * 20 + [(9, 40)] * 2)
+    assert meter.interference.points == 15  # the 9th to the 23rd interval
+
+
+def test_intervals_of_a_few_steps_or_with_a_drain_on_the_training_thread_are_not_fitted() -> None:
+    meter = _sampled_meter()
+    state = _intervals(meter, [(90, 0)] * 10)
+    assert meter.interference.points == 2
+    _intervals(meter, [(3, 0)], state)  # a drain's interval: three steps are no figure
+    assert meter.interference.points == 2
+    meter.add_training_thread_ns(5 * MS)  # run.costs() drained on the training thread
+    state = _intervals(meter, [(90, 5)], [state[0] + 3 * 500_000, state[1] + 3])
+    assert meter.interference.points == 2
+    _intervals(meter, [(90, 0)], state)
+    assert meter.interference.points == 3
