@@ -6,8 +6,9 @@ VM), caches and memory bandwidth with the exporter process or the span worker ex
 step in more CPU time while they run. A paired A/B sees it; wait accounting does not.
 
 ``CpuInterferenceRegression`` estimates it inside the run. Each interval between the span
-worker's own-cost samples gives one point: ``busy`` = the share of the interval otel-train's
-background was on a CPU (span worker + exporter process CPU / wall) and ``cpu_per_step`` = the
+worker's own-cost samples gives one point: ``busy`` = the share of the interval the exporter
+process was on a CPU (its CPU / wall; the span worker's own share is charged apart, at a
+measured factor: ``SHARED_INTERPRETER_FACTOR`` in self_cost.py) and ``cpu_per_step`` = the
 training thread's on-CPU time per step begun in it. The background works in bursts (a drain,
 then the exporter encoding and sending that frame), so ``busy`` swings between ~0 and ~1
 from one interval to the next while the steps stay the same. The machine's own speed drifts
@@ -22,9 +23,7 @@ CPU the background cost, step by step. Only intervals that trained at full pace 
 between steps would read as slowdown); every interval's busy steps are charged. A slope that
 is not clearly positive (fewer than ``min_points`` points, no spread in ``busy``, or a slope
 below its standard error) charges nothing: where the background's bursts do not slow the
-training thread the slope is ~0 and so is the charge. What the line cannot see is a slowdown
-that does not follow the bursts from one interval to the next (a steady one, such as the
-span worker's Python sharing the interpreter with the training thread: docs/benchmarks.md).
+training thread the slope is ~0 and so is the charge.
 
 Usage::
 

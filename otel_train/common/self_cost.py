@@ -18,14 +18,17 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
   it (``gil``), and time it was runnable but waiting for a CPU up to what the exporter
   process (and the rest of the background thread's CPU) ran in it (``run_queue``). ``None``
   with ``wait_unavailable`` saying why where schedstat is missing (not Linux);
+- ``shared_interpreter_us_per_step``: the training thread's extra *on-CPU* time per step for
+  sharing its interpreter with the span worker: the worker's CPU while the loop trains x
+  ``SHARED_INTERPRETER_FACTOR`` (a measured factor; the wait for the GIL is the ``gil`` above);
 - ``cpu_interference_us_per_step``: the training thread's extra *on-CPU* time per step while
-  the background runs beside it (shared core, caches, memory bandwidth), estimated in the run
-  by regressing its CPU per step on the background's busy share, interval by interval
+  the exporter process runs beside it (shared core, caches, memory bandwidth), estimated in
+  the run by regressing its CPU per step on the exporter's busy share, interval by interval
   (cpu_interference.py); ``cpu_interference_us_per_busy_step`` is that line's slope;
-- ``share_of_step_time``: (hot path + wait + interference) / the loop's wall time (first
-  step's start to the last step's end), 0..1: the share of its time the training loop
-  loses, the figure an A/B of the same loop with and without otel-train measures
-  (1 - bare / instrumented);
+- ``share_of_step_time``: (hot path + wait + shared interpreter + interference) / the loop's
+  wall time (first step's start to the last step's end), 0..1: the share of its time the
+  training loop loses, the figure an A/B of the same loop with and without otel-train
+  measures (1 - bare / instrumented);
 - ``background_cpu_us_per_step`` (this process's otel-train threads) and
   ``exporter_process_cpu_us_per_step`` (start-up left out): CPU that runs beside training;
 - ``startup``: start_run's own time, the time until the first step, the exporter process's
@@ -64,6 +67,13 @@ _MIN_STEP_NS = 2_000
 _MIN_FIT_STEPS = 4
 _RATES = 64
 _MIN_RATES = 8
+#: Training-thread CPU lost per unit of the span worker's CPU while the loop trains: two
+#: threads of one CPython process hand the GIL and the interpreter's objects back and forth,
+#: and the training thread computes slower after each hand-over. Measured: 150 us a step of
+#: extra span-worker Python raised the training thread's CPU by 131 us (0.87), and 0.9-2.4
+#: on real drains, on a 2-vCPU VM and on a 16-core host alike (docs/benchmarks.md); the low
+#: end is charged.
+SHARED_INTERPRETER_FACTOR = 1.0
 #: A step with at least this much of its own time per recorded span has evicted the hot path
 #: from the core's caches between two calls (2 MiB of work takes ~50-100 us to touch): its
 #: spans are charged at the cold cost per span.
@@ -126,6 +136,7 @@ class SelfCostMeter:
         self._on_training_thread_ns = 0  # drains the training thread ran itself
         self._gil_wait_ns = 0
         self._runq_wait_ns = 0
+        self._worker_beside_ns = 0  # the span worker's CPU while the loop trained
         self.started_ns = perf_counter_ns() if started_ns is None else started_ns
         self.ready_ns: int | None = None
         self.steps = 0
@@ -200,11 +211,14 @@ class SelfCostMeter:
                 exporter = max(0, exporter_cpu_ns - prev[2])
             self._gil_wait_ns += gil
             self._runq_wait_ns += min(max(0, runq), exporter + background_ns - gil)
+            self._worker_beside_ns += background_ns
             begun = None if steps_begun is None or prev[3] is None else steps_begun - prev[3]
             # A jump of the index (a resumed run's first explicit index) is not steps run:
             # no instrumented step takes under 2 us.
             if begun is not None and 0 < begun and begun * _MIN_STEP_NS <= wall:
-                self.interference.add((background_ns + exporter) / wall, on_cpu / begun, begun,
+                # The span worker's own share is charged above (SHARED_INTERPRETER_FACTOR):
+                # the line takes the exporter process's.
+                self.interference.add(exporter / wall, on_cpu / begun, begun,
                                       fit=self._fits_locked(begun / wall, begun, drained))
 
     def _fits_locked(self, rate: float, begun: int, drained: bool) -> bool:
@@ -220,7 +234,8 @@ class SelfCostMeter:
 
     # -- reading ------------------------------------------------------------------------
     def _accounted_locked(self) -> float:
-        return self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
+        return (self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
+                + SHARED_INTERPRETER_FACTOR * self._worker_beside_ns)
 
     def _lost_locked(self) -> float:
         return self._accounted_locked() + self.interference.charge_ns()
@@ -276,6 +291,7 @@ class SelfCostMeter:
             gil, runq, background = self._gil_wait_ns, self._runq_wait_ns, self._background_ns
             interference = self.interference.charge_ns()
             slope = self.interference.slope_ns()
+            shared = SHARED_INTERPRETER_FACTOR * self._worker_beside_ns
         unavailable = self.schedstat.unavailable
 
         def per_step(ns: float | None) -> float | None:
@@ -299,6 +315,7 @@ class SelfCostMeter:
             "wait_gil_us_per_step": None if unavailable else per_step(gil),
             "wait_run_queue_us_per_step": None if unavailable else per_step(runq),
             "wait_unavailable": unavailable,
+            "shared_interpreter_us_per_step": None if unavailable else per_step(shared),
             "cpu_interference_us_per_step": None if unavailable else per_step(interference),
             "cpu_interference_us_per_busy_step": (None if slope is None
                                                   else round(slope / 1e3, 3)),

@@ -199,7 +199,11 @@ def own_cost_line(data: Mapping[str, Any]) -> str:
     if own.get("wait_unavailable"):
         head += f"wait on its threads not measured: {own['wait_unavailable']})"
     else:
-        head += f"waiting for its threads {us('wait_us_per_step')})"
+        slower = [own.get(k) for k in ("shared_interpreter_us_per_step",
+                                        "cpu_interference_us_per_step")]
+        slower_us = sum(v for v in slower if v is not None)
+        head += (f"waiting for its threads {us('wait_us_per_step')}, "
+                 f"computing slower beside them {slower_us:.0f} us)")
     beside = f"; beside it, CPU per step: {us('background_cpu_us_per_step')} in this process"
     if own.get("exporter_process_cpu_us_per_step") is not None:
         beside += f", {us('exporter_process_cpu_us_per_step')} in the exporter process"

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from otel_train.common.self_cost import SelfCostMeter, TrainingThreadSchedstat
+from otel_train.common.self_cost import (
+    SHARED_INTERPRETER_FACTOR,
+    SelfCostMeter,
+    TrainingThreadSchedstat,
+)
 
 MS = 1_000_000
 
@@ -96,7 +100,9 @@ def test_the_training_threads_wait_is_attributed_only_up_to_the_background_cpu()
     # run queue: min(5 ms, exporter 3 ms + the worker's CPU beyond the GIL wait 0) = 3 ms
     assert fig["wait_run_queue_us_per_step"] == pytest.approx(30.0)
     assert fig["wait_us_per_step"] == pytest.approx(110.0)
-    assert fig["lost_us_per_step"] == pytest.approx(120.0)
+    # the worker's 8 ms beside training, at SHARED_INTERPRETER_FACTOR (1.0): 80 us a step
+    assert fig["shared_interpreter_us_per_step"] == pytest.approx(80.0)
+    assert fig["lost_us_per_step"] == pytest.approx(200.0)  # + the hot path's 10 us
 
 
 def test_an_interval_without_training_charges_no_wait() -> None:
@@ -108,6 +114,7 @@ def test_an_interval_without_training_charges_no_wait() -> None:
     meter.sample(20 * MS, 10 * MS, False)  # the training thread slept: nothing lost
     fig = meter.figures()
     assert fig["wait_us_per_step"] == 0.0
+    assert fig["shared_interpreter_us_per_step"] == 0.0
     assert fig["background_cpu_us_per_step"] == pytest.approx(200.0)
 
 
@@ -138,27 +145,46 @@ def test_nothing_drained_yet_reads_none() -> None:
     assert SelfCostMeter().recent_share() is None
 
 
-def test_training_cpu_that_rises_with_the_background_is_charged_as_interference() -> None:
-    # 200 intervals of 50 ms, 90 steps each; the training thread computes 500 us per step
-    # alone and 40% more while the background is busy (busy share alternating 0 / 0.5).
+def _alternating_busy(by_worker: bool) -> tuple[SelfCostMeter, int]:
+    """200 intervals of 50 ms, 90 steps each; the training thread computes 500 us per step
+    alone and 40% more while otel-train's background is busy (its share alternating 0 /
+    0.5), the busy CPU the span worker's (``by_worker``) or the exporter process's; returns
+    the meter and that busy CPU in ns."""
     meter = _meter_with_steps(steps=18_000, step_ms=1, spans_per_step=0)
     clock = meter.schedstat = ScriptedSchedstat()
     meter.sample(0, 0, True, 0)
-    on_cpu = background = begun = 0
+    on_cpu = busy_cpu = begun = 0
     for i in range(200):
         busy = 0.5 if i % 2 else 0.0
         on_cpu += int(90 * 500_000 * (1 + 0.4 * busy))
         begun += 90
         clock.now = (on_cpu, 0)
         meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
-        background = int(busy * 50 * MS)
-        meter.sample(background, 0, True, begun)
-    fig = meter.figures()
-    # slope: 200 us of extra training CPU per step at full background activity
+        busy_cpu += int(busy * 50 * MS)
+        if by_worker:
+            meter.sample(int(busy * 50 * MS), 0, True, begun)
+        else:  # the exporter process's CPU so far
+            meter.sample(0, busy_cpu, True, begun)
+    return meter, busy_cpu
+
+
+def test_training_cpu_that_rises_with_the_exporters_work_is_charged_as_interference() -> None:
+    fig = _alternating_busy(by_worker=False)[0].figures()
+    # slope: 200 us of extra training CPU per step at full exporter activity
     assert fig["cpu_interference_us_per_busy_step"] == pytest.approx(200.0, rel=0.02)
     # charged: 200 us x 0.5 busy on half the 18,000 steps = 50 us per step
     assert fig["cpu_interference_us_per_step"] == pytest.approx(50.0, rel=0.02)
     assert fig["lost_us_per_step"] == pytest.approx(50.0, rel=0.02)
+
+
+def test_the_span_workers_cpu_is_charged_beside_training_and_not_on_the_line() -> None:
+    # The same training CPU, the worker busy instead: its loss to the shared interpreter is
+    # the worker's CPU x the factor, never a second time through the line.
+    meter, worker = _alternating_busy(by_worker=True)
+    fig = meter.figures()
+    assert fig["cpu_interference_us_per_step"] == 0.0  # the exporter never varied
+    assert fig["shared_interpreter_us_per_step"] == pytest.approx(
+        SHARED_INTERPRETER_FACTOR * worker / 18_000 / 1e3)
 
 
 def test_an_index_jump_is_not_taken_for_steps_run() -> None:
@@ -174,16 +200,18 @@ def test_an_index_jump_is_not_taken_for_steps_run() -> None:
 def _intervals(meter: SelfCostMeter, steps_and_extra_ms: list[tuple[int, int]],
                state: list[int] | None = None) -> list[int]:
     """Feed 50 ms intervals of ``steps`` 0.5 ms steps plus ``extra`` ms of the training
-    thread's CPU each, half of each interval busy; returns (on-CPU ns, steps begun)."""
+    thread's CPU each, the exporter process busy half of each; returns (on-CPU ns, steps
+    begun, the exporter's CPU ns) to go on from."""
     clock = meter.schedstat
-    on_cpu, begun = state or [0, 0]
+    on_cpu, begun, exporter = state or [0, 0, 0]
     for steps, extra_ms in steps_and_extra_ms:
         on_cpu += steps * 500_000 + extra_ms * MS
         begun += steps
+        exporter += 25 * MS
         clock.now = (on_cpu, 0)
         meter._prev = (meter._prev[0] - 50 * MS,) + meter._prev[1:]
-        meter.sample(25 * MS, 0, True, begun)
-    return [on_cpu, begun]
+        meter.sample(0, exporter, True, begun)
+    return [on_cpu, begun, exporter]
 
 
 def _sampled_meter() -> SelfCostMeter:
@@ -217,7 +245,7 @@ def test_intervals_of_a_few_steps_or_with_a_drain_on_the_training_thread_are_not
     _intervals(meter, [(3, 0)], state)  # a drain's interval: three steps are no figure
     assert meter.interference.points == 2
     meter.add_training_thread_ns(5 * MS)  # run.costs() drained on the training thread
-    state = _intervals(meter, [(90, 5)], [state[0] + 3 * 500_000, state[1] + 3])
+    state = _intervals(meter, [(90, 5)], [state[0] + 3 * 500_000, state[1] + 3, state[2]])
     assert meter.interference.points == 2
     _intervals(meter, [(90, 0)], state)
     assert meter.interference.points == 3

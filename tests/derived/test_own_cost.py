@@ -40,6 +40,9 @@ def test_empty_steps_report_a_share_of_the_loop_not_thousands_of_percent(tmp_pat
     assert own["hot_path_us_per_step"] > 0 and own["step_wall_us"] > 0
     line = format_costs_table(costs).splitlines()[-1]
     assert line.startswith("otel-train's own cost: ") and "of the training loop's time" in line
+    if own["wait_unavailable"] is None:  # the span worker's share of the interpreter, named
+        assert "computing slower beside them" in line
+        assert own["shared_interpreter_us_per_step"] is not None
     assert "wall time" not in line
     written = json.loads(next(tmp_path.rglob("monitoring_costs.json")).read_text())
     assert 0.0 < written["own_cost"]["share_of_step_time"] <= 1.0
