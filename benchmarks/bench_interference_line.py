@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import live_run, rounds_main  # noqa: E402
 from bench_training_loop import Workload, loop_otel  # noqa: E402
 
+from otel_train.common.cpu_interference import CpuInterferenceRegression  # noqa: E402
+
 BLOCK_STEPS = {"gpt": 200, "mlp": 1500}
 BINS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 1.01)
 NEIGHBOURS = 10  # each side, for the drift-free column
@@ -41,23 +43,29 @@ FIGURES = ("share_of_step_time", "step_wall_us", "hot_path_us_per_step", "wait_u
            "background_cpu_us_per_step", "exporter_process_cpu_us_per_step")
 
 
-def _line(points: list[tuple[float, float, float]],
-          origin: bool = False) -> tuple[float, float] | None:
-    """(slope, standard error) in us per busy step of weighted least squares over (weight,
-    x, y) points; ``origin``: through the origin (the differences' line has no intercept)."""
+def _levels_line(points: list[tuple[float, float, int, bool]]) -> tuple[float, float] | None:
+    """(slope, standard error) in ns per busy step of the steps-weighted least-squares line
+    through the intervals' levels (busy, CPU per step)."""
     if len(points) < 3:
         return None
-    w = sum(p[0] for p in points)
-    mx = 0.0 if origin else sum(p[0] * p[1] for p in points) / w
-    my = 0.0 if origin else sum(p[0] * p[2] for p in points) / w
-    sxx = sum(p[0] * (p[1] - mx) ** 2 for p in points) / w
+    w = sum(p[2] for p in points)
+    mx = sum(p[2] * p[0] for p in points) / w
+    my = sum(p[2] * p[1] for p in points) / w
+    sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points) / w
     if sxx <= 0:
         return None
-    sxy = sum(p[0] * (p[1] - mx) * (p[2] - my) for p in points) / w
-    syy = sum(p[0] * (p[2] - my) ** 2 for p in points) / w
+    sxy = sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / w
+    syy = sum(p[2] * (p[1] - my) ** 2 for p in points) / w
     slope = sxy / sxx
-    se = math.sqrt(max(0.0, syy - slope * sxy) / (sxx * (len(points) - 2)))
-    return slope / 1e3, se / 1e3
+    return slope, math.sqrt(max(0.0, syy - slope * sxy) / (sxx * (len(points) - 2)))
+
+
+def _differences_line(points: list[tuple[float, float, int, bool]]) -> tuple[float, float] | None:
+    """The run's own fit (CpuInterferenceRegression) over the same intervals."""
+    reg = CpuInterferenceRegression(min_points=3)
+    for busy, cpu, steps, _ in points:
+        reg.add(busy, cpu, steps)
+    return reg.line_ns()
 
 
 def _report(points: list[tuple[float, float, int, bool]], figures: dict[str, Any]) -> None:
@@ -79,12 +87,11 @@ def _report(points: list[tuple[float, float, int, bool]], figures: dict[str, Any
             cpu = sum(p[1] * p[2] for p, _ in sel) / steps / 1e3
             extra = sum(d * p[2] for p, d in sel) / steps / 1e3
             print(f"  [{lo:.2f}, {hi:.2f})  {len(sel):>10}{steps:>8}{cpu:>13.1f}{extra:>+20.1f}")
-    levels = _line([(float(p[2]), p[0], p[1]) for p in fitted])
-    diffs = [(p[2] * q[2] / (p[2] + q[2]), p[0] - q[0], p[1] - q[1])
-             for q, p in zip(fitted, fitted[1:])]
-    for name, fit in (("levels", levels), ("differences", _line(diffs, origin=True))):
+    for name, fit in (("levels", _levels_line(fitted)),
+                      ("differences", _differences_line(fitted))):
         if fit is not None:
-            print(f"  slope through the {name:<12} {fit[0]:>8.0f} +- {fit[1]:.0f} us per busy step")
+            print(f"  slope through the {name:<12} {fit[0] / 1e3:>8.0f} +- {fit[1] / 1e3:.0f} us "
+                  "per busy step")
 
 
 def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:

@@ -77,8 +77,9 @@ class CpuInterferenceRegression:
         """sum(steps_i x busy_i): steps weighted by how busy the background was."""
         return self._busy_steps
 
-    def slope_ns(self) -> float | None:
-        """Extra training CPU per step at full background activity, None until it is clear."""
+    def line_ns(self) -> tuple[float, float] | None:
+        """(slope, its standard error) in ns per busy step as fitted so far, however unclear;
+        None before ``min_points`` points or without spread in ``busy``."""
         if self.points < self.min_points or self._d <= 0:
             return None
         sxx = self._dxx / self._d
@@ -88,12 +89,16 @@ class CpuInterferenceRegression:
         # Standard error of the slope with the differences as the sample size (weights only
         # shape the line): the residual variance over the spread of Δbusy.
         resid = max(0.0, self._dyy - slope * self._dxy) / self._d
-        se = math.sqrt(resid / (sxx * max(1, self.points - 2)))
-        if slope <= 0 or slope < se:
+        return slope, math.sqrt(resid / (sxx * max(1, self.points - 2)))
+
+    def slope_ns(self) -> float | None:
+        """Extra training CPU per step at full background activity, None until it is clear."""
+        line = self.line_ns()
+        if line is None or line[0] <= 0 or line[0] < line[1]:
             return None
         # Never more than the whole step's CPU: a line through a few outliers must not charge
         # the run more than it computed.
-        return min(slope, self._wy / self._w)
+        return min(line[0], self._wy / self._w)
 
     def charge_ns(self, busy_steps: float | None = None) -> float:
         """Training CPU the background cost over ``busy_steps`` (default: the whole run)."""
