@@ -32,7 +32,7 @@ from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
-from otel_train.recording.recorder import Recorder, Step
+from otel_train.recording.recorder import FLAT_PHASE_ROWS, Recorder, Step
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 from otel_train.records.span_rows import record_span_count, view_from_record
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     spans_per_step = sum(map(record_span_count, records)) / n
 
     rows: list[tuple[str, float]] = [("hot path: record one step (training thread)", hot_ns)]
-    build_ns = min(_loop(builder, steps) for _ in range(args.rounds))
+    build_c_ns, build_py_ns = _record_twins(builder, steps, args.rounds)
     with tempfile.TemporaryDirectory() as tmp:
         for label, console, prometheus in (
             ("processors + metrics (console off)", False, 0),
@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("  one scrape (collect all families; not per step)", scrape_ns))
             assert body
             pipe.shutdown(0.5)
-    rows.append(("span records (step_records.py, for reference)", build_ns / n))
+    if build_c_ns is not None:
+        rows.append(("span records, flat phase rows in C (step_records.py)", build_c_ns / n))
+    rows.append(("span records, flat phase rows in pure Python", build_py_ns / n))
     # The record path (the exporter process's): the views of a frame of span records, fed
     # view by view to every processor, or a frame at a time (each processor takes the whole
     # frame in turn: SharedStepSpanProcessor.on_views). Interleaved rounds, medians.
@@ -158,6 +160,30 @@ def _feed_frames(settings: dict[str, Any], records: list[Any], frame_at_a_time: 
                 if view is not None:
                     shared.on_view(view)
     return (thread_time_ns() - t0) / len(records)
+
+
+def _record_twins(builder: StepRecordBuilder, steps: list[Step], rounds: int
+                  ) -> tuple[int | None, int]:
+    """Best-of-``rounds`` thread CPU ns to make every step's span record, with the flat
+    phase rows in C (None where the accelerator is not built) and in pure Python,
+    interleaved."""
+    from otel_train.records import step_records
+
+    c_rows, py_rows = FLAT_PHASE_ROWS, step_records._flat_phases
+    best_c: int | None = None
+    best_py = 0
+    try:
+        for _ in range(rounds):
+            if c_rows is not None:
+                step_records._flat_rows = c_rows
+                ns = _loop(builder, steps)
+                best_c = ns if best_c is None else min(best_c, ns)
+            step_records._flat_rows = py_rows
+            ns = _loop(builder, steps)
+            best_py = ns if not best_py else min(best_py, ns)
+    finally:
+        step_records._flat_rows = c_rows or py_rows
+    return best_c, best_py
 
 
 def _loop(builder: StepRecordBuilder, steps: list[Step]) -> int:

@@ -26,7 +26,8 @@
  * this module calls time.perf_counter_ns itself.
  *
  * Sources: this file (the interned names, RecorderCore, the module), _recorder_c_phase.c,
- * _recorder_c_step.c, _recorder_c_loop.c; _recorder_c.h shares the structs and helpers.
+ * _recorder_c_step.c, _recorder_c_loop.c, _recorder_c_rows.c (off the hot path: a flat
+ * step's phase rows for the span worker); _recorder_c.h shares the structs and helpers.
  */
 #include "_recorder_c.h"
 
@@ -128,11 +129,19 @@ PyTypeObject otr_RecorderCore_Type = {
 
 /* ---- the module ----------------------------------------------------------------------- */
 
+static PyMethodDef recorder_c_functions[] = {
+    {"flat_phase_rows", (PyCFunction)(void (*)(void))otr_flat_phase_rows, METH_FASTCALL,
+     "flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name): a flat step's phase "
+     "rows (twin: records.step_records._flat_phases), None for any other event list."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef recorder_c_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "otel_train.recording._recorder_c",
     .m_doc = "The recorder's hot path in C (optional; pure_twin.py holds its pure-Python twin).",
     .m_size = -1,
+    .m_methods = recorder_c_functions,
 };
 
 #define INTERN(var, text)                                 \

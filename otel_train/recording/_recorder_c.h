@@ -34,6 +34,15 @@ typedef struct {
     PyObject *max_queued;
 } RecorderCore;
 
+/* A phase's fields (see _recorder_c_phase.c; _recorder_c_rows.c reads them too). */
+typedef struct {
+    PyObject_HEAD
+    RecorderCore *rec; /* its slots read directly at every boundary */
+    PyObject *name;
+    PyObject *kind;
+    PyObject *loader;
+} PhaseCore;
+
 /* A step's fields (see _recorder_c_step.c). */
 typedef struct {
     PyObject_HEAD
@@ -91,5 +100,8 @@ store(PyObject **slot, PyObject *value)
 
 /* 1 if the step has ended, 0 if not, -1 on error (_recorder_c_step.c). */
 int otr_step_ended(StepCore *self);
+
+/* A flat step's phase rows, or None (_recorder_c_rows.c). */
+PyObject *otr_flat_phase_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -3,14 +3,6 @@
 
 /* ---- PhaseCore ------------------------------------------------------------------------ */
 
-typedef struct {
-    PyObject_HEAD
-    RecorderCore *rec; /* its slots read directly at every boundary */
-    PyObject *name;
-    PyObject *kind;
-    PyObject *loader;
-} PhaseCore;
-
 static int
 PhaseCore_init(PhaseCore *self, PyObject *args, PyObject *kwds)
 {

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
     from otel_train.recording.device_probes import DeviceProbes
 
-__all__ = ["ACCELERATED", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
+__all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
            "Phase", "Recorder", "Step", "SyncedPhase", "decode_events", "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
@@ -89,6 +89,10 @@ else:
         pure_twin.PurePhaseCore, pure_twin.PureRecorderCore, pure_twin.PureStepCore)
 # run.steps' loop: the C StepLoop or its twin, called alike.
 _step_loop: Any = _recorder_c.StepLoop if _recorder_c is not None else pure_twin.step_loop
+#: A flat step's phase rows in C (``_recorder_c_rows.c``), for the span worker's record
+#: builder; None on the pure twin, whose builder runs its Python twin
+#: (records/step_records.py ``_flat_phases``).
+FLAT_PHASE_ROWS: Any = _recorder_c.flat_phase_rows if _recorder_c is not None else None
 # The pure twin's running steps shadow phase/monitor with the tables' lookups (see
 # PureStepCore).
 _SHADOWED_LOOKUPS = _recorder_c is None

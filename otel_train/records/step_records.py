@@ -24,6 +24,7 @@ from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.common.trace_ids import SAMPLED as _SAMPLED
 from otel_train.common.trace_ids import operation_ids
 from otel_train.recording.recorder import (
+    FLAT_PHASE_ROWS,
     MonitorRecord,
     Step,
     decode_events,
@@ -118,8 +119,8 @@ class StepRecordBuilder:
         off = self._offset
         step_end = step.end_ns
         step_loader = step.loader
-        phases = None if step.dev or step.phase_attrs else _flat_phases(
-            step.ev, step_loader, root_id, off)
+        phases = None if step.dev or step.phase_attrs else _flat_rows(
+            step.ev, step_loader, root_id, off, _DATA)
         device_root = None
         if phases is None:  # nested, failed, left open, with attributes or device readings
             phases, device_root = self._phases(step, root_id)
@@ -209,12 +210,13 @@ class StepRecordBuilder:
                 rec.end_ns + off, attrs, status, events, None, None)
 
 
-def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int
-                 ) -> list[tuple[Any, ...]] | None:
+def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int,
+                 data_name: str = _DATA) -> list[tuple[Any, ...]] | None:
     """The record's phases of a flat step (recorder.flat_events), None for any other.
 
     Most steps are flat, and read by slices with no decoding, which is cheaper than the
-    general decoder.
+    general decoder. The pure-Python twin of the C accelerator's ``flat_phase_rows``, which
+    the builder calls where it was built (``_flat_rows``).
     """
     flat = flat_events(ev)
     if flat is None:
@@ -225,10 +227,15 @@ def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int
         ordinal += 1
         name = phase.name
         # As decoded: only data spans carry a loader; the kind is the phase's own.
-        loader = phase.loader or (step_loader if name == _DATA else None)
+        loader = phase.loader or (step_loader if name == data_name else None)
         phases.append((name, phase.kind, loader, end - start, ordinal, root_id, start + off,
                        end + off, None, (), None, None))
     return phases
+
+
+# Most of a record's Python was its flat phase rows: in C where the accelerator was built
+# (benchmarks/bench_processors.py measures both).
+_flat_rows: Callable[..., list[tuple[Any, ...]] | None] = FLAT_PHASE_ROWS or _flat_phases
 
 
 def _status_and_events(

@@ -316,3 +316,62 @@ def test_an_empty_attribute_key_is_refused_at_the_call():
     step._finish(None)
     with MonitorRecord(rec, "snapshot") as mon, pytest.raises(ValueError, match="''"):
         mon.set_attribute("", "x")
+
+
+class _Entry:
+    """A phase entry that is no C phase: read by its attributes."""
+
+    def __init__(self, name: str, kind: str = "train", loader: str | None = None) -> None:
+        self.name, self.kind, self.loader = name, kind, loader
+
+
+def _recorded_event_lists() -> list[list]:
+    """Event lists as the recorder writes them: flat, nested, failed, left open, loaders."""
+    rec = Recorder(100, DropCounter(), None)
+    lists = []
+    for step in rec.steps(range(3), loader="train"):  # data phase + the step's loader
+        with step.phase("forward"):
+            pass
+        with rec.phase("val_data", "monitor", "val"):  # a loader of its own
+            pass
+        lists.append(step.ev)
+    lists.append(nested_step(rec).ev)
+    failed = Step(rec, 10, None)
+    with pytest.raises(ValueError), failed.phase("forward"):
+        raise ValueError("boom")
+    failed._finish(None)
+    left_open = Step(rec, 11, None)
+    left_open.phase("backward").__enter__()  # ends with the step
+    left_open._finish(None)
+    return lists + [failed.ev, left_open.ev]
+
+
+def test_flat_phase_rows_in_c_equal_the_pure_python_twin_and_both_refuse_other_lists():
+    from otel_train.recording.recorder import FLAT_PHASE_ROWS
+    from otel_train.records import step_records
+
+    if FLAT_PHASE_ROWS is None:
+        pytest.skip("the C accelerator is not built (OTEL_TRAIN_PURE_PYTHON or no compiler)")
+    assert step_records._flat_rows is FLAT_PHASE_ROWS  # the builder calls the C twin
+    twin = step_records._flat_phases
+    t = 1_000
+    odd = [_Entry("data"), t, t + 5, None, _Entry("x", "monitor", "own"), t + 9, t + 20, 0]
+    lists = _recorded_event_lists() + [
+        [], odd, odd[:3],
+        [_Entry("data"), t, t + 5, ValueError("failed")],  # an exception at the exit
+        [7, t, t + 5, None],  # an int where an entry opens
+        [_Entry("data"), t, float(t + 5), None],  # an end time that is no int
+        [_Entry("data"), 2**70, 2**71, None],  # ints beyond 64 bits
+    ]
+    flat = 0
+    for ev in lists:
+        for loader in ("train", None):
+            want = twin(ev, loader, 42, 10**18)
+            assert FLAT_PHASE_ROWS(ev, loader, 42, 10**18, "data") == want, ev
+            flat += want is not None
+    assert flat >= 8  # the flat ones were built, not only refused
+    assert twin(lists[0], "train", 42, 0)[0][:3] == ("data", "train", "train")
+    with pytest.raises(AttributeError):  # an entry without a name fails alike
+        FLAT_PHASE_ROWS([object(), t, t + 1, None], None, 1, 0, "data")
+    with pytest.raises(TypeError):
+        FLAT_PHASE_ROWS((), None, 1, 0, "data")

@@ -1,0 +1,158 @@
+/* flat_phase_rows: a flat step's phase rows in C (twin: step_records._flat_phases).
+ *
+ * The span worker turns every finished step into a span record off the hot path, but in
+ * the training process: its CPU there costs the training thread about as much again, in
+ * GIL hand-overs and a shared interpreter (common/self_cost.py). Most steps are flat (their
+ * phases ran one after another, none failed), and building their phase rows was most of
+ * a record's Python (benchmarks/bench_processors.py measures both twins). Here it is
+ * one C call per step; anything but a flat list returns None, and the Python decoder reads
+ * it (records/step_records.py).
+ */
+#include "_recorder_c.h"
+
+/* The phase entry's name, kind and loader: the C phase's slots, or attributes elsewhere. */
+static int
+entry_fields(PyObject *entry, PyObject **name, PyObject **kind, PyObject **loader)
+{
+    if (PyObject_TypeCheck(entry, &otr_PhaseCore_Type)) {
+        PhaseCore *core = (PhaseCore *)entry;
+        if (core->name == NULL || core->kind == NULL || core->loader == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "flat_phase_rows: a phase without init");
+            return -1;
+        }
+        *name = core->name;
+        *kind = core->kind;
+        *loader = core->loader;
+        Py_INCREF(*name);
+        Py_INCREF(*kind);
+        Py_INCREF(*loader);
+        return 0;
+    }
+    *name = *kind = *loader = NULL;
+    if ((*name = PyObject_GetAttrString(entry, "name")) == NULL
+        || (*kind = PyObject_GetAttrString(entry, "kind")) == NULL
+        || (*loader = PyObject_GetAttrString(entry, "loader")) == NULL) {
+        Py_XDECREF(*name);
+        Py_XDECREF(*kind);
+        return -1;
+    }
+    return 0;
+}
+
+/* 1 if `ev` (a tuple) is a flat event list, 0 if not, -1 on error: as
+ * step_events.flat_events reads it, entries that are no int, int end times, and nothing
+ * true (no exception) at each exit. */
+static int
+is_flat(PyObject *ev)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(ev);
+    if (n & 3) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i += 4) {
+        PyObject **item = &PyTuple_GET_ITEM(ev, i);
+        if (PyLong_CheckExact(item[0]) || !PyLong_CheckExact(item[2])) {
+            return 0;
+        }
+        if (item[3] != Py_None) {
+            int failed = PyObject_IsTrue(item[3]);
+            if (failed != 0) {
+                return failed < 0 ? -1 : 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* One phase's row (span_rows.py's layout), a new reference or NULL. */
+static PyObject *
+phase_row(PyObject **item, Py_ssize_t ordinal, PyObject *step_loader, PyObject *root_id,
+          PyObject *offset, PyObject *data_name)
+{
+    PyObject *name, *kind, *own_loader, *row = NULL;
+    if (entry_fields(item[0], &name, &kind, &own_loader) < 0) {
+        return NULL;
+    }
+    PyObject *ord = NULL, *duration = NULL, *start = NULL, *end = NULL, *loader = NULL;
+    /* As decoded: only data spans carry a loader; the kind is the phase's own. */
+    int own = PyObject_IsTrue(own_loader);
+    if (own < 0) {
+        goto done;
+    }
+    if (own) {
+        loader = own_loader;
+        Py_INCREF(loader);
+    }
+    else {
+        int data = PyObject_RichCompareBool(name, data_name, Py_EQ);
+        if (data < 0) {
+            goto done;
+        }
+        loader = data ? step_loader : Py_None;
+        Py_INCREF(loader);
+    }
+    if ((duration = PyNumber_Subtract(item[2], item[1])) == NULL
+        || (ord = PyLong_FromSsize_t(ordinal)) == NULL
+        || (start = PyNumber_Add(item[1], offset)) == NULL
+        || (end = PyNumber_Add(item[2], offset)) == NULL) {
+        goto done;
+    }
+    PyObject *no_events = PyTuple_New(0);
+    if (no_events == NULL) {
+        goto done;
+    }
+    row = PyTuple_Pack(12, name, kind, loader, duration, ord, root_id, start, end, Py_None,
+                       no_events, Py_None, Py_None);
+    Py_DECREF(no_events);
+done:
+    Py_DECREF(name);
+    Py_DECREF(kind);
+    Py_DECREF(own_loader);
+    Py_XDECREF(loader);
+    Py_XDECREF(duration);
+    Py_XDECREF(ord);
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    return row;
+}
+
+/* flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name) -> list | None */
+PyObject *
+otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name)");
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "flat_phase_rows: ev must be a list");
+        return NULL;
+    }
+    /* A snapshot: the rows are made from items it owns, whatever a getattr runs. */
+    PyObject *ev = PyList_AsTuple(args[0]);
+    if (ev == NULL) {
+        return NULL;
+    }
+    int flat = is_flat(ev);
+    if (flat <= 0) {
+        Py_DECREF(ev);
+        if (flat < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t phases = PyTuple_GET_SIZE(ev) / 4;
+    PyObject *rows = PyList_New(phases);
+    for (Py_ssize_t k = 0; rows != NULL && k < phases; k++) {
+        PyObject *row = phase_row(&PyTuple_GET_ITEM(ev, 4 * k), k + 1, args[1], args[2],
+                                  args[3], args[4]);
+        if (row == NULL) {
+            Py_CLEAR(rows);
+            break;
+        }
+        PyList_SET_ITEM(rows, k, row);
+    }
+    Py_DECREF(ev);
+    return rows;
+}
