@@ -51,8 +51,9 @@ if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
     from otel_train.recording.device_probes import DeviceProbes
 
-__all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase", "MonitorRecord",
-           "Phase", "Recorder", "Step", "SyncedPhase", "decode_events", "flat_events"]
+__all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase",
+           "MonitorRecord", "Phase", "Recorder", "Step", "SyncedPhase", "decode_events",
+           "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
