@@ -69,10 +69,11 @@ _RATES = 64
 _MIN_RATES = 8
 #: Training-thread CPU lost per unit of the span worker's CPU while the loop trains: two
 #: threads of one CPython process hand the GIL and the interpreter's objects back and forth,
-#: and the training thread computes slower after each hand-over. Measured: 150 us a step of
-#: extra span-worker Python raised the training thread's CPU by 131 us (0.87), and 0.9-2.4
-#: on real drains, on a 2-vCPU VM and on a 16-core host alike (docs/benchmarks.md); the low
-#: end is charged.
+#: and the training thread computes slower after each hand-over. The factor is the loop's:
+#: extra span-worker Python cost a loop of short calls (~1.7 ms MLP steps) 0.87 us of
+#: training CPU per us, on a 2-vCPU VM and on a 16-core host alike, and a loop of long
+#: kernels run without the GIL (~14 ms GPT steps) the GIL wait and little more
+#: (docs/benchmarks.md); 1.0 sits between the two.
 SHARED_INTERPRETER_FACTOR = 1.0
 #: A step with at least this much of its own time per recorded span has evicted the hot path
 #: from the core's caches between two calls (2 MiB of work takes ~50-100 us to touch): its
