@@ -32,8 +32,8 @@ from time import perf_counter_ns
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_workloads import Workload  # noqa: E402
 from bench_support import ROOT, live_run, rounds_main  # noqa: E402
-from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from otel_train.recording.recorder import Step, decode_events  # noqa: E402

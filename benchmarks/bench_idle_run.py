@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_workloads import Workload, loop_bare, loop_otel  # noqa: E402
 from bench_support import (  # noqa: E402
     ROOT,
     ThreadClock,
@@ -37,7 +38,6 @@ from bench_support import (  # noqa: E402
     rounds_main,
     timed_block,
 )
-from bench_training_loop import Workload, loop_bare, loop_otel  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from otel_train.pipeline.span_worker import MAX_DRAIN_DELAY_SECONDS  # noqa: E402

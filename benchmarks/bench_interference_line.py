@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_workloads import Workload, loop_otel  # noqa: E402
 from bench_support import live_run, rounds_main  # noqa: E402
-from bench_training_loop import Workload, loop_otel  # noqa: E402
 
 from otel_train.common.cpu_interference import CpuInterferenceRegression  # noqa: E402
 

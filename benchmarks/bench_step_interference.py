@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_workloads import Workload  # noqa: E402
 from bench_support import ROOT, exporter_pid, live_run, rounds_main  # noqa: E402
-from bench_training_loop import Workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 

@@ -18,6 +18,7 @@ import gc
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -145,6 +146,46 @@ def exporter_pid(run: Any) -> int | None:
     return getattr(getattr(run, "_telemetry", None) and run._telemetry.export, "pid", None)
 
 
+class FrozenBackground:
+    """A run's background held still outside its own blocks, so short blocks hold all of it.
+
+    ``freeze()`` pauses the span worker (after the drain it may be in), then stops the
+    exporter process and the receiver with SIGSTOP; ``thaw()`` lets them go on. Work a block
+    leaves (queued steps, frames, requests) then waits, off every clock, and is done in the
+    next instrumented block, inside its clock, not in the bare block between: run after run,
+    all of the background's work lands in the instrumented blocks, however short they are.
+    What depends on the wall clock (the worker's looks and own-cost samples, the exporter's
+    reports) runs about once per block more than a run that never stops would: the A/B and
+    the share the run reports both count it. ``leftover_ns``: time spent waiting for a drain
+    in progress when a block ended (that drain's rest, done off both clocks).
+    """
+
+    def __init__(self, worker: Any, pids: list[int | None]) -> None:
+        self.worker = worker
+        self.pids = [p for p in pids if p is not None]  # stopped in this order, resumed reversed
+        self.leftover_ns = 0
+        self.frozen = False
+
+    def freeze(self) -> None:
+        """Pause the worker, wait out a drain in progress, stop the processes."""
+        self.worker.paused = True
+        t0 = time.perf_counter_ns()
+        with self.worker._drain_lock:  # a drain in progress ends before the block is over
+            pass
+        self.leftover_ns += time.perf_counter_ns() - t0
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        """Resume the processes (the receiver first), then the worker."""
+        for pid in reversed(self.pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.worker.paused = False
+        self.frozen = False
+
+
 _RECEIVER_SCRIPT = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -173,6 +214,7 @@ class ReceiverProcess:
         self.endpoint = self._proc.stdout.readline().strip()
         if not self.endpoint.startswith("http"):
             raise RuntimeError("the OTLP receiver did not start")
+        self.pid = self._proc.pid
 
     def count(self) -> int:
         """Spans received so far."""
@@ -180,8 +222,14 @@ class ReceiverProcess:
         self._proc.stdin.flush()
         return int(self._proc.stdout.readline())
 
+    def resume(self) -> None:
+        """Let it go on if a benchmark's worker left it stopped (``FrozenBackground``)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+
     def close(self) -> None:
         """Stop the receiver (bounded)."""
+        self.resume()
         self._proc.stdin.close()
         try:
             self._proc.wait(10)

@@ -69,8 +69,14 @@ bare block, so they are resampled two at a time).
 - What settling outside the clock leaves out: the exporter process (and the receiver)
   working *while* training runs, competing for this 2-vCPU machine's cores and caches.
   Long blocks (``--block-steps 1500`` for the MLP) keep the drains and most of the exporter
-  process's work inside the block, at the price of far fewer pairs (wider intervals): read
-  both.
+  process's work inside the block, but what the block leaves at its end still settles
+  outside. ``--frozen-background`` (the all-in A/B) settles nothing: through each bare block
+  the span worker is paused and the exporter process and the receiver are stopped
+  (SIGSTOP, ``bench_support.FrozenBackground``), so what a variant block leaves is done in
+  the next variant block, inside its clock, and run after run all of the background's work
+  lands in the variant blocks. Per block, the wall-clock-driven looks run about once more
+  than in a run that never stops; with ~1 s blocks that is a small part, and the run's own
+  figures for the same blocks count it too.
 - Peers patch torch globally and set global providers: they run in alternating short
   subprocesses (bare, peer, peer, bare, ...), each a warm-up block then one timed block.
 
@@ -91,8 +97,9 @@ it lost (``run.self_cost.lost_ns`` over the block: hot path + the training threa
 wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share of the same
 blocks, 1 - bare / variant block wall, and their paired difference in percentage points: means
 over the blocks (a cost is a total, so an average), each with its moving-block bootstrap
-interval. Read it in the all-in mode (``--block-steps 1500``), where the exporter process and
-the receiver work inside the clock; ``--save PATH`` keeps every block's raw figures and
+interval. Read it in the all-in mode (``--frozen-background`` with ~1 s blocks,
+``--block-steps 1500`` for the MLP, 200 for the GPT), where the exporter process and the
+receiver work inside the clock; ``--save PATH`` keeps every block's raw figures and
 ``--combine`` pools several saves. ``OTEL_TRAIN_EXPORT_PROCESS_NICE=0`` runs the exporter
 process un-niced.
 
@@ -104,7 +111,7 @@ Usage::
     python benchmarks/bench_training_loop.py --smoke         # seconds; the test runs it
     python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --pairs 20
     python benchmarks/bench_training_loop.py --workloads mlp --threads 1 --block-steps 1500 \
-        --pairs 20 --variants otel-otlp --no-memory          # all-in, own cost beside it
+        --pairs 100 --variants otel-otlp --no-memory --frozen-background  # all-in, own cost
 """
 
 from __future__ import annotations
@@ -112,10 +119,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,185 +130,41 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_tables import (  # noqa: E402
+    EXPORTING,
+    FREEZABLE,
+    HEADER,
+    IN_PROCESS,
+    PEER_MODULES,
+    PEERS,
+    _report_variant,
+    _row,
+    combine,
+)
+from bench_loop_workloads import (  # noqa: E402
+    Workload,
+    _Timers,
+    loop_bare,
+    loop_otel,
+    loop_spans,
+    loop_traceml,
+)
 from bench_support import (  # noqa: E402
     ROOT,
+    FrozenBackground,
     GcCounter,
     ProcessCpu,
     ReceiverProcess,
     ThreadClock,
-    _fmt_ci,
     exporter_pid,
     timed_block,
 )
 
-IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-              "otel-any-cpu", "otel-none", "otel-recorder", "instrument", "otel-sdk",
-              "record-function", "timestamps")
-# otel-train runs exporting OTLP
-EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-             "otel-any-cpu", "instrument")
 SAMPLED_RATIO = 0.1  # otel-sampled
 THROUGHPUT = {"flops_per_step": 1e9, "peak_flops_per_second": 1e12}  # otel-throughput
-PEERS = ("torchtel", "traceml")
-PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 BLOCK_STEPS = {"gpt": 50, "mlp": 100}
 SMOKE_BLOCK_STEPS = {"gpt": 5, "mlp": 10}
 EVAL_EVERY = 50
-
-
-# -- workloads ----------------------------------------------------------------------------
-
-class Workload:
-    """Model, optimizer, DataLoader, validation batches and one global step counter."""
-
-    def __init__(self, name: str, eval_every: int) -> None:
-        import torch
-        from torch import nn
-
-        torch.manual_seed(0)
-        self.name = name
-        self.eval_every = eval_every
-        self.k = 0
-        if name == "gpt":
-            from otel_train.cli.demo import _corpus, build_model
-
-            text = _corpus()
-            chars = sorted(set(text))
-            data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
-            block = 32
-            starts = torch.arange(0, len(data) - block - 1, 3)
-            xs = torch.stack([data[i:i + block] for i in starts])
-            ys = torch.stack([data[i + 1:i + 1 + block] for i in starts])
-            self.model = build_model(len(chars), block_size=block)
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3)
-            batch = 8
-
-            def forward(x: Any, y: Any) -> Any:
-                return self.model(x, y)[1]
-        else:
-            xs = torch.randn(8192, 128)
-            ys = torch.randint(10, (8192,))
-            self.model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256),
-                                       nn.ReLU(), nn.Linear(256, 10))
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-            batch = 32
-            loss_fn = nn.functional.cross_entropy
-
-            def forward(x: Any, y: Any) -> Any:
-                return loss_fn(self.model(x), y)
-        self.forward = forward
-        dataset = torch.utils.data.TensorDataset(xs, ys)
-        self.loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True,
-                                                  drop_last=True)
-        self.val = [(xs[i * batch:(i + 1) * batch], ys[i * batch:(i + 1) * batch])
-                    for i in range(4)]
-
-    def batches(self, n: int) -> Any:
-        """A fresh DataLoader iterator (one per block, in every variant), cycling."""
-        it = iter(self.loader)
-        for _ in range(n):
-            try:
-                yield next(it)
-            except StopIteration:
-                it = iter(self.loader)
-                yield next(it)
-
-    def evaluate(self) -> None:
-        """Validation loss over the held batches (the monitoring work)."""
-        import torch
-
-        self.model.eval()
-        with torch.no_grad():
-            for vx, vy in self.val:
-                self.forward(vx, vy).item()
-        self.model.train()
-
-
-def loop_bare(w: Workload, n: int) -> None:
-    """The user's loop, nothing added."""
-    forward, opt = w.forward, w.opt
-    for x, y in w.batches(n):
-        loss = forward(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            w.evaluate()
-
-
-def loop_otel(w: Workload, n: int, run: Any) -> None:
-    """The README's loop: run.steps (data phase) + forward/backward/optimizer + monitor."""
-    forward, opt = w.forward, w.opt
-    for step in run.steps(w.batches(n), loader="train"):
-        x, y = step.batch
-        with step.phase("forward"):
-            loss = forward(x, y)
-        with step.phase("backward"):
-            loss.backward()
-        with step.phase("optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            with step.monitor("val_loss"):
-                w.evaluate()
-
-
-def loop_spans(w: Workload, n: int, span: Any) -> None:
-    """Same loop, ``span(name)`` around the step and each phase (SDK or record_function)."""
-    forward, opt = w.forward, w.opt
-    it = w.batches(n)
-    for _ in range(n):
-        with span("train.step"):
-            with span("data"):
-                x, y = next(it)
-            with span("forward"):
-                loss = forward(x, y)
-            with span("backward"):
-                loss.backward()
-            with span("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            w.k += 1
-            if w.k % w.eval_every == 0:
-                with span("val_loss"):
-                    w.evaluate()
-
-
-class _TimestampTimer:
-    """The floor: an empty context manager that takes two timestamps (keeps nothing)."""
-
-    __slots__ = ("t",)
-
-    def __enter__(self, _clock: Any = time.perf_counter_ns) -> _TimestampTimer:
-        self.t = _clock()
-        return self
-
-    def __exit__(self, *exc: object, _clock: Any = time.perf_counter_ns) -> None:
-        _clock()
-
-
-class _Timers(dict):  # type: ignore[type-arg]
-    """name -> a reusable timer, found by a C-level lookup (as otel-train's phases are)."""
-
-    def __missing__(self, name: str) -> _TimestampTimer:
-        timer = self[name] = _TimestampTimer()
-        return timer
-
-
-def loop_traceml(w: Workload, n: int, traceml: Any) -> None:
-    """traceml's documented plain-PyTorch loop: trace_step around each step."""
-    forward, opt = w.forward, w.opt
-    for x, y in w.batches(n):
-        with traceml.trace_step(w.model):
-            loss = forward(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            w.evaluate()
 
 
 # -- one worker process: a series of paired blocks --------------------------------------
@@ -401,6 +262,12 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         drain = lambda: flush_in_process(run)  # noqa: E731
     bare = lambda: loop_bare(w, n)  # noqa: E731
     child = ProcessCpu(exporter_pid(run)) if run is not None else None
+    settle = run.flush if run is not None else None
+    frozen = None
+    if cfg.get("frozen_background"):  # the background works in the variant blocks only
+        frozen = FrozenBackground(run._telemetry.worker,
+                                  [exporter_pid(run), cfg.get("receiver_pid")])
+        drain = settle = None
 
     meter = run.self_cost if run is not None else None
 
@@ -408,9 +275,14 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
         if variant == "instrument":  # hooks go on outside the clock (off in the drain)
             holder.append(otel_train.instrument(w.model, w.opt, dataloader=w.loader, run=run))
         parts0 = meter.lost_parts() if meter is not None else (0.0, 0.0)
+        if frozen is not None:
+            frozen.thaw()
         # The exporter process finishes sending outside the clock: its work is another
-        # process's (expCPU), and must not spill into the next (bare) block either.
-        got = timed_block(clock, body, drain, child, settle=run.flush if run else None)
+        # process's (expCPU), and must not spill into the next (bare) block either. Frozen,
+        # what the block leaves waits for the next variant block instead.
+        got = timed_block(clock, body, drain, child, settle=settle)
+        if frozen is not None:
+            frozen.freeze()
         if meter is not None:  # what the run reports it cost the block's steps: the
             # interference's busy steps are charged at the slope the whole run ends with
             parts = meter.lost_parts()
@@ -418,30 +290,12 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             got["reported_busy_steps"] = int(round(parts[1] - parts0[1]))
         return got
 
-    # Warm-up: caches, allocator, first-use paths of both loops.
-    run_variant(), timed_block(clock, bare)
-    gc.collect()
-    pairs = []
-    gc_bare, gc_var = [0, 0, 0], [0, 0, 0]
-
-    def counted(which: str) -> dict[str, int]:
-        gcc.counts = [0, 0, 0]
-        gcc.active = True
-        got = run_variant() if which == "var" else timed_block(clock, bare)
-        gcc.active = False
-        acc = gc_var if which == "var" else gc_bare
-        for g in range(3):
-            acc[g] += gcc.counts[g]
-        return got
-
-    # bare, var, bare, var, ..., bare: each variant block between two bare ones, so the
-    # machine's drift over the three cancels to first order (see the module docstring).
-    before = counted("bare")
-    for _ in range(cfg["pairs"]):
-        var = counted("var")
-        after = counted("bare")
-        pairs.append({"bare": before, "var": var, "bare_after": after})
-        before = after
+    try:
+        pairs, gc_bare, gc_var = _pairs(run_variant, lambda: timed_block(clock, bare), gcc,
+                                        cfg["pairs"])
+    finally:
+        if frozen is not None:
+            frozen.thaw()
     slope = None
     if meter is not None:  # the blocks' busy steps at the slope the whole run ends with
         slope = meter.interference.slope_ns()
@@ -451,7 +305,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
                                      + (slope or 0.0) * v.pop("reported_busy_steps"))
 
     memory = None
-    if cfg.get("memory") and variant in ("otel-otlp", "otel-thread", "otel-sdk"):
+    if (cfg.get("memory") and frozen is None
+            and variant in ("otel-otlp", "otel-thread", "otel-sdk")):
         memory = {"bare": _traced_block(bare, None), "var": _traced_block(body, drain)}
         memory["steps"] = n
     if run is not None:
@@ -466,7 +321,39 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     return {"pairs": pairs, "steps": n, "gc_bare": gc_bare, "gc_var": gc_var,
             "gc_steps": n * cfg["pairs"], "gc_bare_steps": n * (cfg["pairs"] + 1),
             "spans_built": spans_built, "memory": memory,
-            "interference_slope_ns": slope}
+            "interference_slope_ns": slope, "frozen_background": frozen is not None,
+            "leftover_ns": frozen.leftover_ns if frozen is not None else 0}
+
+
+def _pairs(run_variant: Any, run_bare: Any, gcc: GcCounter,
+           count: int) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+    """A warm-up pair, then ``count`` variant blocks each between two bare ones; (pairs,
+    gc collections in bare blocks, in variant blocks)."""
+    # Warm-up: caches, allocator, first-use paths of both loops.
+    run_variant(), run_bare()
+    gc.collect()
+    pairs = []
+    gc_bare, gc_var = [0, 0, 0], [0, 0, 0]
+
+    def counted(which: str) -> dict[str, int]:
+        gcc.counts = [0, 0, 0]
+        gcc.active = True
+        got = run_variant() if which == "var" else run_bare()
+        gcc.active = False
+        acc = gc_var if which == "var" else gc_bare
+        for g in range(3):
+            acc[g] += gcc.counts[g]
+        return got
+
+    # bare, var, bare, var, ..., bare: each variant block between two bare ones, so the
+    # machine's drift over the three cancels to first order (see the module docstring).
+    before = counted("bare")
+    for _ in range(count):
+        var = counted("var")
+        after = counted("bare")
+        pairs.append({"bare": before, "var": var, "bare_after": after})
+        before = after
+    return pairs, gc_bare, gc_var
 
 
 def flush_in_process(run: Any) -> None:
@@ -547,81 +434,6 @@ def _spawn(cfg: dict[str, Any], launcher: list[str] | None = None,
         return json.loads(out.read_text())
 
 
-def _interpolated(p: dict[str, dict[str, int]]) -> tuple[dict[str, float], dict[str, int]]:
-    """(the bare blocks either side of the variant block, averaged; the variant block)."""
-    b0, b1 = p["bare"], p["bare_after"]
-    return {k: (b0[k] + b1[k]) / 2 for k in b0}, p["var"]
-
-
-def _row(name: str, pairs: list[tuple[dict[str, Any], dict[str, int]]], steps: int,
-         delivered: str, block: int = 2) -> str:
-    """One table row from (bare, variant) block pairs; ``block``: neighbouring pairs that
-    share a bare block, resampled together in the bootstrap."""
-    ratio = [v["wall"] / b["wall"] for b, v in pairs]  # per step: blocks have equal steps
-    ratio_d = [(v["wall"] + v["drain_wall"]) / b["wall"] for b, v in pairs]
-    us = 1000.0 * steps
-
-    def med(f: Any) -> float:
-        return statistics.median(f(b, v) for b, v in pairs) / us
-
-    stall = med(lambda b, v: v["runq"] + v["blocked"])
-    stall_d = med(lambda b, v: (v["runq"] + v["blocked"]) - (b["runq"] + b["blocked"]))
-    runq_d = med(lambda b, v: v["runq"] - b["runq"])
-    gil_d = med(lambda b, v: v["blocked"] - b["blocked"])
-    tcpu_d = med(lambda b, v: v["thread_cpu"] - b["thread_cpu"])
-    pcpu_d = med(lambda b, v: v["proc_cpu"] + v["drain_proc_cpu"] - b["proc_cpu"])
-    # Background CPU in this process: all threads but the training thread, drain included.
-    bg = med(lambda b, v: (v["proc_cpu"] + v["drain_proc_cpu"] - v["thread_cpu"]
-                           - v["drain_thread_cpu"]) - (b["proc_cpu"] - b["thread_cpu"]))
-    child = med(lambda b, v: v.get("child_cpu", 0))
-    return (f"{name:<16}{_fmt_ci(ratio, block):>24}{_fmt_ci(ratio_d, block):>24}"
-            f"{stall:9.0f}{stall_d:+8.0f}"
-            f"{runq_d:+8.0f}{gil_d:+8.0f}{tcpu_d:+9.0f}{pcpu_d:+9.0f}{bg:+8.0f}"
-            f"{child:8.0f}  {delivered}")
-
-
-def _own_cost_line(pairs: list[tuple[dict[str, Any], dict[str, int]]]) -> str:
-    """The share of the loop's time the run reports it lost (``SelfCostMeter.lost_ns`` over
-    the block's wall) beside the A/B's share, 1 - bare / variant, and their difference, each
-    with its moving-block bootstrap interval.
-
-    Shares are taken from the mean of per-pair log ratios (1 - exp(-mean log(variant /
-    bare)): a geometric mean). A block's speed moves by ~15% on a noisy machine, and that
-    noise multiplies: the arithmetic mean of per-pair shares 1 - bare / variant is pulled
-    low by it (a fast variant block gives a large negative share, a slow one at most +1),
-    by ~1 percentage point over 600 MLP pairs here, where the log ratio is symmetric and
-    agrees with the ratio column's median.
-    """
-    logs = [(math.log(v["wall"] / b["wall"]),
-             -math.log(max(1e-9, 1.0 - v["reported_lost"] / v["wall"]))) for b, v in pairs]
-
-    def share(column: int) -> Any:
-        return lambda rows: 100.0 * (1.0 - math.exp(-statistics.fmean(r[column] for r in rows)))
-
-    def gap(rows: list[tuple[float, float]]) -> float:  # reported - A/B, in points
-        return share(1)(rows) - share(0)(rows)
-
-    return (f"{'':<16}  own cost: A/B share {_fmt_ci(logs, 2, share(0))} %, reported "
-            f"{_fmt_ci(logs, 2, share(1))} %, reported - A/B {_fmt_ci(logs, 2, gap)} pp")
-
-
-HEADER = (f"{'variant':<16}{'ratio [95% CI]':>24}{'ratio+drain [95% CI]':>24}"
-          f"{'stall':>9}{'+stall':>8}{'+runq':>8}{'+GIL':>8}{'+thrCPU':>9}{'+procCPU':>9}"
-          f"{'+bgCPU':>8}{'expCPU':>8}  spans delivered")
-
-
-def _bare_line(pairs: list[tuple[dict[str, int], dict[str, int]]], steps: int) -> str:
-    us = 1000.0 * steps
-    b = [p[0] for p in pairs]
-
-    def med(key: str) -> float:
-        return statistics.median(x[key] for x in b) / us
-
-    return (f"{'bare':<16}  {med('wall') / 1000:.2f} ms/step; training thread CPU "
-            f"{med('thread_cpu'):.0f} us, process CPU {med('proc_cpu'):.0f} us, "
-            f"stall {med('runq') + med('blocked'):.0f} us (run-queue {med('runq'):.0f}) per step")
-
-
 def _peer_installed(peer: str) -> bool:
     import importlib.util
 
@@ -633,12 +445,14 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
     """All variants for one workload and thread setting; prints a table."""
     n = args.block_steps or (SMOKE_BLOCK_STEPS if args.smoke else BLOCK_STEPS)[workload]
     label = "torch default" if threads == 0 else str(threads)
-    print(f"\n== {workload}, threads={label}: {args.pairs} pairs of {n}-step blocks "
+    frozen = "; the background frozen between them" if args.frozen_background else ""
+    print(f"\n== {workload}, threads={label}: {args.pairs} pairs of {n}-step blocks{frozen} "
           f"(eval every {args.eval_every}); per-step figures in us, '+' = variant - bare "
           "(paired median)", flush=True)
     print(HEADER)
     base = {"workload": workload, "threads": threads, "block_steps": n,
-            "eval_every": args.eval_every, "endpoint": receiver.endpoint, "pairs": args.pairs}
+            "eval_every": args.eval_every, "endpoint": receiver.endpoint, "pairs": args.pairs,
+            "frozen_background": args.frozen_background, "receiver_pid": receiver.pid}
     first_bare = True
     ours = [v for v in args.variants if v not in PEERS]
     # One process per variant (isolation); --smoke runs them all in one (fewer startups).
@@ -652,6 +466,8 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"{','.join(group):<16}  failed: {exc}")
             continue
+        finally:  # a worker that died with the receiver stopped must not leave it so
+            receiver.resume()
         got = receiver.count() - before
         for variant in group:
             args.saved[f"{workload}/threads={threads}/{variant}"] = dict(
@@ -667,51 +483,6 @@ def run_config(workload: str, threads: int, args: argparse.Namespace,
             print(f"{peer:<16}  skipped: not installed (pip install -e '.[bench]')")
             continue
         run_peer(peer, base, args, receiver)
-
-
-def _report_variant(variant: str, res: dict[str, Any], got: int | None, n: int,
-                    first_bare: bool) -> bool:
-    """Print one variant's row (and gc/tracemalloc lines); False once bare was printed."""
-    pairs = [_interpolated(p) for p in res["pairs"]]
-    if first_bare:
-        print(_bare_line(pairs, n))
-        first_bare = False
-    if got is None and variant in (*EXPORTING, "otel-sdk"):
-        delivered = "(one process for all: total below)"
-    elif variant == "otel-sampled":
-        delivered = f"{got}/{res['spans_built']} built (the rest sampled out)"
-    elif variant in EXPORTING:
-        delivered = f"{got}/{res['spans_built']} built"
-    elif variant == "otel-none":
-        delivered = f"0 (exporter none; {res['spans_built']} built)"
-    elif variant == "otel-sdk":
-        delivered = f"{got} (SDK BatchSpanProcessor)"
-    else:
-        delivered = "- (no export)"
-    print(_row(variant, pairs, n, delivered), flush=True)
-    if all("reported_lost" in v for _, v in pairs):
-        slope = res.get("interference_slope_ns") or 0.0
-        print(_own_cost_line(pairs) + f"; interference slope {slope / 1e3:.1f} us per busy "
-              f"step", flush=True)
-    gc_steps = res["gc_steps"]
-    if variant in ("otel-otlp", "otel-thread", "otel-sdk"):
-        def per_k(c: list[int], steps: int) -> str:
-            return "/".join(f"{1000 * x / steps:.1f}" for x in c)
-
-        print(f"{'':<16}  gc collections per 1000 steps (gen0/1/2): bare "
-              f"{per_k(res['gc_bare'], res.get('gc_bare_steps', gc_steps))}, {variant} "
-              f"{per_k(res['gc_var'], gc_steps)}")
-    mem = res.get("memory")
-    if mem:
-        s = mem["steps"]
-
-        def per_step(m: dict[str, int]) -> str:
-            return (f"kept {m['kept_blocks'] / s:.1f} blocks ({m['kept_bytes'] / s:.0f} B), "
-                    f"peak {m['peak_bytes'] / s:.0f} B")
-
-        print(f"{'':<16}  tracemalloc per step: bare {per_step(mem['bare'])}; "
-              f"{variant} {per_step(mem['var'])}")
-    return first_bare
 
 
 def run_peer(peer: str, base: dict[str, Any], args: argparse.Namespace,
@@ -742,52 +513,6 @@ def run_peer(peer: str, base: dict[str, Any], args: argparse.Namespace,
           + f"  [{args.subprocess_pairs} subprocess pairs]", flush=True)
 
 
-def combine(paths: list[str]) -> int:
-    """The tables of several ``--save`` files, their blocks pooled (variant by variant): one
-    long comparison run in pieces, each piece its own process."""
-    pooled: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        try:
-            saved = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"--combine: cannot read {path}: {exc}") from None
-        for key, res in saved.items():
-            into = pooled.get(key)
-            if into is None:
-                pooled[key] = dict(res, runs=1, slopes=[res.get("interference_slope_ns") or 0.0])
-                continue
-            if res["steps"] != into["steps"]:
-                raise SystemExit(f"--combine: {key} has {res['steps']}-step blocks in {path}, "
-                                 f"{into['steps']} before: only blocks of one length pool")
-            into["pairs"] = into["pairs"] + res["pairs"]
-            into["runs"] += 1
-            into["slopes"].append(res.get("interference_slope_ns") or 0.0)
-            for k in ("gc_steps", "gc_bare_steps", "spans_built"):
-                into[k] = into.get(k, 0) + res.get(k, 0)
-            for k in ("gc_bare", "gc_var"):
-                into[k] = [a + b for a, b in zip(into[k], res[k])]
-            into["delivered"] = (None if into.get("delivered") is None
-                                 or res.get("delivered") is None
-                                 else into["delivered"] + res["delivered"])
-            into["memory"] = None
-    workload_threads = None
-    first_bare = True
-    for key, res in pooled.items():
-        head, variant = key.rsplit("/", 1)
-        if head != workload_threads:
-            workload_threads, first_bare = head, True
-            print(f"\n== {head}: {len(res['pairs'])} pairs of {res['steps']}-step blocks from "
-                  f"{res['runs']} run(s), pooled")
-            print(HEADER)
-        res["interference_slope_ns"] = statistics.fmean(res["slopes"])
-        first_bare = _report_variant(variant, res, res.get("delivered"), res["steps"],
-                                     first_bare)
-        if res["runs"] > 1:
-            print(f"{'':<16}  interference slope by run (us per busy step): "
-                  + ", ".join(f"{x / 1e3:.1f}" for x in res["slopes"]))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -804,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the tracemalloc blocks")
+    ap.add_argument("--frozen-background", action="store_true",
+                    help="all-in with short blocks: the run's span worker paused and its "
+                    "exporter process and the receiver stopped (SIGSTOP) through the bare "
+                    f"blocks, so all of the background's work lands in the variant blocks "
+                    f"(variants {', '.join(FREEZABLE)}; no tracemalloc blocks)")
     ap.add_argument("--save", metavar="PATH", help="write every block's raw figures (JSON) there")
     ap.add_argument("--combine", nargs="+", metavar="PATH",
                     help="print the tables of these --save files with their blocks pooled "
@@ -826,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
         args.variants = [v for v in args.variants if v not in PEERS]
     for bad in set(args.variants) - set(IN_PROCESS + PEERS):
         raise SystemExit(f"--variants: unknown variant {bad!r}; known: {IN_PROCESS + PEERS}")
+    if args.frozen_background:
+        for bad in set(args.variants) - set(FREEZABLE):
+            raise SystemExit(f"--frozen-background: variant {bad!r} has no background to "
+                             f"freeze between blocks; use {', '.join(FREEZABLE)}")
     print(f"bench_training_loop: {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}")
     receiver = ReceiverProcess()
@@ -851,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
           "the share of the block's time the run reports it lost (SelfCostMeter: hot path + "
           "measured wait on its threads) beside the A/B's, 1 - bare/variant block wall, in %, "
           "and their paired difference in percentage points (read it in the all-in mode, "
-          "--block-steps 1500, where the background works inside the clock).")
+          "--frozen-background --block-steps 1500, where the background works inside the "
+          "clock).")
     return 0
 
 

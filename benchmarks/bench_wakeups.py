@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loop_workloads import Workload, loop_bare, loop_otel  # noqa: E402
 from bench_support import ROOT, live_run, rounds_main  # noqa: E402
-from bench_training_loop import Workload, loop_bare, loop_otel  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from otel_train.pipeline.span_worker import MAX_DRAIN_DELAY_SECONDS  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -67,3 +68,48 @@ def test_the_smoke_run_prints_a_paired_ratio_and_interval_for_every_variant_and_
     assert "== mlp/threads=1: 4 pairs of 10-step blocks from 2 run(s), pooled" in combined.stdout
     assert len(re.findall(rf"^otel-otlp{_RATIO}{_RATIO}", combined.stdout, re.M)) == 2
     assert len(re.findall(r"own cost: A/B share", combined.stdout)) == 2 * 8
+
+
+def test_with_the_background_frozen_between_blocks_every_span_still_arrives_and_runs_pool_apart(
+        tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    saved = tmp_path / "frozen.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--frozen-background",
+                           "--variants", "otel-otlp", "--save", str(saved)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for workload, steps in (("gpt", 5), ("mlp", 10)):
+        assert (f"== {workload}, threads=1: 2 pairs of {steps}-step blocks; the background "
+                "frozen between them") in out, out
+    # The exporter process and the receiver were stopped between blocks, and resumed:
+    # every span otel-train built reached the receiver.
+    rows = re.findall(rf"^otel-otlp{_RATIO}{_RATIO}.*?(\d+)/(\d+) built$", out, re.M)
+    assert len(rows) == 2, out
+    for *_ratios, got, built in rows:
+        assert int(got) == int(built) > 0
+    assert len(re.findall(r"^\s+own cost: A/B share", out, re.M)) == 2
+    assert len(re.findall(r"background frozen between blocks: drains in progress at a "
+                          r"block's end took \d+\.\d\d us per step off both clocks", out)) == 2
+    assert "tracemalloc" not in out  # its blocks would run with the background thawed
+
+    # A frozen run and one that settles after each block measure differently: no pooling.
+    blocks = json.loads(saved.read_text())
+    settled = tmp_path / "settled.json"
+    settled.write_text(json.dumps({k: dict(v, frozen_background=False)
+                                   for k, v in blocks.items()}))
+    mixed = subprocess.run([sys.executable, str(BENCH), "--combine", str(saved), str(settled)],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert mixed.returncode != 0 and "--frozen-background" in mixed.stderr, mixed.stderr
+    same = subprocess.run([sys.executable, str(BENCH), "--combine", str(saved), str(saved)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert same.returncode == 0 and "4 pairs of 10-step blocks" in same.stdout, same.stderr
+
+
+def test_frozen_background_refuses_a_variant_with_no_exporter_process_to_stop() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--frozen-background",
+                           "--variants", "otel-otlp,otel-none"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert proc.returncode != 0
+    assert "--frozen-background: variant 'otel-none'" in proc.stderr, proc.stderr
