@@ -200,7 +200,7 @@ def run_workload(name: str, rounds: int, steps: int, endpoint: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return rounds_main(argv, __doc__, run_workload, workloads="mlp", rounds=3,
-                       block_steps=BLOCK_STEPS, smoke=(1, 300), pair="(idle, active)")
+                       block_steps=BLOCK_STEPS, smoke=(1, 800), pair="(idle, active)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,7 @@ def test_the_smoke_run_prints_each_block_kinds_steps_beside_otel_train_and_their
                           text=True, env=env, cwd=ROOT, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "== mlp: 1 rounds of 300-step blocks" in out, out
+    assert "== mlp: 1 rounds of 800-step blocks" in out, out
     for kind in ("idle", "active"):
         # CPU per step, otel-train's CPU per step, share of steps beside, median/mean/per step
         line = rf"^{kind}\s+\d+\s+\d+\.\d\s+\d+\.\d%(?:(?:{_SIGNED}){{3}}|  \(no [a-z ]+\))$"
