@@ -1,10 +1,15 @@
-"""``otel-train demo``: a tiny GPT-like model trained on CPU, fully instrumented.
+"""``otel-train demo``: a tiny GPT-like model trained, fully instrumented.
 
 A character-level transformer (two blocks, 64-wide) learns a small built-in text. Every step is
 a ``train.step`` trace (data, forward, backward, optimizer); every ``eval_every`` steps the
 run generates a sample (``inference``) and computes a validation loss over a named validation
 loader (``val_loss``): the monitoring whose cost the run reports against its budget, as in
 the field notes (inference + validation loss every N steps).
+
+``--device auto`` (the default) trains on the accelerator when one is present, else on the
+CPU; ``--device cpu`` / ``--device cuda`` choose (``cuda`` where none is present is refused
+before training). The model, the batches and the monitoring all run there; the run's
+default ``device_sync`` times that device.
 
 It ends with the costs table and the next steps (the report, the metrics, a Perfetto trace,
 a collector); ``--serve`` keeps the metrics endpoint up after training until Ctrl-C.
@@ -14,6 +19,7 @@ Usage::
     otel-train demo --steps 300 --eval-every 50
     otel-train demo --serve            # then, from another shell: curl <its URL>/metrics
     otel-train demo --plant-slowdown forward:20   # forward 20% slower: try otel-train compare
+    otel-train demo --device cpu       # on the CPU even where a GPU is present
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 otel-train demo   # spans to a collector
 """
 
@@ -82,7 +88,10 @@ def build_model(vocab_size: int, block_size: int = 32, width: int = 64, layers: 
     return TinyGPT()
 
 
-def _batches(data: Any, block_size: int, batch_size: int, seed: int) -> Iterator[Any]:
+def _batches(data: Any, block_size: int, batch_size: int, seed: int,
+             device: Any = None) -> Iterator[Any]:
+    """Random windows of ``data`` (on the CPU), moved to ``device``: the copy is part of the
+    fetch, as a DataLoader's batch moved to the GPU is."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -90,6 +99,8 @@ def _batches(data: Any, block_size: int, batch_size: int, seed: int) -> Iterator
         ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
         x = torch.stack([data[i:i + block_size] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+        if device is not None and device.type != "cpu":
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         yield x, y
 
 
@@ -134,14 +145,23 @@ class PlantedSlowdown:
 
 def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
              sample_tokens: int = 48, seed: int = 0, serve: bool = False,
-             plant_slowdown: str | None = None, **options: Any) -> dict[str, Any]:
+             plant_slowdown: str | None = None, device: str = "auto",
+             **options: Any) -> dict[str, Any]:
     """Train the tiny GPT for ``steps`` steps under otel-train, print the costs table and the
     next steps; with ``serve``, keep the metrics endpoint up until SIGINT. ``plant_slowdown``
-    ("forward:20") makes phases slower on purpose (:class:`PlantedSlowdown`). Return
-    ``run.costs()``."""
+    ("forward:20") makes phases slower on purpose (:class:`PlantedSlowdown`); ``device``
+    (auto, cpu, cuda) where it trains (:func:`training_device`). Return ``run.costs()``."""
+    import sys
+
     import otel_train
+    from otel_train.common.training_device import training_device
 
     slowdown = PlantedSlowdown(plant_slowdown)
+    # Chosen before the run starts: a refused --device stops here, and the run's default
+    # device_sync finds the device this process trains on.
+    torch_device = training_device(device, "--device")
+    print(f"otel-train demo: training on {torch_device.type} (--device {device})",
+          file=sys.stderr, flush=True)
 
     options.setdefault("service_name", "otel-train-demo")
     # The demo writes its report itself, after training (printing where at start), so that
@@ -153,7 +173,8 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
             raise ValueError("--serve keeps the metrics endpoint up after training, but it "
                              "is off (--prometheus-port none or OTEL_TRAIN_PROMETHEUS_PORT)")
         _where_files_go(run, want_report)
-        _train(run, steps, eval_every, val_batches, sample_tokens, seed, slowdown)
+        _train(run, steps, eval_every, val_batches, sample_tokens, seed, slowdown,
+               torch_device)
         costs = run.costs()
         if serve:
             # The report reads the span files: what was recorded goes out to them first. The
@@ -169,8 +190,9 @@ def run_demo(steps: int = 300, eval_every: int = 50, val_batches: int = 4,
 
 
 def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_tokens: int,
-           seed: int, slowdown: PlantedSlowdown) -> None:
-    """The training loop: a train.step per batch, the monitoring every ``eval_every``."""
+           seed: int, slowdown: PlantedSlowdown, device: Any = None) -> None:
+    """The training loop: a train.step per batch, the monitoring every ``eval_every``; the
+    model, the batches and the monitoring on ``device`` (None: the CPU)."""
     import itertools
 
     import torch
@@ -183,9 +205,10 @@ def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_token
     split = int(0.9 * len(data))
     train_data, val_data = data[:split], data[split:]
     block, batch = 32, 8
-    model = build_model(len(chars), block_size=block)
+    device = device if device is not None else torch.device("cpu")
+    model = build_model(len(chars), block_size=block).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    train_loader = itertools.islice(_batches(train_data, block, batch, seed), steps)
+    train_loader = itertools.islice(_batches(train_data, block, batch, seed, device), steps)
     for step in run.steps(train_loader, loader="train"):
         x, y = step.batch
         with step.phase("forward"), slowdown("forward"):
@@ -197,7 +220,8 @@ def _train(run: Any, steps: int, eval_every: int, val_batches: int, sample_token
             opt.zero_grad(set_to_none=True)
         step.set_attribute("train.loss", loss)  # read in the background, no sync here
         if eval_every and step.index % eval_every == 0:
-            val = itertools.islice(_batches(val_data, block, batch, seed + 1), val_batches)
+            val = itertools.islice(_batches(val_data, block, batch, seed + 1, device),
+                                   val_batches)
             _evaluate(run, step, model, chars, val, sample_tokens)
 
 
@@ -208,7 +232,7 @@ def _evaluate(run: Any, step: Any, model: Any, chars: list[str], val: Any,
 
     model.eval()
     with step.monitor("inference"):
-        seed_ids = torch.zeros((1, 1), dtype=torch.long)
+        seed_ids = torch.zeros((1, 1), dtype=torch.long, device=model.mask.device)
         out = model.generate(seed_ids, sample_tokens)
         sample = "".join(chars[i] for i in out[0].tolist())
     with step.monitor("val_loss"), torch.no_grad():
@@ -300,6 +324,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     ap.add_argument("--eval-every", type=int, default=50,
                     help="run inference + validation loss every N steps (default 50)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="where the model, the batches and the monitoring run: auto (the "
+                         "accelerator when present, else the CPU), cpu, or cuda (default auto)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the model's weights, the batches and the samples (default 0)")
     ap.add_argument("--prometheus-port", default=None,

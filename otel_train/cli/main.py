@@ -2,7 +2,8 @@
 
 Usage::
 
-    otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT on CPU, instrumented
+    otel-train demo [--steps 300] [--eval-every 50]   # train a tiny GPT, instrumented
+    otel-train demo --device cpu                  # auto (default): the GPU when present
     otel-train demo --serve                       # ... and keep /metrics up until Ctrl-C
     otel-train costs otel-train-runs/<run>/       # monitoring_costs.json as a readable table
     otel-train report otel-train-runs/<run>/      # one self-contained HTML page, opens offline
@@ -53,7 +54,8 @@ def _demo(args: argparse.Namespace) -> int:
         options["report"] = False
     try:
         run_demo(steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                 serve=args.serve, plant_slowdown=args.plant_slowdown, **options)
+                 serve=args.serve, plant_slowdown=args.plant_slowdown, device=args.device,
+                 **options)
     except ValueError as exc:  # a bad option or a taken port: say it plainly
         print(f"otel-train demo: {exc}", file=sys.stderr)
         return 2
@@ -139,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Every PyTorch training step as an OpenTelemetry trace; monitoring overhead as "
         "Prometheus metrics."))
     sub = ap.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a tiny GPT on CPU with otel-train")
+    demo = sub.add_parser("demo", help="train a tiny GPT with otel-train (on the "
+                          "accelerator when present; --device cpu for the CPU)")
     add_arguments(demo)
     demo.set_defaults(func=_demo)
     costs = sub.add_parser("costs", help="print a monitoring_costs.json (or a run "

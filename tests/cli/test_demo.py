@@ -138,3 +138,32 @@ def test_a_planted_slowdown_makes_the_phase_slower_by_its_share():
 def test_a_bad_planted_slowdown_is_refused_before_training(spec, capsys):
     assert main(["demo", "--plant-slowdown", spec, "--quiet", "--prometheus-port", "none"]) == 2
     assert "--plant-slowdown" in capsys.readouterr().err
+
+
+def test_the_demo_says_which_device_it_trains_on(tmp_path, capsys):
+    assert main(["demo", "--steps", "2", "--eval-every", "1", "--device", "cpu", "--quiet",
+                 "--no-report", "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 0
+    assert "otel-train demo: training on cpu (--device cpu)" in capsys.readouterr().err
+    assert load_run(tmp_path).steps_per_rank == {0: 2}
+
+
+def test_device_auto_trains_on_the_accelerator_when_present_else_the_cpu(tmp_path, capsys):
+    import torch
+
+    assert main(["demo", "--steps", "2", "--eval-every", "0", "--quiet", "--no-report",
+                 "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 0
+    expected = torch.accelerator.current_accelerator().type if (
+        torch.accelerator.is_available()) else "cpu"
+    assert f"otel-train demo: training on {expected} (--device auto)" in capsys.readouterr().err
+
+
+def test_device_cuda_without_a_cuda_device_is_refused_before_training(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present here")
+    assert main(["demo", "--device", "cuda", "--quiet", "--no-report",
+                 "--prometheus-port", "none", "--status-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "otel-train demo: --device cuda: no CUDA device is available" in err
+    assert not (tmp_path / "monitoring_costs.json").exists()  # no run was started
