@@ -1,4 +1,4 @@
-"""A 2-rank data-parallel run (torch.distributed, gloo, CPU): one trace per step, all ranks.
+"""A 2-rank data-parallel run (torch.distributed): one trace per step, all ranks.
 
 Every rank exports its spans with its own ``train.rank``; the trace id of step N is derived
 from the shared run id (torchrun's ``TORCHELASTIC_RUN_ID``), so one trace shows step N of
@@ -8,9 +8,14 @@ straggler shows in ``otel_train_phase_duration_seconds{phase="forward",rank="R"}
 other ranks wait for it in backward's gradient all-reduce (``otel_train.instrument_ddp``
 times it: ``train.comm.*`` on each step, ``otel_train_own_work_seconds_total`` per rank).
 
+``--device auto`` (the default) puts each rank on its own GPU (``cuda:<local rank>``, NCCL)
+when there is one GPU per local rank, else on the CPU (gloo); ``--device cpu`` / ``cuda``
+choose (``cuda`` without a GPU per local rank is refused). Each rank says which at start.
+
 Usage::
 
     torchrun --nproc_per_node 2 examples/distributed.py --steps 20 --slow-rank 1
+    torchrun --nproc_per_node 2 examples/distributed.py --device cpu
     # each rank writes its final /metrics scrape with --metrics-dir DIR (rank<N>.prom)
 """
 
@@ -27,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 import otel_train
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,13 +43,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-seconds", type=float, default=0.05)
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--metrics-dir", default=None)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _rank_device(parser, args, local_rank)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "ddp-tiny")
-    dist.init_process_group("gloo")
-    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank()
+    print(f"rank {rank}: training on {device} (--device {args.device})", flush=True)
     torch.manual_seed(rank)
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
     model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
+        net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randn(256, 1))
     sampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=False)
@@ -54,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         batches = (b for _, b in zip(range(args.steps), _forever(loader)))
         for step in run.steps(batches, loader="train"):
-            x, y = step.batch
+            x, y = (t.to(device) for t in step.batch)
             with step.phase("forward"):
                 if rank == args.slow_rank:
                     time.sleep(args.slow_seconds)  # the straggler
@@ -72,6 +83,23 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         run.shutdown()
         dist.destroy_process_group()
+
+
+def _rank_device(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 local_rank: int) -> torch.device:
+    """This rank's device: its own GPU (``cuda:<local rank>``) when every local rank has one,
+    else the CPU; every rank decides alike, so they all pick the same backend."""
+    device = device_from_arguments(parser, args)
+    if device.type != "cuda":
+        return torch.device("cpu")  # other accelerators: this example's backends are gloo/NCCL
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local_ranks <= torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if args.device == "cuda":
+        parser.error(f"--device cuda: {local_ranks} local ranks, {torch.cuda.device_count()} "
+                     "GPUs visible (one per rank needed); use --device cpu")
+    return torch.device("cpu")  # auto: fewer GPUs than local ranks
 
 
 def _forever(loader: torch.utils.data.DataLoader):

@@ -5,10 +5,13 @@
 then ``optimizer``; evaluation every ``--eval-every`` steps is a ``val_loss`` monitoring
 phase of the step that triggered it, logging a ``log`` phase; ``trainer.evaluate()``
 afterwards a ``val_loss`` monitoring span and ``model.generate()`` an ``inference`` one.
+``--device auto`` (the default) lets the Trainer use the accelerator when one is present;
+``--device cpu`` keeps it on the CPU.
 
 Usage::
 
     python examples/hf_trainer.py --steps 20 --eval-every 5 --accumulation 2
+    python examples/hf_trainer.py --device cpu
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ except ImportError as exc:  # the 'hf' extra is not installed: say which one
     raise SystemExit(f"examples/hf_trainer.py needs {exc.name or 'transformers'!r} (the 'hf' "
                      "extra): pip install -e '.[hf]'") from None
 
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 from otel_train.integrations.hf import TrainerStepTraceCallback
 
 
@@ -49,7 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--accumulation", type=int, default=2)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_arguments(parser, args)
+    print(f"hf_trainer: training on {device.type} (--device {args.device})", flush=True)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "hf-tiny-gpt2")
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
@@ -61,13 +68,13 @@ def main(argv: list[str] | None = None) -> None:
             gradient_accumulation_steps=args.accumulation, eval_strategy="steps",
             eval_steps=args.eval_every, per_device_eval_batch_size=8,
             logging_steps=args.eval_every, save_strategy="no", report_to="none",
-            use_cpu=True, disable_tqdm=True, learning_rate=3e-3)
+            use_cpu=device.type == "cpu", disable_tqdm=True, learning_rate=3e-3)
         trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(256),
                           eval_dataset=RandomTokens(16, seed=1), callbacks=[trace])
         trainer.train()
         metrics = trainer.evaluate()  # outside training: a val_loss monitoring span
     model.eval()
-    prompt = torch.tensor([[1, 2, 3, 4]])
+    prompt = torch.tensor([[1, 2, 3, 4]], device=model.device)
     # model.generate is hooked: an "inference" monitoring span
     out_ids = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
     print("eval loss:", round(metrics["eval_loss"], 3), "generated:", out_ids[0].tolist())

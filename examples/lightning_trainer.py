@@ -3,11 +3,13 @@
 ``LightningStepTraceCallback`` makes every optimizer step a ``train.step`` trace (data,
 forward, backward, optimizer; ``micro_step`` children with ``--accumulation`` > 1) and the
 validation loop a ``val_loss`` monitoring span per validation dataloader (``clean`` and
-``noisy`` here).
+``noisy`` here). ``--device auto`` (the default) fits on the accelerator when one is
+present; ``--device cpu`` keeps it on the CPU.
 
 Usage::
 
     python examples/lightning_trainer.py --steps 20 --val-every 10
+    python examples/lightning_trainer.py --device cpu
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ except ImportError as exc:  # the 'lightning' extra is not installed: say which 
     raise SystemExit(f"examples/lightning_trainer.py needs {exc.name or 'lightning'!r} (the "
                      "'lightning' extra): pip install -e '.[lightning]'") from None
 
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 from otel_train.integrations.lightning import LightningStepTraceCallback
 
 
@@ -65,14 +68,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--accumulation", type=int, default=1)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_arguments(parser, args)
+    print(f"lightning_trainer: training on {device.type} (--device {args.device})", flush=True)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "lightning-regressor")
     torch.manual_seed(0)
     trace = LightningStepTraceCallback(val_loader_names=["clean", "noisy"])
     trainer = L.Trainer(
         max_steps=args.steps, accumulate_grad_batches=args.accumulation,
         val_check_interval=args.val_every * args.accumulation, check_val_every_n_epoch=None,
-        limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu", logger=False,
+        limit_val_batches=2, num_sanity_val_steps=0, logger=False,
+        # Lightning's own names for the device chosen; one device (no strategy to pick)
+        accelerator=device.type if device.type in ("cuda", "mps") else "cpu", devices=1,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[trace])
     trainer.fit(Regressor(), loader(512, 0.1, 0, shuffle=True),

@@ -5,11 +5,12 @@ sequences), are drawn by a weighted schedule; every step's spans carry its sourc
 ``train.dataloader``, so per-loader data/forward/backward/optimizer times sit side by side
 (``otel_train_phase_duration_seconds{loader="aux"}``). Validation runs each loader's own
 validation set inside one ``val_loss`` monitoring phase, fetches tagged ``val_main`` /
-``val_aux``.
+``val_aux``. ``--device`` (auto: the accelerator when present) chooses where it trains.
 
 Usage::
 
     python examples/multi_dataloader.py --steps 40 --aux-weight 0.3
+    python examples/multi_dataloader.py --device cpu
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 import otel_train
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -67,7 +69,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--aux-weight", type=float, default=0.3)
     parser.add_argument("--eval-every", type=int, default=20)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_arguments(parser, args)
+    print(f"multi_dataloader: training on {device.type} (--device {args.device})", flush=True)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "multi-dataloader")
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     val = {"val_main": torch.utils.data.DataLoader(SlowDataset(32, 8, 0.0, 2), batch_size=16),
            "val_aux": torch.utils.data.DataLoader(SlowDataset(32, 32, 0.0, 3), batch_size=16)}
     sources = {name: cycle(dl) for name, dl in train.items()}
-    model = Pooled()
+    model = Pooled().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     seen = {name: 0 for name in train}
     with otel_train.start_run() as run:
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             with run.step(loader=name) as step:
                 with step.phase("data"):
                     x, y = next(sources[name])
+                    x, y = x.to(device), y.to(device)
                 with step.phase("forward"):
                     loss = nn.functional.mse_loss(model(x), y)
                 with step.phase("backward"):
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                     with step.monitor("val_loss"), torch.no_grad():
                         for vname, vl in val.items():
                             for vx, vy in step.iter_data(vl, loader=vname):
-                                nn.functional.mse_loss(model(vx), vy)
+                                nn.functional.mse_loss(model(vx.to(device)), vy.to(device))
         print(f"steps per loader: {seen} (realized aux share "
               f"{seen['aux'] / max(1, args.steps):.2f} for weight {args.aux_weight})")
 

@@ -6,11 +6,13 @@ policy), ``execution`` (run the program on the tests: the reward) and ``training
 REINFORCE update). These names are the spans of each ``train.step`` trace, so the slow-step
 breakdown the field notes printed by hand ("Generation: 45.2s, Test gen: 12.1s, ...") is the
 trace itself. Steps whose generation is empty are skipped (``train.skipped``), as in the
-notes; a reward log every ``--log-every`` steps is monitoring.
+notes; a reward log every ``--log-every`` steps is monitoring. ``--device`` (auto: the
+accelerator when present) chooses where the policy runs.
 
 Usage::
 
     python examples/rl_custom_phases.py --steps 20
+    python examples/rl_custom_phases.py --device cpu
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 import otel_train
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 
 OPS = ["+1", "-1", "*2", "noop", "<end>"]
 
@@ -39,11 +42,12 @@ class Policy(nn.Module):
 
     def logits(self, target: float, tokens: list[int]) -> torch.Tensor:
         """Next-token logits after each prefix of ``tokens`` (teacher forcing)."""
-        h = torch.tanh(self.cond(torch.tensor([[target]])))
+        device = self.head.weight.device
+        h = torch.tanh(self.cond(torch.tensor([[target]], device=device)))
         inp = [len(OPS)] + tokens
         out = []
         for tok in inp[:len(tokens) + 1]:
-            h = self.rnn(self.embed(torch.tensor([tok])), h)
+            h = self.rnn(self.embed(torch.tensor([tok], device=device)), h)
             out.append(self.head(h))
         return torch.cat(out)
 
@@ -76,12 +80,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--log-every", type=int, default=5)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_arguments(parser, args)
+    print(f"rl_custom_phases: training on {device.type} (--device {args.device})", flush=True)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "rl-discriminator")
     torch.manual_seed(0)
     rng = random.Random(0)
     problems = [{"id": f"p{i}", "start": s, "target": s * 2 + 1} for i, s in enumerate(range(5))]
-    policy = Policy()
+    policy = Policy().to(device)
     opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
     baseline, rewards, skipped = 0.0, [], 0
     with otel_train.start_run() as run:
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                 with step.phase("log_probs"):
                     logits = policy.logits(float(problem["target"]), program)
                     logp = torch.log_softmax(logits[:len(program)], -1)
-                    logp = logp[torch.arange(len(program)), torch.tensor(program)].sum()
+                    logp = logp[torch.arange(len(program), device=device),
+                                torch.tensor(program, device=device)].sum()
                 with step.phase("execution"):
                     reward = execute(program, tests, problem["target"])
                 with step.phase("training"):

@@ -3,11 +3,13 @@
 Each step is a ``train.step`` trace with ``data``, ``forward``, ``backward`` and
 ``optimizer`` phases; every ``--eval-every`` steps the step also runs the monitoring the
 field notes warn about: ``inference`` (sampling text) and ``val_loss`` (a validation pass,
-its fetches as ``data`` spans of loader ``val``). Runs in seconds on a CPU.
+its fetches as ``data`` spans of loader ``val``). Runs in seconds on a CPU; ``--device``
+(auto: the accelerator when present) chooses where, and the start-up line says which.
 
 Usage::
 
     python examples/tiny_gpt.py --steps 50 --eval-every 10
+    python examples/tiny_gpt.py --device cpu
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 python examples/tiny_gpt.py
 """
 
@@ -21,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import otel_train
+from otel_train.common.training_device import add_device_argument, device_from_arguments
 
 TEXT = ("to be or not to be that is the question whether tis nobler in the mind to suffer "
         "the slings and arrows of outrageous fortune or to take arms against a sea of troubles ")
@@ -92,16 +95,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=20)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
+    device = device_from_arguments(parser, args)
+    print(f"tiny_gpt: training on {device.type} (--device {args.device})", flush=True)
     os.environ.setdefault("OTEL_TRAIN_SERVICE_NAME", "tiny-gpt")
     torch.manual_seed(0)
     chars, train_loader, val_loader = make_loaders(context=32, batch=8)
-    model = TinyGPT(len(chars))
+    model = TinyGPT(len(chars)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
-    def forever():  # epochs until --steps
+    def forever():  # epochs until --steps; the copy to the device is part of the fetch
         while True:
-            yield from train_loader
+            for x, y in train_loader:
+                yield x.to(device), y.to(device)
 
     with otel_train.start_run() as run:
         batches = (b for _, b in zip(range(args.steps), forever()))
@@ -120,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                 with step.monitor("inference"):
                     sample = model.generate(x[:1, :8], new_tokens=16)
                 with step.monitor("val_loss"), torch.no_grad():
-                    val = [model(vx, vy) for vx, vy in step.iter_data(val_loader, loader="val")]
+                    val = [model(vx.to(device), vy.to(device))
+                           for vx, vy in step.iter_data(val_loader, loader="val")]
                 model.train()
                 text = "".join(chars[i] for i in sample[0].tolist())
                 print(f"step {step.index}: loss {loss.item():.3f} "

@@ -7,13 +7,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections import Counter
 
 import pytest
+import torch
 from integration_support import (
     EXAMPLES,
     PYTHON,
+    REPO,
     children,
     monitor_roots,
     step_roots,
@@ -93,9 +96,35 @@ def test_rl_example_steps_are_made_of_the_users_own_phases(tmp_path) -> None:
     assert len(skipped) == shapes.count(["generation"])
 
 
-@pytest.mark.parametrize("name", ["tiny_gpt.py", "hf_trainer.py", "lightning_trainer.py",
-                                  "multi_dataloader.py", "rl_custom_phases.py",
-                                  "distributed.py", "zero_code.py"])
+ALL = ["tiny_gpt.py", "hf_trainer.py", "lightning_trainer.py", "multi_dataloader.py",
+       "rl_custom_phases.py", "distributed.py", "zero_code.py"]
+
+
+def test_an_example_says_at_start_which_device_it_trains_on(tmp_path) -> None:
+    with GrpcOtlpReceiver() as recv:
+        proc = subprocess.run([PYTHON, str(EXAMPLES / "tiny_gpt.py"), "--steps", "2",
+                               "--eval-every", "2", "--device", "cpu"],
+                              env=subprocess_env(recv, tmp_path), capture_output=True,
+                              text=True, timeout=180, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.splitlines()[0] == "tiny_gpt: training on cpu (--device cpu)"
+        assert sorted(step_roots(recv.spans())) == [0, 1]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_example_refuses_cuda_where_there_is_none_naming_device(tmp_path,
+                                                                       name: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present here")
+    proc = subprocess.run([PYTHON, str(EXAMPLES / name), "--steps", "1", "--device", "cuda"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "--device cuda: no CUDA device is available" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_every_example_documents_how_to_run_it(name: str) -> None:
     text = (EXAMPLES / name).read_text()
     assert "Usage::" in text and "--steps" in text

@@ -15,13 +15,18 @@ Usage::
     ap.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     device = training_device(args.device)        # torch.device("cuda") or ("cpu")
     model.to(device)
+
+    # in an example's argparse main:
+    add_device_argument(parser)
+    device = device_from_arguments(parser, parser.parse_args(argv))
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEVICE_CHOICES", "accelerator_device", "training_device"]
+__all__ = ["DEVICE_CHOICES", "accelerator_device", "add_device_argument",
+           "device_from_arguments", "training_device"]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -64,3 +69,21 @@ def training_device(choice: str = "auto", option: str = "--device", torch: Any =
         return torch.device("cuda")
     found = accelerator_device(torch)
     return found if found is not None else torch.device("cpu")
+
+
+def add_device_argument(parser: Any) -> None:
+    """``--device auto|cpu|cuda`` (default auto) on an ``argparse`` parser."""
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                        help="where the model, the batches and the monitoring run: auto (the "
+                             "accelerator when present, else the CPU), cpu, or cuda "
+                             "(default auto)")
+
+
+def device_from_arguments(parser: Any, args: Any) -> Any:
+    """``args.device`` as a ``torch.device``; a choice that can't be met ends the program
+    through ``parser.error`` (exit status 2, the reason on stderr)."""
+    try:
+        return training_device(args.device, "--device")
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # parser.error exits; for a parser made not to
