@@ -16,11 +16,18 @@ records it through a :class:`~otel_train.integrations.step_tracker.HookStepTrack
   dataloader, ``on_validation_start`` to ``on_validation_end``, tagged with the
   dataloader's name (``val_loader_names=``, the keys of a dict of loaders, else ``val``,
   ``val1``, ...);
+- ``trainer.test()``: the test loop is evaluation too, a ``val_loss`` monitoring span per
+  test dataloader named ``test``, ``test1``, ... (or ``test_loader_names=``, or the dict's
+  keys); ``trainer.predict()``: an ``inference`` monitoring span per predict dataloader
+  (``predict``, ...; ``predict_loader_names=``); each its own trace (a span of its own
+  between steps, as ``run.monitor`` makes);
 - ``teardown`` (the end of ``fit``, ``validate``, ...): what is open ends and a run the
   callback started is shut down (flushed and exported), not left to interpreter exit.
 
-A failure inside the callback is logged and counted (``callback.hook_failures()``), never
-raised into the Trainer.
+These loops are the run's monitoring: with the default ``device_sync`` on an accelerator
+they are where the device is synchronized (at their start and end), never the training
+phases. A failure inside the callback is logged and counted (``callback.hook_failures()``),
+never raised into the Trainer.
 
 Usage::
 
@@ -29,6 +36,8 @@ Usage::
 
     trainer = L.Trainer(max_steps=100, callbacks=[LightningStepTraceCallback()])
     trainer.fit(module, train_loader, {"clean": val_a, "noisy": val_b})
+    trainer.test(module, test_loader)        # a val_loss span, train.dataloader=test
+    trainer.predict(module, predict_loader)  # an inference span, train.dataloader=predict
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from otel_train.common.attributes import (
     PHASE_BACKWARD,
     PHASE_DATA,
     PHASE_FORWARD,
+    PHASE_INFERENCE,
     PHASE_MICRO_STEP,
     PHASE_OPTIMIZER,
     PHASE_VAL_LOSS,
@@ -57,7 +67,10 @@ class LightningStepTraceCallback(Callback):
     """A Lightning ``Callback`` that records each optimizer step as a ``train.step`` trace."""
 
     def __init__(self, run: Run | None = None, loader: str = "train",
-                 val_loader_names: Sequence[str] | None = None, **run_options: Any) -> None:
+                 val_loader_names: Sequence[str] | None = None,
+                 test_loader_names: Sequence[str] | None = None,
+                 predict_loader_names: Sequence[str] | None = None,
+                 **run_options: Any) -> None:
         self._run_options = run_options
         # Lightning's callbacks open and end steps; no model hooks are needed.
         self.tracker = HookStepTracker(self._start_run, hooks_delimit_steps=False)
@@ -65,11 +78,16 @@ class LightningStepTraceCallback(Callback):
         self._owns_run = False
         self._run_shut_down = False  # our run was shut down by teardown
         self._loader = loader
-        self._val_names = list(val_loader_names) if val_loader_names else None
+        # loop -> (monitoring name, names given, the Trainer's loaders attribute)
+        self._loops: dict[str, tuple[str, list[str] | None, str]] = {
+            "val": (PHASE_VAL_LOSS, _names(val_loader_names), "val_dataloaders"),
+            "test": (PHASE_VAL_LOSS, _names(test_loader_names), "test_dataloaders"),
+            "predict": (PHASE_INFERENCE, _names(predict_loader_names), "predict_dataloaders"),
+        }
         self._global_step = 0
         self._mark = 0
         self._micro_index = 0
-        self._val_index = -1
+        self._loop_index = -1  # the dataloader of the evaluation loop open now
 
     @property
     def run(self) -> Run | None:
@@ -85,13 +103,16 @@ class LightningStepTraceCallback(Callback):
         self._owns_run = True  # so teardown shuts it down
         return run
 
-    def _val_name(self, trainer: Any, index: int) -> str:
-        if self._val_names and index < len(self._val_names):
-            return self._val_names[index]
-        loaders = getattr(trainer, "val_dataloaders", None)
+    def _loader_name(self, loop: str, trainer: Any, index: int) -> str:
+        """Dataloader ``index`` of ``loop``: the name given, the dict's key, else ``val``,
+        ``val1``, ... (``test``, ``predict``, ...)."""
+        _, given, attribute = self._loops[loop]
+        if given and index < len(given):
+            return given[index]
+        loaders = getattr(trainer, attribute, None)
         if isinstance(loaders, Mapping) and index < len(loaders):
             return str(list(loaders)[index])
-        return "val" if index == 0 else f"val{index}"
+        return loop if index == 0 else f"{loop}{index}"
 
     # -- fit ------------------------------------------------------------------------------
     @guarded
@@ -201,31 +222,77 @@ class LightningStepTraceCallback(Callback):
             self._run_shut_down = True
             run.shutdown()
 
-    # -- validation: monitoring ------------------------------------------------------------
+    # -- validation, test and predict loops: monitoring ----------------------------------
     @guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         """The validation loop starts: monitoring."""
-        self._val_index = -1
-        self._open_val(trainer, 0)
-
-    def _open_val(self, trainer: Any, index: int) -> None:
-        if self.tracker.run is None:
-            return
-        self.tracker.open_monitoring(
-            PHASE_VAL_LOSS, attributes={DATALOADER: self._val_name(trainer, index)})
-        self._val_index = index
+        self._open_loop("val", trainer, 0)
 
     @guarded
     def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         """A validation batch of loader ``dataloader_idx``: a new loader, a new span."""
-        if dataloader_idx != self._val_index and self.tracker.monitoring_open:
-            self.tracker.close_monitoring()
-            self._open_val(trainer, dataloader_idx)
+        self._next_loader("val", trainer, dataloader_idx)
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """The validation loop ended; the next fetch starts after it."""
+        self._close_loop()
+
+    @guarded
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        """``trainer.test()``'s loop starts: evaluation, monitoring."""
+        self._open_loop("test", trainer, 0)
+
+    @guarded
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        """A test batch of loader ``dataloader_idx``: a new loader, a new span."""
+        self._next_loader("test", trainer, dataloader_idx)
+
+    @guarded
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        """The test loop ended."""
+        self._close_loop()
+
+    @guarded
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        """``trainer.predict()``'s loop starts: inference, monitoring."""
+        self._open_loop("predict", trainer, 0)
+
+    @guarded
+    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                               batch_idx: int, dataloader_idx: int = 0) -> None:
+        """A predict batch of loader ``dataloader_idx``: a new loader, a new span."""
+        self._next_loader("predict", trainer, dataloader_idx)
+
+    @guarded
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        """The predict loop ended."""
+        self._close_loop()
+
+    def _open_loop(self, loop: str, trainer: Any, index: int) -> None:
+        """Open ``loop``'s monitoring for its dataloader ``index``: a phase of the open step
+        (validation inside fit), else its own span."""
+        self._loop_index = -1
+        if self.tracker.run is None:
+            return
+        self.tracker.open_monitoring(
+            self._loops[loop][0], attributes={DATALOADER: self._loader_name(loop, trainer,
+                                                                            index)})
+        self._loop_index = index
+
+    def _next_loader(self, loop: str, trainer: Any, index: int) -> None:
+        if index != self._loop_index and self.tracker.monitoring_open:
+            self.tracker.close_monitoring()
+            self._open_loop(loop, trainer, index)
+
+    def _close_loop(self) -> None:
         self.tracker.close_monitoring()
+        self._loop_index = -1
         if self.tracker.run is not None:
             self._mark = self.tracker.run.timestamp_ns()
+
+
+def _names(names: Sequence[str] | None) -> list[str] | None:
+    return list(names) if names else None

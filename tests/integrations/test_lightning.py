@@ -145,3 +145,65 @@ def test_an_exception_in_the_callback_is_logged_and_counted_never_raised_into_th
     assert cb.hook_failures() == {"on_train_batch_start": 4}
     assert any("on_train_batch_start failed" in r.getMessage() and "refuses" in r.getMessage()
                for r in caplog.records)
+
+
+class TinyWithTestAndPredict(Tiny):
+    def test_step(self, batch, batch_idx, dataloader_idx=0):  # noqa: ANN001, ANN201, D102
+        x, y = batch
+        self.log("test", F.mse_loss(self.net(x), y))
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):  # noqa: ANN001, ANN201, D102
+        return self.net(batch[0])
+
+
+def test_test_and_predict_after_fit_are_their_own_monitoring_traces_with_loader_names(
+        tmp_path) -> None:
+    with GrpcOtlpReceiver() as recv:
+        cb = LightningStepTraceCallback(
+            exporter="otlp", otlp_endpoint=recv.endpoint, otlp_protocol="grpc",
+            prometheus_port=None, console=False, status_dir=str(tmp_path))
+        trainer = _trainer(cb)
+        module = TinyWithTestAndPredict()
+        trainer.fit(module, _loader(64), [_loader(8)])
+        fit_run = cb.run
+        trainer.test(module, [_loader(8), _loader(8)], verbose=False)
+        test_run = cb.run
+        predictions = trainer.predict(module, _loader(8))
+        predict_run = cb.run
+        spans = recv.spans()
+    assert len(predictions) == 2  # the predict loop ran untouched
+    # Each of fit, test and predict: its own run (the callback started it, teardown shut it
+    # down), so every span below arrived.
+    assert len({fit_run.run_id, test_run.run_id, predict_run.run_id}) == 3
+    tested = [s for s in monitor_roots(spans, "val_loss")
+              if s.attributes["train.run.id"] == test_run.run_id]
+    assert [s.attributes["train.dataloader"] for s in tested] == ["test", "test1"]
+    predicted = monitor_roots(spans, "inference")
+    assert [s.attributes["train.dataloader"] for s in predicted] == ["predict"]
+    for span in tested + predicted:
+        assert span.attributes["train.phase.kind"] == "monitor"
+        assert span.parent_span_id is None  # a root: a trace of its own
+    assert len({s.trace_id for s in tested + predicted}) == 3
+    assert predicted[0].attributes["train.run.id"] == predict_run.run_id
+    # Validation inside fit stayed a validation span of the fit's run.
+    assert {s.attributes["train.dataloader"] for s in monitor_roots(spans, "val_loss")
+            if s.attributes["train.run.id"] == fit_run.run_id} == {"val"}
+
+
+def test_test_and_predict_loaders_take_the_names_given(tmp_path) -> None:
+    with GrpcOtlpReceiver() as recv:
+        run = receiver_run(recv, tmp_path)
+        cb = LightningStepTraceCallback(run=run, test_loader_names=["clean", "noisy"],
+                                        predict_loader_names=["batch_job"])
+        trainer = _trainer(cb)
+        module = TinyWithTestAndPredict()
+        trainer.test(module, [_loader(8), _loader(8)], verbose=False)
+        trainer.predict(module, [_loader(4)])
+        run.shutdown()
+        spans = recv.spans()
+    assert cb.hook_failures() == {}
+    assert [s.attributes["train.dataloader"] for s in monitor_roots(spans, "val_loss")] == [
+        "clean", "noisy"]
+    assert [s.attributes["train.dataloader"] for s in monitor_roots(spans, "inference")] == [
+        "batch_job"]
+    assert not step_roots(spans)  # no training: no steps
