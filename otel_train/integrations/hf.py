@@ -16,8 +16,15 @@ can't split a step, torch hooks on the model; both feed one
   (to ``on_log``), ``val_loss`` (evaluation, to ``on_evaluate``), ``checkpoint`` (to
   ``on_save``), as monitoring phases of that step (epoch-end ones as monitoring spans);
 - ``trainer.evaluate()`` / ``trainer.predict()`` outside training: a ``val_loss`` /
-  ``inference`` monitoring span from the first eval forward to ``on_evaluate`` /
-  ``on_predict``; ``model.generate()`` is an ``inference`` monitoring phase.
+  ``inference`` monitoring span, its own trace, from the first eval forward to
+  ``on_evaluate`` / ``on_predict``, its loader ``eval`` / ``predict``
+  (``train.dataloader``); called before any ``train()``, the run starts (and the model is
+  hooked) at the first evaluation batch, which the span then starts after;
+  ``model.generate()`` is an ``inference`` monitoring phase.
+
+Evaluation, prediction, logging and saving are the run's monitoring: with the default
+``device_sync`` on an accelerator they are where the device is synchronized (at their start
+and end), never the training phases.
 
 Add it last in ``callbacks`` so callbacks before it are inside the step; monitoring done
 in your own callbacks can use ``callback.monitor(name)``. A failure inside the callback is
@@ -43,6 +50,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from otel_train.common.attributes import (
+    DATALOADER,
     KIND_TRAIN,
     MICRO_STEP,
     PHASE_CHECKPOINT,
@@ -186,12 +194,12 @@ class TrainerStepTraceCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Evaluation ended."""
         if not self._advance_post(PHASE_VAL_LOSS):
-            self._close_standalone(PHASE_VAL_LOSS)
+            self._close_standalone(PHASE_VAL_LOSS, "eval")
 
     @guarded
     def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Prediction ended."""
-        self._close_standalone(PHASE_INFERENCE)
+        self._close_standalone(PHASE_INFERENCE, "predict")
 
     @guarded
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -199,11 +207,16 @@ class TrainerStepTraceCallback(TrainerCallback):
         self._advance_post(PHASE_CHECKPOINT)
 
     @guarded
-    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None,
+                           **kwargs: Any) -> None:
         """An evaluation batch ran; outside training this opens a monitoring span."""
         tracker = self.tracker
-        if tracker.run is None or tracker.monitoring_open or tracker.step is not None:
+        if tracker.monitoring_open or tracker.step is not None:
             return
+        if tracker.run is None:  # evaluate()/predict() before any train(): start here
+            tracker.ensure_run()
+            if model is not None and not self._undo:
+                self._undo = tracker.hook_model(model, wrap_train=False)
         # The loop's first forward came before this callback: start there when known.
         tracker.open_monitoring(PHASE_VAL_LOSS, tracker.first_eval_forward_ns or None)
 
@@ -264,11 +277,12 @@ class TrainerStepTraceCallback(TrainerCallback):
             self._mark = t
         return True
 
-    def _close_standalone(self, name: str) -> None:
+    def _close_standalone(self, name: str, loader: str) -> None:
         tracker = self.tracker
         rec = tracker.monitor_record
         if rec is not None and not self._post:
             rec.name = name
+            rec.set_attribute(DATALOADER, loader)
             tracker.close_monitoring(tracker.timestamp_ns())
         tracker.first_eval_forward_ns = 0
 

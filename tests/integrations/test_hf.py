@@ -108,6 +108,7 @@ def test_standalone_evaluate_and_generate_are_monitoring_spans(trained) -> None:
     names = [s.name for s in monitor_roots(spans)]
     assert names == ["val_loss", "inference"]
     assert all(s.attributes["train.phase.kind"] == "monitor" for s in monitor_roots(spans))
+    assert monitor_roots(spans, "val_loss")[0].attributes["train.dataloader"] == "eval"
 
 
 def test_close_removes_the_hooks_and_the_generate_wrapper(trained) -> None:
@@ -163,3 +164,34 @@ def test_an_exception_in_the_callback_is_logged_and_counted_never_raised_into_th
     assert cb.hook_failures() == {"on_step_begin": 2}
     assert any("on_step_begin failed" in r.getMessage() and "refuses" in r.getMessage()
                for r in caplog.records)
+
+
+def test_evaluate_and_predict_without_training_start_the_run_and_are_their_own_traces(
+        tmp_path) -> None:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                       n_positions=32))
+    with GrpcOtlpReceiver() as recv:
+        # The callback starts its own run: no train() ever calls on_train_begin.
+        cb = TrainerStepTraceCallback(
+            exporter="otlp", otlp_endpoint=recv.endpoint, otlp_protocol="grpc",
+            prometheus_port=None, console=False, status_dir=str(tmp_path))
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=2,
+                                 report_to="none", use_cpu=True, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, eval_dataset=Tokens(6), callbacks=[cb])
+        metrics = trainer.evaluate()
+        output = trainer.predict(Tokens(4))
+        run = cb.run
+        cb.close()  # shuts down the run it started: everything exported
+        spans = recv.spans()
+    assert "eval_loss" in metrics and output.predictions is not None
+    assert run is not None and cb.hook_failures() == {}
+    assert not step_roots(spans)
+    roots = monitor_roots(spans)
+    assert [(s.name, s.attributes["train.dataloader"]) for s in roots] == [
+        ("val_loss", "eval"), ("inference", "predict")]
+    assert all(s.attributes["train.phase.kind"] == "monitor" for s in roots)
+    assert roots[0].trace_id != roots[1].trace_id
+    assert roots[0].end_time_unix_nano <= roots[1].start_time_unix_nano
+    # The model's hooks were added for it and removed by close().
+    assert not model._forward_hooks and "generate" not in model.__dict__
