@@ -190,20 +190,21 @@ def test_test_and_predict_after_fit_are_their_own_monitoring_traces_with_loader_
             if s.attributes["train.run.id"] == fit_run.run_id} == {"val"}
 
 
-def test_test_and_predict_loaders_take_the_names_given(tmp_path) -> None:
+def test_validate_test_and_predict_loaders_take_the_names_given(tmp_path) -> None:
     with GrpcOtlpReceiver() as recv:
         run = receiver_run(recv, tmp_path)
         cb = LightningStepTraceCallback(run=run, test_loader_names=["clean", "noisy"],
                                         predict_loader_names=["batch_job"])
         trainer = _trainer(cb)
         module = TinyWithTestAndPredict()
+        trainer.validate(module, {"held_out": _loader(8)}, verbose=False)
         trainer.test(module, [_loader(8), _loader(8)], verbose=False)
         trainer.predict(module, [_loader(4)])
         run.shutdown()
         spans = recv.spans()
     assert cb.hook_failures() == {}
     assert [s.attributes["train.dataloader"] for s in monitor_roots(spans, "val_loss")] == [
-        "clean", "noisy"]
+        "held_out", "clean", "noisy"]
     assert [s.attributes["train.dataloader"] for s in monitor_roots(spans, "inference")] == [
         "batch_job"]
     assert not step_roots(spans)  # no training: no steps
