@@ -1,7 +1,8 @@
 """What each ``device_sync`` mode costs a training loop on an accelerator, and whether the
 monitoring share and the own cost it reports are true: one command, one table.
 
-Workloads, on the accelerator found (``torch.accelerator``, else CUDA):
+Workloads (``bench_gpu_workloads.py``), on the accelerator found (``torch.accelerator``, else
+CUDA):
 
 - ``gpt``: a 168M-parameter GPT (d 1024, 8 layers, 16 heads, seq 1024, batch 8, vocab 32768;
   ``scaled_dot_product_attention``), bf16 autocast, fused AdamW;
@@ -26,7 +27,9 @@ on, the console on (to /dev/null).
 Printed (one markdown table): per variant, the step time against bare (median of the pairs'
 ratios, bootstrap 95% interval); the monitoring share the run reports (``run.costs()``:
 monitoring over training time, over the timed blocks) against the hand-synced truth; the
-own cost the run reports (``run.self_cost.lost_ns`` over its blocks' wall) against the A/B
+own cost the run reports (``run.self_cost``'s lost time over the timed blocks, read from
+the warm-up's end to the series' end, over the variant blocks' wall; the interference
+charged at the run's final slope) against the A/B
 (1 - bare / variant, from the mean log ratio); and, in the training process, background
 CPU (process CPU minus the training thread's) and the training thread's blocked time (the
 GIL wait, mostly: wall - on-CPU - run-queue, ``/proc/self/task/<tid>/schedstat``) per step,
@@ -52,7 +55,6 @@ import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,209 +65,21 @@ from bench_support import (  # noqa: E402  (adds the repository root to sys.path
     _median_ci,
     live_run,
 )
+from bench_gpu_workloads import (  # noqa: E402
+    EVAL_EVERY,
+    Device,
+    Workload,
+    loop_bare,
+    loop_otel,
+    loop_truth,
+)
 
 MODES = ("auto", "sync", "events", "monitor_sync")
-EVAL_EVERY = 10
-DECODE_STEPS = 8
 
 
 def _progress(line: str) -> None:
     """One progress line on the real stderr (``live_run`` sends sys.stderr to /dev/null)."""
     print(line, file=sys.__stderr__, flush=True)
-
-
-# -- the device ---------------------------------------------------------------------------
-
-class Device:
-    """The device found, and its synchronize (a no-op on the CPU, where nothing is queued)."""
-
-    def __init__(self) -> None:
-        import torch
-
-        from otel_train.common.training_device import accelerator_device
-
-        self.torch_device = accelerator_device(torch) or torch.device("cpu")
-        self.type = self.torch_device.type
-        if self.type == "cuda":
-            self._synchronize = torch.cuda.synchronize
-            self.name = torch.cuda.get_device_name()
-        elif self.type != "cpu":
-            self._synchronize = torch.accelerator.synchronize
-            self.name = self.type
-        else:
-            self._synchronize = None
-            self.name = "cpu"
-
-    def synchronize(self) -> None:
-        """Wait for the device's queue to drain (the CPU has none)."""
-        if self._synchronize is not None:
-            self._synchronize()
-
-
-# -- the workloads --------------------------------------------------------------------------
-
-def _gpt_model(vocab: int, width: int, layers: int, heads: int, seq: int) -> Any:
-    """A decoder-only transformer: pre-norm blocks, causal SDPA attention, GELU MLP."""
-    import torch
-    from torch import nn
-    from torch.nn import functional as F
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-            self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-        def forward(self, x: Any) -> Any:
-            b, t, d = x.shape
-            qkv = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-            att = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
-            x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.norm = nn.LayerNorm(width)
-            self.head = nn.Linear(width, vocab, bias=False)
-
-        def forward(self, idx: Any) -> Any:
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            return self.head(self.norm(self.blocks(self.tok(idx) + self.pos(pos))))
-
-    return GPT()
-
-
-class Workload:
-    """Model, fused AdamW, device-resident batches, the held batch, one global step count."""
-
-    def __init__(self, name: str, device: Device, smoke: bool) -> None:
-        import torch
-        from torch import nn
-
-        torch.manual_seed(0)
-        dev = device.torch_device
-        self.name = name
-        self.k = 0  # global step count: every block holds the same monitoring calls
-        self.eval_every = 5 if smoke else EVAL_EVERY
-        if name == "gpt":
-            vocab, width, layers, heads, seq, batch = (
-                (128, 64, 2, 2, 32, 2) if smoke else (32768, 1024, 8, 16, 1024, 8))
-            self.model = _gpt_model(vocab, width, layers, heads, seq).to(dev)
-            self.size = f"d {width}, {layers} layers, seq {seq}, batch {batch}, vocab {vocab}"
-            tokens = torch.randint(vocab, (5, batch, seq + 1), device=dev)
-            self.train_batches = [(t[:, :-1], t[:, 1:]) for t in tokens[:4]]
-            self.held = (tokens[4][:, :-1], tokens[4][:, 1:])
-            self.context = seq
-        else:
-            width, batch = (64, 16) if smoke else (2048, 256)
-            layers: list[Any] = []
-            for _ in range(3):
-                layers += [nn.Linear(width, width), nn.ReLU()]
-            self.model = nn.Sequential(*layers, nn.Linear(width, width)).to(dev)
-            self.size = f"4 layers, {width} wide, batch {batch}"
-            xs = torch.randn(5, batch, width, device=dev)
-            ys = torch.randint(width, (5, batch), device=dev)
-            self.train_batches = [(xs[i], ys[i]) for i in range(4)]
-            self.held = (xs[4], ys[4])
-            self.context = 0
-        self.params = sum(p.numel() for p in self.model.parameters())
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
-        self._autocast = lambda: torch.autocast(dev.type, dtype=torch.bfloat16)
-        self._no_grad = torch.no_grad
-        self._cross_entropy = nn.functional.cross_entropy
-
-    def batches(self, n: int) -> Any:
-        """``n`` batches, cycling over the device-resident ones."""
-        for i in range(n):
-            yield self.train_batches[i % len(self.train_batches)]
-
-    def loss(self, x: Any, y: Any) -> Any:
-        """The training loss (bf16 autocast; cross-entropy in float32, as autocast does)."""
-        with self._autocast():
-            out = self.model(x)
-            return self._cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-    def val_loss(self) -> float:
-        """Monitoring: one forward on the held batch, read with ``.item()``."""
-        with self._no_grad():
-            return self.loss(*self.held).item()
-
-    def inference(self) -> list[Any]:
-        """Monitoring: 8 greedy decode steps over the held batch, read with ``.tolist()``."""
-        import torch
-
-        x = self.held[0]
-        with self._no_grad(), self._autocast():
-            for _ in range(DECODE_STEPS):
-                if self.context:  # the GPT: the next token from the last position
-                    nxt = self.model(x[:, -self.context:])[:, -1].argmax(-1, keepdim=True)
-                    x = torch.cat([x, nxt], dim=1)
-                else:  # the MLP: its output is the next input
-                    x = self.model(x).float()
-        return (x[:, -DECODE_STEPS:] if self.context else x.argmax(-1)).tolist()
-
-    def train_step(self, x: Any, y: Any) -> Any:
-        loss = self.loss(x, y)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss
-
-
-# -- the loops ------------------------------------------------------------------------------
-
-def loop_bare(w: Workload, n: int) -> None:
-    """The user's loop, nothing added."""
-    for x, y in w.batches(n):
-        w.train_step(x, y)
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            w.val_loss()
-            w.inference()
-
-
-def loop_truth(w: Workload, n: int, device: Device, monitoring_ns: list[int]) -> None:
-    """The bare loop, each monitoring call between two synchronizes and timed: the device
-    time of the monitoring itself, nothing queued before it (``monitoring_ns[0]`` adds up)."""
-    clock = time.perf_counter_ns
-    for x, y in w.batches(n):
-        w.train_step(x, y)
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            device.synchronize()  # the training work queued so far is training's
-            t0 = clock()
-            w.val_loss()
-            device.synchronize()
-            t1 = clock()
-            w.inference()
-            device.synchronize()
-            monitoring_ns[0] += t1 - t0 + clock() - t1
-
-
-def loop_otel(w: Workload, n: int, run: Any, loss_attribute: bool) -> None:
-    """The README's loop: run.steps (data) + forward/backward/optimizer + the monitoring."""
-    model_loss, opt = w.loss, w.opt
-    for step in run.steps(w.batches(n), loader="train"):
-        x, y = step.batch
-        with step.phase("forward"):
-            loss = model_loss(x, y)
-        with step.phase("backward"):
-            loss.backward()
-        with step.phase("optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if loss_attribute:
-            step.set_attribute("train.loss", loss)  # the tensor: the run reads it
-        w.k += 1
-        if w.k % w.eval_every == 0:
-            with step.monitor("val_loss"):
-                w.val_loss()
-            with step.monitor("inference"):
-                w.inference()
 
 
 # -- the blocks -----------------------------------------------------------------------------
@@ -283,13 +97,11 @@ def _block(clock: ThreadClock, body: Any, device: Device) -> dict[str, int]:
 
 
 def _series(label: str, bare: Any, variant: Any, pairs: int, clock: ThreadClock,
-            device: Device, after_warmup: Any = None, around: Any = None) -> list[list[Any]]:
-    """A warm-up pair, then ``pairs`` pairs (bare, variant), the order alternating; returns
-    [bare figures, variant figures] per pair. ``around(figures_fn)`` wraps a variant block
-    (the run's own-cost reading)."""
+            device: Device, after_warmup: Any = None) -> list[list[Any]]:
+    """A warm-up pair, then ``after_warmup()``, then ``pairs`` pairs (bare, variant), the
+    order alternating; returns [bare figures, variant figures] per pair."""
     def var_block() -> dict[str, Any]:
-        return around(lambda: _block(clock, variant, device)) if around else _block(
-            clock, variant, device)
+        return _block(clock, variant, device)
 
     _block(clock, bare, device)
     var_block()
@@ -318,25 +130,28 @@ def _otel_variant(w: Workload, device: Device, mode: str, loss_attribute: bool, 
         start: dict[str, Any] = {}
 
         def after_warmup() -> None:
-            run.flush()  # the warm-up pair's steps are in the costs read next
+            run.flush()  # the warm-up pair's steps are in the figures read next
             start["costs"] = run.costs()
-
-        def around(block: Any) -> dict[str, Any]:
-            lost0 = meter.lost_ns
-            got = block()
-            got["reported_lost"] = meter.lost_ns - lost0
-            return got
+            start["lost_parts"] = meter.lost_parts()
 
         got = _series(label, lambda: loop_bare(w, steps),
                       lambda: loop_otel(w, steps, run, loss_attribute), pairs, clock, device,
-                      after_warmup, around)
-        run.flush()
+                      after_warmup)
+        run.flush()  # every timed step drained: its hot path and device work accounted
         end = run.costs()
+        parts = meter.lost_parts()
+        # What the run reports the timed steps lost, read over the whole series (the span
+        # worker accounts steps when it drains them, often a block later): the hot path,
+        # the waits and the device work it timed, and the background's interference, its
+        # busy steps charged at the slope the run ends with (as bench_training_loop.py).
+        slope = meter.interference.slope_ns() or 0.0
+        reported_lost = (parts[0] - start["lost_parts"][0]
+                         + slope * (parts[1] - start["lost_parts"][1]))
     first = start["costs"]
     monitoring = end["monitoring_time_seconds"] - first["monitoring_time_seconds"]
     training = end["training_time_seconds"] - first["training_time_seconds"]
     return {"pairs": got, "steps": steps, "reported_monitoring_seconds": monitoring,
-            "reported_training_seconds": training}
+            "reported_training_seconds": training, "reported_lost_ns": reported_lost}
 
 
 def _truth_variant(w: Workload, device: Device, pairs: int, steps: int,
@@ -392,15 +207,15 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                                    / max(1e-12, res["reported_training_seconds"]))
         mean_log = statistics.fmean(math.log(r) for r in ratios)
         out["ab_share"] = 1.0 - math.exp(-mean_log)
-        out["reported_share"] = (sum(v["reported_lost"] for _, v in pairs)
-                                 / max(1, sum(v["wall"] for _, v in pairs)))
+        out["reported_share"] = res["reported_lost_ns"] / max(1, sum(v["wall"]
+                                                                     for _, v in pairs))
     if "truth_share" in res:
         out["truth_share"] = res["truth_share"]
     return out
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}%"
+def _pct(x: float | None, decimals: int = 1) -> str:
+    return "-" if x is None else f"{100.0 * x:.{decimals}f}%"
 
 
 def format_table(summaries: dict[str, dict[str, Any]], variants: list[str],
@@ -429,7 +244,7 @@ def format_table(summaries: dict[str, dict[str, Any]], variants: list[str],
             cells.append(f"{med:.3f}x [{lo:.3f}, {hi:.3f}]")
             if "monitoring_share" in s:
                 shares.append(f"{w} {_pct(s['monitoring_share'])}")
-                own.append(f"{w} {_pct(s['reported_share'])} / {_pct(s['ab_share'])}")
+                own.append(f"{w} {_pct(s['reported_share'], 2)} / {_pct(s['ab_share'], 2)}")
             bg.append(f"{w} {s['background_cpu_us']:+.0f} / {s['blocked_us']:+.0f} us")
         cells += ["; ".join(shares) or "-", "; ".join(own) or "-", "; ".join(bg)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -510,10 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("step vs bare: median of the pairs' block-time ratios; monitoring share: monitoring "
           "over training time (run.costs() over the timed blocks; the truth: monitoring timed "
-          "between synchronizes); own cost: run.self_cost.lost_ns over the variant blocks' "
-          "wall / the A/B's 1 - bare/variant; background CPU: process CPU minus the training "
-          "thread's, blocked: the training thread's wall - on-CPU - run-queue, per step, each "
-          "minus bare's in the same pair")
+          "between synchronizes); own cost: the lost time run.self_cost reports over the "
+          "variant blocks' wall / the A/B's 1 - bare/variant; background CPU: process CPU "
+          "minus the training thread's, blocked: the training thread's wall - on-CPU - "
+          "run-queue, per step, each minus bare's in the same pair")
     if args.save:
         Path(args.save).write_text(json.dumps({**raw, "summaries": summaries}, indent=1))
         print(f"saved: {args.save}")

@@ -50,7 +50,8 @@ def test_the_smoke_run_prints_one_table_with_every_mode_beside_the_truth_and_sav
     for mode in accepted:  # each run reports a monitoring share and an own cost
         row = rows[f"`{mode}`"]
         assert re.search(r"gpt \d+\.\d%; mlp \d+\.\d% \|", row), row
-        assert re.search(r"gpt \d+\.\d% / -?\d+\.\d%; mlp \d+\.\d% / -?\d+\.\d%", row), row
+        assert re.search(r"gpt -?\d+\.\d\d% / -?\d+\.\d\d%; mlp -?\d+\.\d\d% / "
+                         r"-?\d+\.\d\d%", row), row
     for mode, why in refused.items():  # before the mode exists: a line, and a skipped row
         assert f"skipped device_sync={mode}: not accepted by this otel-train" in out
         assert rows[f"`{mode}`"].startswith(f"| `{mode}` | skipped")
@@ -65,6 +66,7 @@ def test_the_smoke_run_prints_one_table_with_every_mode_beside_the_truth_and_sav
                                                   for b, v in res["pairs"])
         assert results["truth"]["monitoring_ns"] > 0
         assert results["auto"]["reported_monitoring_seconds"] > 0
+        assert results["auto"]["reported_lost_ns"] > 0  # the hot path, at least
     assert not list(tmp_path.glob("bench-gpu-*")), "a run's temp dir is left behind"
 
 
