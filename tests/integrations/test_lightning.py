@@ -108,6 +108,9 @@ def test_teardown_shuts_down_the_run_the_callback_started(tmp_path) -> None:
         with pytest.raises(RuntimeError, match="shut down"):
             first.step()
         assert first.costs()["steps"] == 4  # still readable after the shutdown
+        # The run the callback starts takes the run's default timing: on an accelerator the
+        # validation loop is where the device is synchronized, never a training phase.
+        assert first.options.device_sync == "auto"
         _trainer(cb).fit(Tiny(), _loader(64), [_loader(8)])  # a second fit: a new run
         second = cb.run
         assert second is not first
