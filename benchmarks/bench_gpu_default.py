@@ -27,18 +27,18 @@ on, the console on (to /dev/null).
 Printed (one markdown table): per variant, the step time against bare (median of the pairs'
 ratios, bootstrap 95% interval); the monitoring share the run reports (``run.costs()``:
 monitoring over training time, over the timed blocks) against the hand-synced truth; the
-own cost the run reports (``run.self_cost``'s lost time over the timed blocks, read from
-the warm-up's end to the series' end, over the variant blocks' wall; the interference
-charged at the run's final slope) against the A/B
-(1 - bare / variant, from the mean log ratio); and, in the training process, background
-CPU (process CPU minus the training thread's) and the training thread's blocked time (the
-GIL wait, mostly: wall - on-CPU - run-queue, ``/proc/self/task/<tid>/schedstat``) per step,
-each minus bare's of the same pair. ``--save PATH`` keeps every block's figures as JSON.
-Progress goes to stderr, one line per block.
+own cost the run reports (``run.self_cost``'s lost time from the warm-up's end to the
+series' end, every timed step drained, over the variant blocks' wall; the interference
+charged at the run's final slope) against the A/B (1 - bare / variant, from the mean log
+ratio); and, in the training process, background CPU (process CPU minus the training
+thread's) and the training thread's blocked time (the GIL wait, mostly: wall - on-CPU -
+run-queue, ``/proc/self/task/<tid>/schedstat``) per step, each minus bare's of the same
+pair. ``--save PATH`` keeps every block's figures as JSON. Progress goes to stderr, one
+line per pair of blocks.
 
 Sized for ~4 minutes on one H100/H200-class GPU. Without an accelerator it runs only with
 ``--smoke`` (tiny sizes, one pair of short blocks, seconds: the same code path on the CPU,
-which the test runs).
+which the test runs; its figures are not measurements).
 
 Usage::
 
