@@ -167,3 +167,16 @@ def test_device_cuda_without_a_cuda_device_is_refused_before_training(tmp_path, 
     err = capsys.readouterr().err
     assert "otel-train demo: --device cuda: no CUDA device is available" in err
     assert not (tmp_path / "monitoring_costs.json").exists()  # no run was started
+
+
+def test_the_demos_batches_are_moved_to_its_device_as_part_of_the_fetch():
+    import torch
+
+    from otel_train.cli.demo import _batches
+
+    data = torch.arange(200)
+    # The meta device stands in for an accelerator: a tensor moved there keeps its shape.
+    x, y = next(_batches(data, 8, 4, seed=0, device=torch.device("meta")))
+    assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 8)
+    cx, cy = next(_batches(data, 8, 4, seed=0, device=torch.device("cpu")))
+    assert cx.device.type == "cpu" and torch.equal(cy[:, :-1], cx[:, 1:])
