@@ -35,6 +35,7 @@ class SimOperation:
     seconds: float | Callable[[int], float]  # a call's cost, or step -> cost
     min_every: int | None = None
     max_every: int | None = None
+    scheduled: bool = True  # False: ``if step % every == 0``, not step.due (never governed)
 
     def cost(self, step: int) -> float:
         """Seconds of the call at ``step``."""
@@ -96,15 +97,15 @@ def simulate(steps: int, train_seconds: float | Callable[[int], float],
         step = _Step(i)
         ran: list[tuple[str, int]] = []
         for op in ops:
-            if schedule.due(step, op.name, op.every, min_every=op.min_every,
-                            max_every=op.max_every):
+            if (schedule.due(step, op.name, op.every, min_every=op.min_every,
+                             max_every=op.max_every) if op.scheduled else i % op.every == 0):
                 ran.append((op.name, round(op.cost(i) * 1e9)))
                 res.calls[op.name].append(i)
         train = train_seconds(i) if callable(train_seconds) else train_seconds
         overhead.on_step(_View(i, round(train * 1e9), ran))  # type: ignore[arg-type]
         intervals = schedule.intervals()
         for op in ops:
-            res.intervals[op.name].append(intervals[op.name])
+            res.intervals[op.name].append(intervals.get(op.name, op.every))
         if govern and (i + 1) % decide_every_steps == 0:
             schedule.proposed = governor.decide(overhead.snapshot(), schedule.operations())
     snap = overhead.snapshot()

@@ -5,12 +5,13 @@ time, the training time per step) and proposes an interval for each operation sc
 ``step.due``; ``recording/schedule.py`` puts the proposals in force at its plan steps, the
 same step on every rank. Its rules:
 
-- **Costs.** An operation's cost per call is the mean of its calls since the previous
-  decision; before that, its steady mean (calls after the first); an operation seen once is
-  judged on that one call, as the steady share judges it (nothing better is known yet, and
-  a first call is the one that hangs a run). The training time per step is the mean of the
-  steps since the previous decision once the warm-up steps are over (the steady figure
-  before). Monitoring not scheduled with ``step.due`` is counted at its steady projection
+- **Costs.** An operation's cost per call is the mean of its last ``RECENT_CALLS`` calls
+  (one noisy call does not move an interval; a change of cost shows within a few calls),
+  starting from its steady mean when the governor first sees it (calls after the first);
+  an operation seen once is judged on that one call, as the steady share judges it
+  (nothing better is known yet, and a first call is the one that hangs a run). The
+  training time per step is the mean over the last ``RECENT_WINDOWS`` decisions' steps,
+  once the warm-up steps are over (the steady figure before). Monitoring not scheduled with ``step.due`` is counted at its steady projection
   (the advisor's) and left as it is.
 - **Target.** The governed operations share ``TARGET_OF_BUDGET`` (90%) of the budget, less
   what the other monitoring takes. **Sharing rule: max-min fair** (``fair_intervals``):
@@ -21,9 +22,10 @@ same step on every rank. Its rules:
   its ``max_every`` takes what it takes there and the others share the rest.
 - **Hysteresis.** Over the budget, the intervals stretch at once to the target. Under
   ``SHRINK_BELOW_OF_BUDGET`` (75%) of it, a stretched interval shrinks by at most a third per
-  decision toward the target's interval (never below ``min_every``, which defaults to the
+  change toward the target's interval (never below ``min_every``, which defaults to the
   asked interval). Between the two, nothing changes: a run sitting at 90% of its budget
-  does not oscillate.
+  does not oscillate. A proposed change stands until it is in force (at most
+  ``PENDING_STEPS`` steps): the next one is decided from the interval it put in force.
 - **Cadence.** ``Governor.decide`` runs in the background (``GovernorThread``, every
   ``DECIDE_EVERY_SECONDS``), never on the training thread; each change is one console line
   (``val_loss every 50 -> 167 steps: it costs 15.0% of training time, budget 5%``), printed
@@ -41,10 +43,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from otel_train.derived.overhead import OverheadSnapshot
+from otel_train.recording.schedule import PLAN_EVERY_STEPS
 
 _log = logging.getLogger("otel_train")
 
@@ -52,6 +56,10 @@ TARGET_OF_BUDGET = 0.9
 SHRINK_BELOW_OF_BUDGET = 0.75
 SHRINK_STEP = 2 / 3  # a stretched interval shrinks to at least this fraction per decision
 DECIDE_EVERY_SECONDS = 1.0
+RECENT_CALLS = 5  # an operation's cost per call: the mean of its last calls
+RECENT_WINDOWS = 8  # the training time per step: over the last decisions' windows
+# A proposed change reaches every rank within two plan steps; until then it stands.
+PENDING_STEPS = 3 * PLAN_EVERY_STEPS
 
 
 def interval_at_cap(rel: float, lo: int, hi: int, cap: float) -> int:
@@ -98,6 +106,10 @@ class Governor:
         self.budget = budget
         self._prev: OverheadSnapshot | None = None
         self._costs: dict[str, float] = {}  # operation -> seconds per call
+        self._recent_calls: dict[str, deque[float]] = {}  # its last calls' seconds
+        self._windows: deque[tuple[float, int]] = deque(maxlen=RECENT_WINDOWS)
+        # operation -> (interval proposed, steps when proposed, share): not in force yet
+        self._pending: dict[str, tuple[int, int, float]] = {}
         self._train_per_step = 0.0
         self.decisions = 0
         self.last_share = 0.0  # projected steady share at the intervals in force
@@ -106,15 +118,25 @@ class Governor:
         prev = self._prev
         for name, op in snap.operations.items():
             before = prev.operations.get(name) if prev is not None else None
-            if before is not None and op.calls > before.calls and before.calls >= 1:
-                self._costs[name] = ((op.total_seconds - before.total_seconds)
-                                     / (op.calls - before.calls))
-            elif name not in self._costs and op.calls:
-                self._costs[name] = op.steady_mean_seconds
-        s = snap.steady_train_seconds_per_step
+            recent = self._recent_calls.get(name)
+            if recent is None:
+                if not op.calls:
+                    continue
+                recent = self._recent_calls[name] = deque(maxlen=RECENT_CALLS)
+                recent.append(op.steady_mean_seconds)
+            elif before is not None and op.calls > before.calls:
+                new = op.calls - before.calls
+                recent.extend([(op.total_seconds - before.total_seconds) / new]
+                              * min(new, RECENT_CALLS))
+            self._costs[name] = sum(recent) / len(recent)
         if prev is not None and snap.steps > prev.steps and prev.steps >= snap.warmup_steps:
             # the steps since the previous decision, warm-up over: follows a change of pace
-            s = (snap.training_seconds - prev.training_seconds) / (snap.steps - prev.steps)
+            self._windows.append((snap.training_seconds - prev.training_seconds,
+                                  snap.steps - prev.steps))
+        if self._windows:
+            s = sum(t for t, _ in self._windows) / sum(n for _, n in self._windows)
+        else:
+            s = snap.steady_train_seconds_per_step
         if s > 0:
             self._train_per_step = s
         self._prev = snap
@@ -139,6 +161,13 @@ class Governor:
         wanted = fair_intervals({n: (rel[n], lo, hi) for n, _, lo, hi, _, _ in known}, target)
         out: dict[str, tuple[int, float]] = {}
         for name, every, lo, hi, k, _ in governed:
+            pending = self._pending.get(name)
+            if pending is not None and pending[0] != k and lo <= pending[0] <= hi and (
+                    snap.steps - pending[1] < PENDING_STEPS):
+                # A change on its way to the next plan steps: decided on from the interval
+                # in force once it is there, not again from the one it replaces.
+                out[name] = (pending[0], pending[2])
+                continue
             if name not in rel:
                 out[name] = (k, 0.0)
                 continue
@@ -149,6 +178,8 @@ class Governor:
             elif current < SHRINK_BELOW_OF_BUDGET * self.budget and want < k:
                 new = max(want, lo, math.floor(k * SHRINK_STEP))
             out[name] = (new, rel[name] / k)
+            if new != k:
+                self._pending[name] = (new, snap.steps, rel[name] / k)
         return out
 
 
