@@ -296,7 +296,7 @@ def governor_thread(budget_action: str, budget: float, schedule: Any, overhead: 
         with lock:
             return overhead.snapshot()  # type: ignore[no-any-return]
 
-    return GovernorThread(Governor(budget), schedule, snapshot)
+    return GovernorThread(Governor(budget), schedule, snapshot, DECIDE_EVERY_SECONDS)
 
 
 def governing_lines(governing: Any) -> list[str]:
