@@ -10,46 +10,52 @@ or the group is not initialized, there is no store and governing falls back (``s
 Usage::
 
     store, reason = resolve_plan_store(world_size)
-    store.set("k", "v"); store.get_plan("k", 30.0)
+    store.set("k", {"val_loss": (167, 0.15)}); store.get_plan("k", 30.0)
 """
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 
+Plan = dict[str, Any]  # {operation: [interval, share at the interval it replaces]}
+
+
 class LocalPlanStore:
-    """One process: plans in a dict."""
+    """One process: plans in a dict (the latest two kept)."""
 
     def __init__(self) -> None:
-        self._values: dict[str, str] = {}
+        self._values: dict[str, Plan] = {}
 
-    def set(self, key: str, value: str) -> None:
-        """Publish ``value`` under ``key``."""
-        self._values[key] = value
+    def set(self, key: str, plan: Plan) -> None:
+        """Publish ``plan`` under ``key``."""
+        if len(self._values) >= 2:
+            self._values.pop(next(iter(self._values)))
+        self._values[key] = dict(plan)
 
-    def get_plan(self, key: str, timeout_seconds: float) -> str | None:
-        """The value under ``key`` (None: none was published)."""
+    def get_plan(self, key: str, timeout_seconds: float) -> Plan | None:
+        """The plan under ``key`` (None: none was published)."""
         return self._values.get(key)
 
 
 class ProcessGroupPlanStore:
-    """Several ranks: the default process group's store."""
+    """Several ranks: the default process group's store, plans as JSON."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
 
-    def set(self, key: str, value: str) -> None:
-        """Publish ``value`` under ``key`` (rank 0)."""
-        self._store.set(key, value)
+    def set(self, key: str, plan: Plan) -> None:
+        """Publish ``plan`` under ``key`` (rank 0)."""
+        self._store.set(key, json.dumps({name: list(v) for name, v in plan.items()}))
 
-    def get_plan(self, key: str, timeout_seconds: float) -> str:
-        """The value under ``key``, waiting at most ``timeout_seconds`` for it (raises on
+    def get_plan(self, key: str, timeout_seconds: float) -> Plan:
+        """The plan under ``key``, waiting at most ``timeout_seconds`` for it (raises on
         a timeout: the caller falls back)."""
         self._store.wait([key], timedelta(seconds=timeout_seconds))
         raw = self._store.get(key)
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))  # type: ignore[no-any-return]
 
 
 def resolve_plan_store(world_size: int) -> tuple[Any, str]:

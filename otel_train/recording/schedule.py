@@ -43,7 +43,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
@@ -192,13 +191,12 @@ class DueSchedule:
     def _exchange(self, store: Any, n: int) -> dict[str, Any]:
         """Plan ``n`` (published one plan step ago), publishing plan ``n + 1`` on rank 0."""
         if self.rank == 0:
-            store.set(self._key(n + 1), json.dumps(
-                {name: list(v) for name, v in self.proposed.items()}))
+            store.set(self._key(n + 1), self.proposed)
         if n == 0:
             return {}  # nothing was published before the first plan step
-        raw = store.get_plan(self._key(n), PLAN_WAIT_SECONDS)
+        plan = store.get_plan(self._key(n), PLAN_WAIT_SECONDS)
         self.plans_read += 1
-        return json.loads(raw) if raw else {}
+        return plan or {}
 
     def _apply(self, step: Any, plan: dict[str, Any]) -> None:
         index = step.index
