@@ -264,15 +264,21 @@ class Run:
         return step.phase(name)
 
     def due(self, operation: str, every: int | None = None, *, force: bool = False,
-            min_every: int | None = None, max_every: int | None = None) -> bool:
-        """``step.due`` of the current step (``with run.step() as step:`` loops)."""
+            min_every: int | None = None, max_every: int | None = None,
+            index: int | None = None) -> bool:
+        """``step.due`` of the current step (``with run.step() as step:`` loops); ``index``
+        schedules by another count than the step's index (a trainer's 1-based
+        ``global_step``: ``index % every == 0`` as the trainer's own check)."""
         step = self._recorder.current
         if step is None:
             raise RuntimeError(
                 f"run.due({operation!r}) called outside a step: use it inside "
                 "`for step in run.steps(...)` or `with run.step() as step:`")
-        return step.due(operation, every, force=force, min_every=min_every,
-                        max_every=max_every)
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)
+                                  or index < 0):
+            raise ValueError(f"run.due({operation!r}): index={index!r} must be an integer >= 0")
+        return self._recorder.schedule.due(step, operation, every, force, min_every,
+                                           max_every, -1 if index is None else index)
 
     def monitor(self, name: str) -> Phase | MonitorRecord:
         """Monitoring work: a phase of the current step, or its own span between steps

@@ -110,16 +110,19 @@ class DueSchedule:
 
     # -- the hot path -------------------------------------------------------------------
     def due(self, step: Any, operation: str, every: int | None = None, force: bool = False,
-            min_every: int | None = None, max_every: int | None = None) -> bool:
-        """Whether ``operation`` runs at ``step`` (see the module docstring)."""
-        index = step.index
+            min_every: int | None = None, max_every: int | None = None,
+            index: int = -1) -> bool:
+        """Whether ``operation`` runs at ``step`` (see the module docstring); ``index``: the
+        step number to schedule by, when not ``step.index`` (a trainer's own count)."""
+        if index < 0:
+            index = step.index
         op = self._ops.get(operation)
         if (op is None or (every is not None and every != op.every)
                 or (min_every is not None and min_every != op.asked_min)
                 or (max_every is not None and max_every != op.asked_max)):
             op = self._register(operation, every, min_every, max_every, force, index)
         if index >= self._next_plan:
-            self._at_plan_step(step)
+            self._at_plan_step(step, index)
         if force:
             return True
         if not self.governed:
@@ -160,8 +163,7 @@ class DueSchedule:
         return op
 
     # -- plan steps (every PLAN_EVERY_STEPS steps, governed only) -----------------------------
-    def _at_plan_step(self, step: Any) -> None:
-        index = step.index
+    def _at_plan_step(self, step: Any, index: int) -> None:
         n = index // PLAN_EVERY_STEPS
         self._next_plan = (n + 1) * PLAN_EVERY_STEPS
         try:
@@ -174,7 +176,7 @@ class DueSchedule:
                             f"({exc!r})")
             return
         if plan:
-            self._apply(step, plan)
+            self._apply(step, index, plan)
 
     def _plan_store(self) -> Any:
         if not self._store_resolved:
@@ -198,8 +200,7 @@ class DueSchedule:
         self.plans_read += 1
         return plan or {}
 
-    def _apply(self, step: Any, plan: dict[str, Any]) -> None:
-        index = step.index
+    def _apply(self, step: Any, index: int, plan: dict[str, Any]) -> None:
         for name, (interval, share) in plan.items():
             op = self._ops.get(name)
             if op is None:
