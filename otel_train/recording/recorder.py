@@ -422,13 +422,8 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
 
     def due(self, operation: str, every: int | None = None, *, force: bool = False,
             min_every: int | None = None, max_every: int | None = None) -> bool:
-        """Whether ``operation`` runs at this step: ``step.index % every == 0`` (step 0
-        included), or the interval in force with ``budget_action="govern"`` (docs/governor.md).
-
-        ``force`` answers True and leaves the schedule as it was; ``min_every``/``max_every``
-        bound a governed interval (default: ``every`` and 20 x ``every``). Bad intervals, or
-        an operation never given ``every``, raise ``ValueError`` here.
-        """
+        """Whether ``operation`` runs at this step: ``index % every == 0``, or governed, the
+        interval in force (``recording/schedule.py``; docs/governor.md)."""
         return self._recorder.schedule.due(self, operation, every, force, min_every, max_every)
 
     def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
