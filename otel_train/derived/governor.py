@@ -236,7 +236,7 @@ class GovernorThread:
         raises (a failed decision keeps the intervals in force)."""
         try:
             sched = self.schedule
-            if sched.governed:
+            if sched.governed and sched.rank == 0:  # only rank 0's proposals are published
                 sched.proposed = self.governor.decide(self._snapshot(), sched.operations())
             self.say_changes()
         except Exception as exc:

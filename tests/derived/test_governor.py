@@ -157,3 +157,12 @@ def test_the_costs_table_says_the_intervals_in_force() -> None:
         "", "governing (budget_action=govern): intervals in force:",
         "  val_loss: every 167 steps (asked 50, bounds 50..1000, 1 change(s))"]
     assert governing_lines({"operations": {}}) == []
+
+
+def test_only_rank_zero_decides_the_others_read_its_plans() -> None:
+    for rank, decided in ((0, True), (1, False)):
+        asked: list[int] = []
+        schedule = DueSchedule(governed=True, rank=rank)
+        thread = GovernorThread(Governor(0.05), schedule, lambda: asked.append(1) or 1 / 0)
+        thread.tick()
+        assert bool(asked) is decided

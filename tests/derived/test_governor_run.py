@@ -81,3 +81,31 @@ def test_without_governing_the_gauge_shows_the_asked_interval_and_nothing_change
     costs = run.costs()
     run.shutdown()
     assert costs["governing"]["governing"] is False and costs["governing"]["changes"] == []
+
+
+def test_the_interval_gauge_is_pushed_over_otlp_as_its_twin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otlp_metrics_receivers import GrpcOtlpMetricsReceiver
+
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")  # only our explicit flush
+    with GrpcOtlpMetricsReceiver() as rx:
+        run = start_in_process_run(tmp_path, prometheus_port=0, metrics_exporter="otlp",
+                                   otlp_endpoint=rx.endpoint, otlp_protocol="grpc",
+                                   run_id="governed", budget_action="govern")
+        try:
+            for step in run.steps(range(60)):
+                run._recorder.schedule.proposed = {"val_loss": (30, 0.2)}  # as decided
+                step.due("val_loss", every=10)
+                step.due("inference", every=20)
+            assert run._telemetry.derived.otlp_metrics.force_flush(5000)
+            pulled = _intervals(run.prometheus_url)
+            latest = rx.latest()
+        finally:
+            run.shutdown()
+    assert pulled == {"val_loss": 30, "inference": 20}
+    gauge = latest["otel_train.monitoring.interval_steps"]
+    assert gauge.unit == "{step}"
+    pushed = {p.attributes["operation"]: p.value for p in gauge.points}
+    assert pushed == pulled
+    assert all(p.attributes["run_id"] == "governed" and p.attributes["rank"] == "0"
+               for p in gauge.points)
