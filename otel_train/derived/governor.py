@@ -7,9 +7,11 @@ same step on every rank. Its rules:
 
 - **Costs.** An operation's cost per call is the mean of its last ``RECENT_CALLS`` calls
   (one noisy call does not move an interval; a change of cost shows within a few calls),
-  starting from its steady mean when the governor first sees it (calls after the first);
-  an operation seen once is judged on that one call, as the steady share judges it
-  (nothing better is known yet, and a first call is the one that hangs a run). The
+  starting from its steady mean when the governor first sees it (calls after the first).
+  An operation seen once is judged on that one call, as the steady share judges it:
+  nothing better is known yet, and waiting for a second call would let a 180 s evaluation
+  run twice. Its second call replaces it, so a slow first call (warm-up) stretches the
+  interval until then at most, within ``max_every``. The
   training time per step is the mean over the last ``RECENT_WINDOWS`` decisions' steps,
   once the warm-up steps are over (the steady figure before). Monitoring not scheduled with ``step.due`` is counted at its steady projection
   (the advisor's) and left as it is.
@@ -22,10 +24,11 @@ same step on every rank. Its rules:
   its ``max_every`` takes what it takes there and the others share the rest.
 - **Hysteresis.** Over the budget, the intervals stretch at once to the target. Under
   ``SHRINK_BELOW_OF_BUDGET`` (75%) of it, a stretched interval shrinks by at most a third per
-  change toward the target's interval (never below ``min_every``, which defaults to the
+  decision toward the target's interval (never below ``min_every``, which defaults to the
   asked interval). Between the two, nothing changes: a run sitting at 90% of its budget
-  does not oscillate. A proposed change stands until it is in force (at most
-  ``PENDING_STEPS`` steps): the next one is decided from the interval it put in force.
+  does not oscillate. A proposed change counts as in force until it is (at most
+  ``PENDING_STEPS`` steps): the next decision starts from it, not from the interval it
+  replaces.
 - **Cadence.** ``Governor.decide`` runs in the background (``GovernorThread``, every
   ``DECIDE_EVERY_SECONDS``), never on the training thread; each change is one console line
   (``val_loss every 50 -> 167 steps: it costs 15.0% of training time, budget 5%``), printed
@@ -107,9 +110,10 @@ class Governor:
         self._prev: OverheadSnapshot | None = None
         self._costs: dict[str, float] = {}  # operation -> seconds per call
         self._recent_calls: dict[str, deque[float]] = {}  # its last calls' seconds
+        self._first_only: set[str] = set()  # operations known by their first call alone
         self._windows: deque[tuple[float, int]] = deque(maxlen=RECENT_WINDOWS)
-        # operation -> (interval proposed, steps when proposed, share): not in force yet
-        self._pending: dict[str, tuple[int, int, float]] = {}
+        # operation -> (interval proposed, steps when proposed): not in force yet
+        self._pending: dict[str, tuple[int, int]] = {}
         self._train_per_step = 0.0
         self.decisions = 0
         self.last_share = 0.0  # projected steady share at the intervals in force
@@ -123,9 +127,14 @@ class Governor:
                 if not op.calls:
                     continue
                 recent = self._recent_calls[name] = deque(maxlen=RECENT_CALLS)
-                recent.append(op.steady_mean_seconds)
+                recent.append(op.steady_mean_seconds)  # one call: that call itself
+                if op.calls == 1:
+                    self._first_only.add(name)
             elif before is not None and op.calls > before.calls:
                 new = op.calls - before.calls
+                if name in self._first_only:  # a second call: the first one is left out
+                    self._first_only.discard(name)
+                    recent.clear()
                 recent.extend([(op.total_seconds - before.total_seconds) / new]
                               * min(new, RECENT_CALLS))
             self._costs[name] = sum(recent) / len(recent)
@@ -149,38 +158,49 @@ class Governor:
         self._estimate(snap)
         self.decisions += 1
         s = self._train_per_step
+        basis = self._basis(snap, governed)
         known = [g for g in governed if g[0] in self._costs]
         if s <= 0 or not known:
-            return {name: (k, 0.0) for name, _, _, _, k, _ in governed}
+            return {name: (basis[name], 0.0) for name, *_ in governed}
         names = {g[0] for g in governed}
         other = _other_share(snap, names, s)
         rel = {name: self._costs[name] / s for name, *_ in known}  # cost in steps of training
-        current = sum(rel[name] / k for name, _, _, _, k, _ in known) + other
+        current = sum(rel[name] / basis[name] for name, *_ in known) + other
         self.last_share = current
         target = TARGET_OF_BUDGET * self.budget - other
         wanted = fair_intervals({n: (rel[n], lo, hi) for n, _, lo, hi, _, _ in known}, target)
         out: dict[str, tuple[int, float]] = {}
-        for name, every, lo, hi, k, _ in governed:
-            pending = self._pending.get(name)
-            if pending is not None and pending[0] != k and lo <= pending[0] <= hi and (
-                    snap.steps - pending[1] < PENDING_STEPS):
-                # A change on its way to the next plan steps: decided on from the interval
-                # in force once it is there, not again from the one it replaces.
-                out[name] = (pending[0], pending[2])
-                continue
+        for name, _, lo, _, k, _ in governed:
+            b = basis[name]
             if name not in rel:
-                out[name] = (k, 0.0)
+                out[name] = (b, 0.0)
                 continue
             want = wanted[name]
-            new = k
-            if current > self.budget and want > k:
+            new = b
+            if current > self.budget and want > b:
                 new = want
-            elif current < SHRINK_BELOW_OF_BUDGET * self.budget and want < k:
-                new = max(want, lo, math.floor(k * SHRINK_STEP))
-            out[name] = (new, rel[name] / k)
-            if new != k:
-                self._pending[name] = (new, snap.steps, rel[name] / k)
+            elif current < SHRINK_BELOW_OF_BUDGET * self.budget and want < b:
+                new = max(want, lo, math.floor(b * SHRINK_STEP))
+            out[name] = (new, rel[name] / k)  # what it costs at the interval it replaces
+            if new != b:
+                self._pending[name] = (new, snap.steps)
         return out
+
+    def _basis(self, snap: OverheadSnapshot,
+               governed: Sequence[tuple[str, int, int, int, int, int]]) -> dict[str, int]:
+        """The interval each operation is about to have: a proposed change on its way to
+        the next plan steps counts as in force (deciding again from the interval it
+        replaces would undo it); one that never came (bounds changed since) is dropped."""
+        basis = {}
+        for name, _, lo, hi, k, _ in governed:
+            pending = self._pending.get(name)
+            if (pending is not None and pending[0] != k and lo <= pending[0] <= hi
+                    and snap.steps - pending[1] < PENDING_STEPS):
+                basis[name] = pending[0]
+            else:
+                self._pending.pop(name, None)
+                basis[name] = k
+        return basis
 
 
 def _other_share(snap: OverheadSnapshot, governed: set[str], s: float) -> float:
