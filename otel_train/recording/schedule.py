@@ -25,7 +25,9 @@ the same step:
 When the process group's store cannot be had (``torch.distributed`` not initialized in a
 multi-rank run, or a read that timed out), the rank falls back to the asked intervals for
 the rest of the run and says so in one line. Every rank of a job finds the same store (or
-none) at the same plan step, so they fall back together; only a rank 0 more than
+none) at the same plan step, so they fall back together. A plan rank 0 cannot publish
+makes every rank fall back at the plan step it was for: rank 0 knows it (it keeps its own
+plans and never reads them back), the others after their bounded wait. Only a rank 0 more than
 ``PLAN_EVERY_STEPS`` steps behind the others, for over ``PLAN_WAIT_SECONDS``, can make one rank
 fall back alone -- a job that far apart is already stuck in its collectives.
 
@@ -107,6 +109,8 @@ class DueSchedule:
         self._next_plan = 0 if governed else 1 << 62
         self.fallback_reason: str | None = None
         self.plans_read = 0
+        self._own_next: dict[str, Any] = {}  # rank 0: the plan it published for next time
+        self._unpublished: int | None = None  # rank 0: the plan step it could not publish
 
     # -- the hot path -------------------------------------------------------------------
     def due(self, step: Any, operation: str, every: int | None = None, force: bool = False,
@@ -166,12 +170,17 @@ class DueSchedule:
     def _at_plan_step(self, step: Any, index: int) -> None:
         n = index // PLAN_EVERY_STEPS
         self._next_plan = (n + 1) * PLAN_EVERY_STEPS
+        if self._unpublished is not None and n >= self._unpublished:
+            # Rank 0 could not publish this plan: the others fall back here, after their
+            # bounded wait for it; so does rank 0, at the same step.
+            self._fall_back(f"the plan of step {n * PLAN_EVERY_STEPS} could not be published")
+            return
         try:
             store = self._plan_store()
             if store is None:
                 return
             plan = self._exchange(store, n)
-        except Exception as exc:  # never into training: fall back, identically everywhere
+        except Exception as exc:  # never into training: fall back (the module docstring)
             self._fall_back(f"the plan of step {n * PLAN_EVERY_STEPS} could not be read "
                             f"({exc!r})")
             return
@@ -193,7 +202,13 @@ class DueSchedule:
     def _exchange(self, store: Any, n: int) -> dict[str, Any]:
         """Plan ``n`` (published one plan step ago), publishing plan ``n + 1`` on rank 0."""
         if self.rank == 0:
-            store.set(self._key(n + 1), self.proposed)
+            # Rank 0 keeps what it publishes: it never waits on the store for its own plan.
+            plan, self._own_next = self._own_next, dict(self.proposed)
+            try:
+                store.set(self._key(n + 1), self._own_next)
+            except Exception:
+                self._unpublished = n + 1
+            return plan
         if n == 0:
             return {}  # nothing was published before the first plan step
         plan = store.get_plan(self._key(n), PLAN_WAIT_SECONDS)

@@ -165,3 +165,38 @@ def test_the_costs_block_lists_each_operation_and_the_changes() -> None:
     assert block["changes"] == [{"step": 25, "operation": "val_loss", "from": 50, "to": 120,
                                  "share_at_previous_interval": 0.15}]
     json.dumps(block)
+
+
+class _FailingSets:
+    """A store whose writes fail from one point on (reads are the other ranks')."""
+
+    def __init__(self, inner: ProcessGroupPlanStore, fail_after: int) -> None:
+        self.inner, self.sets, self.fail_after = inner, 0, fail_after
+
+    def set(self, key: str, plan: dict) -> None:
+        self.sets += 1
+        if self.sets > self.fail_after:
+            raise RuntimeError("store gone")
+        self.inner.set(key, plan)
+
+    def get_plan(self, key: str, timeout_seconds: float) -> object:
+        return self.inner.get_plan(key, timeout_seconds)
+
+
+def test_a_plan_rank_zero_cannot_publish_makes_every_rank_fall_back_at_the_same_step(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("otel_train.recording.schedule.PLAN_WAIT_SECONDS", 0.2)
+    shared = ProcessGroupPlanStore(dist.HashStore())
+    rank0 = DueSchedule(governed=True, rank=0, world_size=2, store=_FailingSets(shared, 3))
+    rank1 = DueSchedule(governed=True, rank=1, world_size=2, store=shared)
+    rank0.proposed = {"v": (40, 0.2)}
+    ran: dict[int, list[int]] = {0: [], 1: []}
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(200):
+            for rank, sched in ((0, rank0), (1, rank1)):
+                if sched.due(_Step(i), "v", 20):
+                    ran[rank].append(i)
+    # 40 in force from step 25; the plan for step 100 (the 4th write) fails: both ranks run
+    # the asked 20 again from step 100, rank 1 after its bounded wait for that plan.
+    assert ran[0] == ran[1] == [0, 20, 60, 100, 120, 140, 160, 180]
+    assert rank0.fallback_reason and rank1.fallback_reason
