@@ -11,10 +11,10 @@ same step on every rank. Its rules:
   An operation seen once is judged on that one call, as the steady share judges it:
   nothing better is known yet, and waiting for a second call would let a 180 s evaluation
   run twice. Its second call replaces it, so a slow first call (warm-up) stretches the
-  interval until then at most, within ``max_every``. The
-  training time per step is the mean over the last ``RECENT_WINDOWS`` decisions' steps,
-  once the warm-up steps are over (the steady figure before). Monitoring not scheduled with ``step.due`` is counted at its steady projection
-  (the advisor's) and left as it is.
+  interval until then at most, within ``max_every``. The training time per step is the
+  mean over the last ``RECENT_WINDOWS`` decisions' steps, once the warm-up steps are over
+  (the steady figure before). Monitoring not scheduled with ``step.due`` is counted at its
+  steady projection (the advisor's) and left as it is.
 - **Target.** The governed operations share ``TARGET_OF_BUDGET`` (90%) of the budget, less
   what the other monitoring takes. **Sharing rule: max-min fair** (``fair_intervals``):
   every operation may take up to a common cap of the training time, the largest cap at

@@ -55,7 +55,8 @@ class ProcessGroupPlanStore:
         a timeout: the caller falls back)."""
         self._store.wait([key], timedelta(seconds=timeout_seconds))
         raw = self._store.get(key)
-        return json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))  # type: ignore[no-any-return]
+        plan: Plan = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+        return plan
 
 
 def resolve_plan_store(world_size: int) -> tuple[Any, str]:
