@@ -8,10 +8,17 @@ afterwards a ``val_loss`` monitoring span and ``model.generate()`` an ``inferenc
 ``--device auto`` (the default) lets the Trainer use the accelerator when one is present;
 ``--device cpu`` keeps it on the CPU.
 
+With ``--govern`` the run keeps monitoring within its 5% budget by itself
+(``budget_action="govern"``): the Trainer's ``eval_steps`` becomes the asked interval, and
+an evaluation made expensive with ``--eval-ms`` (a sleep per evaluation batch) is stretched
+to fewer steps, one console line per change (docs/governor.md).
+
 Usage::
 
     python examples/hf_trainer.py --steps 20 --eval-every 5 --accumulation 2
     python examples/hf_trainer.py --device cpu
+    python examples/hf_trainer.py --steps 300 --eval-every 10 --accumulation 1 \
+        --eval-ms 40 --govern
 """
 
 from __future__ import annotations
@@ -19,11 +26,18 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 
 import torch
 
 try:
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 except ImportError as exc:  # the 'hf' extra is not installed: say which one
     raise SystemExit(f"examples/hf_trainer.py needs {exc.name or 'transformers'!r} (the 'hf' "
                      "extra): pip install -e '.[hf]'") from None
@@ -47,6 +61,16 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class SlowEvaluation(TrainerCallback):
+    """``--eval-ms``: each evaluation batch takes that much longer (an expensive eval)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_prediction_step(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        time.sleep(self.seconds)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Train ``--steps`` optimizer steps with evaluation every ``--eval-every``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -54,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--accumulation", type=int, default=2)
     add_device_argument(parser)
+    parser.add_argument("--eval-ms", type=float, default=0.0,
+                        help="extra milliseconds per evaluation batch")
+    parser.add_argument("--govern", action="store_true",
+                        help="budget_action=govern: stretch eval_steps to stay in budget")
     args = parser.parse_args(argv)
     device = device_from_arguments(parser, args)
     print(f"hf_trainer: training on {device.type} (--device {args.device})", flush=True)
@@ -61,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
                                        n_positions=32))
-    trace = TrainerStepTraceCallback()
+    trace = TrainerStepTraceCallback(budget_action="govern" if args.govern else "report")
+    slow = [SlowEvaluation(args.eval_ms / 1000)] if args.eval_ms else []
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=4,
@@ -70,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             logging_steps=args.eval_every, save_strategy="no", report_to="none",
             use_cpu=device.type == "cpu", disable_tqdm=True, learning_rate=3e-3)
         trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(256),
-                          eval_dataset=RandomTokens(16, seed=1), callbacks=[trace])
+                          eval_dataset=RandomTokens(16, seed=1), callbacks=[*slow, trace])
         trainer.train()
         metrics = trainer.evaluate()  # outside training: a val_loss monitoring span
     model.eval()
@@ -79,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     out_ids = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
     print("eval loss:", round(metrics["eval_loss"], 3), "generated:", out_ids[0].tolist())
     assert trace.run is not None
-    print("monitoring:", f"{trace.run.costs().get('total_percentage', 0.0):.1f}%")
+    costs = trace.run.costs()
+    print("monitoring:", f"{costs.get('total_percentage', 0.0):.1f}%")
+    for name, op in (costs.get("governing") or {}).get("operations", {}).items():
+        print(f"{name}: every {op['interval_steps']} steps (asked {op['asked_every']})")
     trace.close()
 
 

@@ -60,6 +60,7 @@ from otel_train.recording.recorder import (
 )
 from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.pipeline.profile_spans import span_emitter
+from otel_train.recording.schedule import DueSchedule
 from otel_train.recording.step_counts import BatchCounter
 from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
@@ -121,6 +122,8 @@ class Run:
                                        cold_ns_per_span=hot_path.cold_ns_per_span)
         self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
                                   probes)
+        self._recorder.schedule = DueSchedule(options.budget_action == "govern", ident.rank,
+                                              ident.world_size, ident.run_id)
         # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
         self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
         self._telemetry = assemble_telemetry(
@@ -259,6 +262,23 @@ class Run:
                 f"run.phase({name!r}) called outside a step: use it inside "
                 "`for step in run.steps(...)` or `with run.step() as step:`")
         return step.phase(name)
+
+    def due(self, operation: str, every: int | None = None, *, force: bool = False,
+            min_every: int | None = None, max_every: int | None = None,
+            index: int | None = None) -> bool:
+        """``step.due`` of the current step (``with run.step() as step:`` loops); ``index``
+        schedules by another count than the step's index (a trainer's 1-based
+        ``global_step``: ``index % every == 0`` as the trainer's own check)."""
+        step = self._recorder.current
+        if step is None:
+            raise RuntimeError(
+                f"run.due({operation!r}) called outside a step: use it inside "
+                "`for step in run.steps(...)` or `with run.step() as step:`")
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)
+                                  or index < 0):
+            raise ValueError(f"run.due({operation!r}): index={index!r} must be an integer >= 0")
+        return self._recorder.schedule.due(step, operation, every, force, min_every,
+                                           max_every, -1 if index is None else index)
 
     def monitor(self, name: str) -> Phase | MonitorRecord:
         """Monitoring work: a phase of the current step, or its own span between steps

@@ -71,6 +71,7 @@ METRIC_PHASE_DURATION = "otel_train_phase_duration_seconds"
 METRIC_MONITORING_OVERHEAD = "otel_train_monitoring_overhead_ratio"
 METRIC_OPERATION_OVERHEAD = "otel_train_operation_overhead_ratio"
 METRIC_BUDGET = "otel_train_monitoring_budget_ratio"
+METRIC_MONITORING_INTERVAL = "otel_train_monitoring_interval_steps"  # label operation (step.due)
 METRIC_STEPS = "otel_train_steps_total"
 METRIC_SLOW_STEPS = "otel_train_slow_steps_total"
 METRIC_LAST_STEP_TIMESTAMP = "otel_train_last_step_timestamp_seconds"

@@ -62,6 +62,9 @@ class RunOptions:
     device_sync: str = _choice("auto")
     budget: float = 0.05
     critical: float = 0.10
+    # "report": measure, warn and advise; "govern": also stretch the intervals of the
+    # operations scheduled with step.due to keep the steady share within the budget.
+    budget_action: str = _choice("report")
     console: bool = True
     log_every: int = 10
     # With log_every left at its default, the fast line at most once per this many seconds:
@@ -243,6 +246,8 @@ class RunOptions:
                 self._fail(name, "must be a non-empty string or None")
         if self.device_sync not in _DEVICE_SYNC:
             self._fail("device_sync", f"must be one of {', '.join(_DEVICE_SYNC)}")
+        if self.budget_action not in ("report", "govern"):
+            self._fail("budget_action", "must be 'report' or 'govern'")
         if self.memory_peaks not in ("auto", "on", "off"):
             self._fail("memory_peaks", "must be one of auto, on, off")
         if self.exporter is not None and self.exporter not in _EXPORTERS:

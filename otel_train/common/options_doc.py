@@ -77,6 +77,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
                         "training time, judged on the steady state)"),
     "critical": OptionDoc("budget", "monitoring overhead critical threshold; must be above "
                           "`budget`"),
+    "budget_action": OptionDoc(
+        "budget", "`report` (measure, warn, advise) or `govern` (also stretch the intervals "
+        "of operations scheduled with `step.due`)",
+        details="With `budget_action=\"govern\"`, `step.due(operation, every=N)` runs each "
+        "operation at an interval that keeps the steady monitoring share at 90% of `budget`, "
+        "within `min_every`..`max_every` (default `every`..20 x `every`), the same on every "
+        "rank; see [governor.md](governor.md)."),
     "warmup_steps": OptionDoc("budget", "the first N steps are warm-up: marked, out of the "
                               "slow-step baseline and of the steady-state figures"),
     "recent_window_steps": OptionDoc("budget", "steps in the `recent` overhead window"),

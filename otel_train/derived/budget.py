@@ -265,21 +265,28 @@ class OperationAdvice:
         return asdict(self)
 
 
-def advise(snapshot: OverheadSnapshot, budget: float) -> list[OperationAdvice]:
+def advise(snapshot: OverheadSnapshot, budget: float,
+           intervals_in_force: Mapping[str, int] | None = None) -> list[OperationAdvice]:
     """Project each operation's overhead and the smallest interval within ``budget``.
 
     A one-off operation (a final evaluation after the loop) is told as what it cost once,
-    ``final_eval: once, 1.2 s = 0.4% of training``; a periodic one at its interval.
+    ``final_eval: once, 1.2 s = 0.4% of training``; a periodic one at its interval: the one
+    in force for an operation governed with ``step.due`` (``intervals_in_force``), else the
+    measured one.
     """
     s = snapshot.steady_train_seconds_per_step
     out: list[OperationAdvice] = []
+    governed = intervals_in_force or {}
     for op in sorted(snapshot.operations.values(), key=lambda o: -o.total_seconds):
         c = op.steady_mean_seconds
         min_k = max(1, math.ceil(c / (budget * s) - 1e-9)) if s > 0 else None
-        if op.calls < 2 or op.last_step == op.first_step:
+        if op.name in governed and op.calls:
+            k = float(governed[op.name])  # governing: the projection at the interval in force
+        elif op.calls < 2 or op.last_step == op.first_step:
             out.append(_one_off_advice(op, snapshot, budget, min_k))
             continue
-        k = (op.last_step - op.first_step) / (op.calls - 1)
+        else:
+            k = (op.last_step - op.first_step) / (op.calls - 1)
         if k < 0:  # step indices went backwards (a restarted count): the run's mean
             k = max(1.0, snapshot.steps / op.calls)
         pattern = PATTERN_IRREGULAR if op.calls >= 3 and k != int(k) else PATTERN_PERIODIC
@@ -288,7 +295,9 @@ def advise(snapshot: OverheadSnapshot, budget: float) -> list[OperationAdvice]:
         first = ""
         if op.first_seconds > 2 * c and op.first_seconds - c > 1e-3:
             first = f" (first call {op.first_seconds:.3g} s: warm-up, left out)"
-        if op.calls == 2:
+        if op.name in governed:
+            every = f" every {k:g} steps (governed)"
+        elif op.calls == 2:
             every = f", 2 calls {k:g} steps apart"
         elif pattern == PATTERN_IRREGULAR:
             every = (f", {op.calls} calls at irregular steps {op.first_step}..{op.last_step} "

@@ -39,6 +39,7 @@ from typing import Any
 
 from otel_train.derived.budget import BudgetVerdict, VerdictContext, advise, budget_status
 from otel_train.derived.goodput import envelope_line
+from otel_train.derived.governor import governing_lines
 from otel_train.derived.overhead import OverheadSnapshot
 from otel_train.common.files import write_json_atomic
 from otel_train.common.rate_limited_log import RateLimitedLogger
@@ -62,9 +63,14 @@ def build_costs(
     slow_steps: int = 0,
     slow_operations: dict[str, int] | None = None,
     run_id: str | None = None,
+    governing: Mapping[str, Any] | None = None,
 ) -> CostsReport:
-    """The report, JSON-ready."""
-    return CostsReport({
+    """The report, JSON-ready; ``governing``: ``DueSchedule.describe()`` (step.due)."""
+    in_force = None
+    if governing and governing.get("governing"):
+        in_force = {name: op["interval_steps"]
+                    for name, op in (governing.get("operations") or {}).items()}
+    report = CostsReport({
         "schema": SCHEMA,
         "run_id": run_id,
         "rank": snapshot.rank,
@@ -94,8 +100,11 @@ def build_costs(
         "slow_steps": slow_steps,
         "slow_operations": dict(slow_operations or {}),
         "operations": _operation_costs(snapshot),
-        "advisor": [a.as_dict() for a in advise(snapshot, budget)],
+        "advisor": [a.as_dict() for a in advise(snapshot, budget, in_force)],
     })
+    if governing and governing.get("operations"):
+        report["governing"] = dict(governing)
+    return report
 
 
 def _operation_costs(snapshot: OverheadSnapshot) -> dict[str, Any]:
@@ -158,6 +167,7 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
         lines += ["", "advisor (steady state: first calls and warm-up steps left out):"]
         lines += [f"  {'ok ' if a.get('within_budget') else '!! '}{a.get('advice', '')}"
                   for a in advice]
+    lines += governing_lines(data.get("governing"))
     slow = data.get("slow_operations") or {}
     if slow:
         lines += ["", "calls over slow_operation_seconds: "

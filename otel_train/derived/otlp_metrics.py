@@ -74,6 +74,7 @@ OTEL_NAMES: dict[str, tuple[str, str]] = {
     A.METRIC_MONITORING_OVERHEAD: ("otel_train.monitoring.overhead", "1"),
     A.METRIC_OPERATION_OVERHEAD: ("otel_train.operation.overhead", "1"),
     A.METRIC_BUDGET: ("otel_train.monitoring.budget", "1"),
+    A.METRIC_MONITORING_INTERVAL: ("otel_train.monitoring.interval_steps", "{step}"),
     A.METRIC_LAST_STEP_TIMESTAMP: ("otel_train.last_step.timestamp", "s"),
     A.METRIC_STEP_IN_PROGRESS: ("otel_train.step.in_progress", "s"),
     A.METRIC_SPANS_DROPPED: ("otel_train.spans.dropped", "{span}"),

@@ -44,6 +44,7 @@ from otel_train.derived.goodput import (
     now_epoch_ns_of,
 )
 from otel_train.derived.gpu import NvmlGpuSampler
+from otel_train.derived.governor import IntervalCollector, governor_thread
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
 from otel_train.recording.recorder import Recorder
@@ -99,10 +100,15 @@ class DerivedMetricsStage:
             self.metrics.registry.register(GoodputCollector(self.goodput, identity.rank))
         for collector in collectors:  # extra families (the exporter process's CPU)
             self.metrics.registry.register(collector)
+        # step.due's intervals in force, and their governor (derived/governor.py).
+        self.schedule = recorder.schedule
+        self.metrics.registry.register(IntervalCollector(self.schedule, identity.rank))
         # The exporter process's CPU, reported in the costs beside this process's own.
         self._exporter_cpu = [c for c in collectors if hasattr(c, "cpu_seconds")]
         self.otlp_metrics: Any = self._scale_out(chain)
         self.shared = SharedStepSpanProcessor(chain)
+        self.governor = governor_thread(options.budget_action, options.budget, self.schedule,
+                                        self.overhead, self.shared.lock)
         self.processors: list[SpanProcessor] = [self.shared]
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
                                           on_sample=self.gpu_steps.on_samples)
@@ -208,6 +214,8 @@ class DerivedMetricsStage:
         self.watchdog.start()
         self.gpu_sampler.start()  # False on CPU-only: one info line, no thread
         self.costs_writer.start()
+        if self.governor is not None:
+            self.governor.start()
 
     def _serve_default(self, host: str) -> str:
         first = DEFAULT_PROMETHEUS_PORT + self.identity.local_rank
@@ -270,7 +278,8 @@ class DerivedMetricsStage:
             envelope = self.goodput.envelope() if self.goodput is not None else None
         data = build_costs(snapshot, self.options.budget, self.options.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
-                           run_id=self.identity.run_id)
+                           run_id=self.identity.run_id,
+                           governing=self.schedule.describe())
         if data["rank"] is None:
             data["rank"] = self.identity.rank
         data["dropped_spans"] = self.drops.counts()
@@ -312,6 +321,8 @@ class DerivedMetricsStage:
             self.metrics.stop_server(left(1.0))
             return
         self._started = False
+        if self.governor is not None:
+            self.governor.stop(left(0.1))  # its last changes said before the final costs
         self.costs_writer.stop(left(0.3))  # joins, then the final write
         if self.options.console and self.goodput is not None:
             print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",

@@ -61,6 +61,7 @@ from otel_train.common.attributes import (
     PHASE_OPTIMIZER,
     PHASE_VAL_LOSS,
 )
+from otel_train.integrations.governed_eval import govern_hf_evaluation
 from otel_train.integrations.step_tracker import HookStepTracker, guarded
 from otel_train.run import Run, start_run
 
@@ -183,6 +184,7 @@ class TrainerStepTraceCallback(TrainerCallback):
         if seen > getattr(self, "_tokens_seen", seen):
             step.count(tokens=int(seen - self._tokens_seen))
         self._tokens_seen = seen
+        govern_hf_evaluation(self.tracker.run, args, state, control)  # budget_action=govern
         self._expect_post(control, t)
 
     @guarded

@@ -59,6 +59,7 @@ from otel_train.common.attributes import (
     PHASE_OPTIMIZER,
     PHASE_VAL_LOSS,
 )
+from otel_train.integrations.governed_eval import govern_lightning_validation
 from otel_train.integrations.step_tracker import HookStepTracker, guarded
 from otel_train.run import Run, start_run
 
@@ -88,6 +89,7 @@ class LightningStepTraceCallback(Callback):
         self._mark = 0
         self._micro_index = 0
         self._loop_index = -1  # the dataloader of the evaluation loop open now
+        self._governed: dict[str, Any] = {}  # governed_eval.py's memo
 
     @property
     def run(self) -> Run | None:
@@ -200,6 +202,8 @@ class LightningStepTraceCallback(Callback):
             return
         t = tracker.timestamp_ns()
         tracker.close_phases(t)
+        # budget_action=govern: whether Lightning validates next (governed_eval.py)
+        govern_lightning_validation(tracker.run, trainer, self._governed)
         if trainer.global_step != self._global_step:
             tracker.end_step()
         self._mark = t

@@ -37,6 +37,7 @@ from otel_train.recording.call_checks import (
     outside_step_error,
 )
 from otel_train.recording.monitor_record import MonitorRecord
+from otel_train.recording.schedule import DueSchedule
 from otel_train.recording.step_events import (
     DecodedPhase,
     PhaseEntry,
@@ -225,6 +226,8 @@ class Recorder(_RecorderCore):
         self.monitor_phases = _PhaseTable(self, KIND_MONITOR)
         self.phase_lookup = self.train_phases.__getitem__
         self.monitor_lookup = self.monitor_phases.__getitem__
+        # step.due's schedule (schedule.py): plain every-N until the run sets a governed one.
+        self.schedule = DueSchedule()
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
@@ -416,6 +419,12 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
         if attrs is None:
             attrs = self.attrs = {}
         attrs[key] = detached(value)
+
+    def due(self, operation: str, every: int | None = None, *, force: bool = False,
+            min_every: int | None = None, max_every: int | None = None) -> bool:
+        """Whether ``operation`` runs at this step: ``index % every == 0``, or governed, the
+        interval in force (``recording/schedule.py``; docs/governor.md)."""
+        return self._recorder.schedule.due(self, operation, every, force, min_every, max_every)
 
     def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
         """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.

@@ -155,6 +155,9 @@ class StepRecordBuilder:
         stall = getattr(step, "stall_events", None)  # set by the stall watchdog, rarely
         if stall:
             events = events + tuple(stall)
+        governing = getattr(step, "governing_events", None)  # an interval changed (schedule.py)
+        if governing:
+            events = events + tuple(governing)
         return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
                 root_attrs, status, events, phases, ids or None)
 

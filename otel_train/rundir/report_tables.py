@@ -23,6 +23,7 @@ from typing import Any
 from otel_train.derived.budget import VerdictContext
 from otel_train.derived.costs import costs_verdict
 from otel_train.rundir.report_data import RunData
+from otel_train.rundir.report_governing import governing_html
 
 # A cell: its HTML, or (its td class, its HTML). An empty HTML string is "no value".
 Cell = str | tuple[str, str]
@@ -121,6 +122,7 @@ def costs_section(data: RunData) -> str:
                 f"<li class='{'ok' if a.get('within_budget') else 'over'}'>"
                 f"{html.escape(str(a.get('advice', '')))}</li>" for a in advice)
             out.append(f"<p>Advisor:</p><ul class='advisor'>{items}</ul>")
+        out.append(governing_html(c))  # step.due's intervals, when any
     return "".join(out)
 
 

@@ -196,3 +196,11 @@ def test_every_option_is_read_from_the_environment_by_its_type():
     opts = RunOptions.resolve(environ={"OTEL_TRAIN_DEVICE_SYNC": "Events",
                                        "OTEL_TRAIN_PROMETHEUS_HOST": "0.0.0.0"})
     assert opts.device_sync == "events" and opts.prometheus_host == "0.0.0.0"
+
+
+def test_budget_action_is_report_or_govern_and_read_from_the_environment() -> None:
+    assert RunOptions.resolve().budget_action == "report"
+    assert RunOptions.resolve(environ={"OTEL_TRAIN_BUDGET_ACTION": "Govern"}).budget_action == (
+        "govern")
+    with pytest.raises(ValueError, match="'budget_action'='always': must be 'report' or 'govern'"):
+        RunOptions.resolve(budget_action="always")
