@@ -44,7 +44,11 @@ from otel_train.pipeline.assembly import (
 )
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.monitor_record import CheckpointRecord
-from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.recording.device import (
+    DeviceTiming,
+    device_value_copier,
+    resolve_device_timing,
+)
 from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.recording.hot_path_cost import calibrate_hot_path
 from otel_train.common import attributes as A
@@ -111,16 +115,20 @@ class Run:
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
         self.device = resolve_device_timing(options.device_sync)
-        probes = resolve_device_probes(self.device.make_event, self.device.device_type,
+        device = self.device
+        probes = resolve_device_probes(device.make_event, device.device_type,
                                        options.device_events_every_steps, options.memory_peaks,
-                                       host_clock_only=options.device_sync == "off")
-        self.device = dataclasses.replace(self.device, probes=probes)
+                                       host_clock_only=options.device_sync == "off",
+                                       work=device.work)
+        self.device = device = dataclasses.replace(device, probes=probes)
         hot_path = calibrate_hot_path()
         self.self_cost = SelfCostMeter(hot_path.warm_ns_per_span, started_ns=started_ns,
                                        window_steps=options.recent_window_steps,
                                        cold_ns_per_span=hot_path.cold_ns_per_span)
-        self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
-                                  probes)
+        if device.device_type != "cpu":
+            self.self_cost.device_work = device.work  # syncs, events, peaks, copies: timed
+        self._recorder = Recorder(options.max_queued_steps, self.drops, device.synchronize,
+                                  probes, device.monitor_synchronize, device_value_copier(device))
         # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
         self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
         self._telemetry = assemble_telemetry(

@@ -128,7 +128,10 @@ class RunTelemetry:
             # The exporter process feeds the metrics: its state after those steps (bounded;
             # past the bound, its last state).
             self.derived.remote.sync(_COSTS_SYNC_SECONDS)
-        return self.derived.costs()
+        data = self.derived.costs()
+        # Device values left out of their spans (attribute_values.py), by reason.
+        data["dropped_attributes"] = self.builder.attribute_drops.counts()
+        return data
 
     def start(self) -> None:
         """Start the metrics endpoint and threads, then route the global provider to us."""
@@ -241,7 +244,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     builder = StepRecordBuilder(identity, resource,
                                 InstrumentationScope(INSTRUMENTATION_SCOPE, __version__),
                                 device.synced, device.device_type, sampling_function(sampler),
-                                epoch_offset_ns())
+                                epoch_offset_ns(), device.span_timing,
+                                device.monitor_synchronize is not None)
     if device.probes is not None:  # memory_peaks' CPU fallback: host RSS on every N-th step
         builder.host_rss_every_steps = device.probes.host_rss_every_steps
     # The exporter process first: its CPU counter must be on the metrics registry before the

@@ -6,8 +6,12 @@ flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appe
 stream into the span tree. A finished step goes to a bounded deque the background drains.
 Timestamps are ``perf_counter_ns``; the builder turns them into epoch ns with one offset.
 
-Device synchronization, when enabled (``device.py``), is an explicit call at every step and
-phase boundary (``SyncedPhase``): the one thing here that may wait on the device, by choice.
+Device synchronization (``device.py``) is an explicit call: at every step and phase boundary
+with ``device_sync="sync"`` (``SyncedPhase``), at monitoring boundaries only with
+``monitor_sync``, the default on an accelerator (``MonitorSyncedPhase``, ``MonitorRecord``,
+``Step.open_phase`` of a monitor phase): the one thing here that may wait on the device, by
+choice. A device tensor given to ``set_attribute`` / ``count`` starts a non-blocking copy to
+host memory here (``device_values.py``); nothing reads it on this thread.
 
 This module picks the twin that runs (the C accelerator or ``pure_twin.py``) and builds
 ``Phase``, ``Step`` and ``Recorder`` on it. Beside it: ``step_events.py`` reads an event list
@@ -52,8 +56,8 @@ if TYPE_CHECKING:
     from otel_train.recording.device_probes import DeviceProbes
 
 __all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase",
-           "MonitorRecord", "Phase", "Recorder", "Step", "SyncedPhase", "decode_events",
-           "flat_events"]
+           "MonitorRecord", "MonitorSyncedPhase", "Phase", "Recorder", "Step", "SyncedPhase",
+           "decode_events", "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
@@ -177,6 +181,41 @@ class DeviceEventPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
+class MonitorSyncedPhase(Phase):
+    """A monitoring phase under ``device_sync="monitor_sync"``: the device is synchronized at
+    its start and its end; on a sampled step its boundaries record events and peaks too."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:  # type: ignore[override]
+        rec = self._rec
+        step = rec.current
+        if step is None:
+            raise outside_step_error(self.name)
+        # explicit: the training work still queued runs before monitoring starts, so it is
+        # charged to training and not to this phase (monitor_sync).
+        rec.monitor_synchronize()  # type: ignore[misc]
+        ev = step.ev
+        if step.dev is not None and rec.probes is not None:
+            rec.probes.boundary(step.dev, len(ev))
+        ev.extend((self, perf_counter_ns()))
+        return self
+
+    def __exit__(  # type: ignore[override]
+            self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        rec = self._rec
+        step = rec.current
+        # explicit: this phase's own kernels finish inside it (monitor_sync).
+        rec.monitor_synchronize()  # type: ignore[misc]
+        probes = rec.probes
+        if step is not None and probes is not None:
+            if step.dev is not None:
+                probes.boundary(step.dev, len(step.ev))
+            elif exc is not None:
+                probes.phase_failed(step, len(step.ev), exc)
+        return Phase.__exit__(self, exc_type, exc, tb)
+
+
 class _PhaseTable(dict):  # type: ignore[type-arg]
     """name -> reusable Phase of one kind; a missing name creates its Phase on first use."""
 
@@ -198,11 +237,19 @@ class Recorder(_RecorderCore):
         drops: DropCounter,
         synchronize: Callable[[], None] | None,
         probes: DeviceProbes | None = None,
+        monitor_synchronize: Callable[[], None] | None = None,
+        keep_value: Callable[[Any], Any] | None = None,
     ) -> None:
         self.queue: deque[Step | MonitorRecord] = deque()
         self.max_queued = max_queued
         self.drops = drops
         self.synchronize = synchronize
+        # monitor_sync: synchronize at monitoring boundaries only (None in every other mode:
+        # with device_sync=sync, ``synchronize`` covers monitoring boundaries too).
+        self.monitor_synchronize = monitor_synchronize if synchronize is None else None
+        # What set_attribute / count keep of a value: a device tensor's copy on its way to
+        # host memory (device_values.py), else the value (a tensor detached).
+        self.keep_value: Callable[[Any], Any] = keep_value or detached
         self.current: Step | None = None  # the step in progress (read by watchdog and proxy)
         self.open_record: MonitorRecord | None = None  # run.monitor() running between steps
         self.ev: list[Any] | None = None  # current.ev, one attribute away for the hot path
@@ -231,7 +278,9 @@ class Recorder(_RecorderCore):
         key = (name, kind, loader)
         p = self._phases.get(key)
         if p is None:
-            p = self._phases[key] = self._phase_cls(self, name, kind, loader)
+            cls = (MonitorSyncedPhase if kind == KIND_MONITOR
+                   and self.monitor_synchronize is not None else self._phase_cls)
+            p = self._phases[key] = cls(self, name, kind, loader)
             if loader is None:
                 by_name = self.train_phases if kind == KIND_TRAIN else self.monitor_phases
                 by_name[name] = p
@@ -408,14 +457,16 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
 
-        A tensor is kept (detached) and read in the background, not with ``.item()`` here.
+        A tensor is kept (detached) and read in the background, not with ``.item()`` here; a
+        one-element device tensor starts a non-blocking copy to host memory, read once it has
+        landed (``device_values.py``).
         """
         if type(key) is not str or not key:
             raise bad_key_error(key)
         attrs = self.attrs
         if attrs is None:
             attrs = self.attrs = {}
-        attrs[key] = detached(value)
+        attrs[key] = self._recorder.keep_value(value)
 
     def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
         """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.
@@ -466,7 +517,7 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
             raise RuntimeError(f"set_attribute({key!r}): no phase is open in step {self.index}")
         if self.phase_attrs is None:
             self.phase_attrs = {}
-        self.phase_attrs.setdefault(ordinal, {})[key] = detached(value)
+        self.phase_attrs.setdefault(ordinal, {})[key] = self._recorder.keep_value(value)
 
     def _active_span_ordinal(self) -> int:
         return active_ordinal(self.ev)[0]

@@ -45,14 +45,19 @@ def test_sync_mode_with_an_accelerator_synchronizes():
     timing = resolve_device_timing("sync", accelerator=fake)
     assert timing.synced is True
     assert timing.device_type == "cuda"
-    assert timing.synchronize == fake.synchronize
-    assert "synchronized" in timing.describe()
+    timing.synchronize()
+    assert fake.synchronize_calls == 1
+    assert timing.work.syncs == 1  # timed: the wait is part of the own cost
+    assert "synchronized at every phase boundary" in timing.describe()
 
 
-def test_auto_mode_with_an_accelerator_synchronizes():
+def test_auto_mode_with_an_accelerator_is_monitor_sync():
     timing = resolve_device_timing("auto", accelerator=FakeAccelerator(device_type="xpu"))
-    assert timing.synced is True
+    assert timing.synced is False  # no synchronize in training phases
+    assert timing.resolved == "monitor_sync"
+    assert timing.monitor_synchronize is not None and timing.make_event is not None
     assert timing.device_type == "xpu"
+    assert timing.span_timing is None  # each span says its own
 
 
 def test_off_mode_with_an_accelerator_uses_the_host_clock():
@@ -90,7 +95,7 @@ def test_old_torch_without_accelerator_module_falls_back_to_torch_cuda():
                                  synchronize=lambda device=None: synced.append(device))
     old_torch = types.SimpleNamespace(cuda=cuda, device=lambda t: types.SimpleNamespace(type=t))
     api = device_mod._accelerator_api(old_torch)
-    timing = resolve_device_timing("auto", accelerator=api)
+    timing = resolve_device_timing("sync", accelerator=api)
     assert (timing.synced, timing.device_type) == (True, "cuda")
     timing.synchronize()
     assert synced == [None]
@@ -99,7 +104,7 @@ def test_old_torch_without_accelerator_module_falls_back_to_torch_cuda():
 
 def test_an_accelerator_this_process_has_not_initialized_is_not_synchronized_yet():
     fake = FakeAccelerator(initialized=False)  # e.g. a CPU loop on a GPU machine
-    timing = resolve_device_timing("auto", accelerator=fake)
+    timing = resolve_device_timing("sync", accelerator=fake)
     assert timing.synced and timing.pending_first_use
     assert "once this process uses cuda" in timing.describe()
     timing.synchronize()
@@ -110,11 +115,14 @@ def test_an_accelerator_this_process_has_not_initialized_is_not_synchronized_yet
     assert fake.synchronize_calls == 1
 
 
-def test_an_initialized_accelerator_is_synchronized_by_the_bound_function_itself():
+def test_an_initialized_accelerator_is_synchronized_at_once_and_each_wait_is_timed():
     fake = FakeAccelerator()
     timing = resolve_device_timing("sync", accelerator=fake)
     assert not timing.pending_first_use
-    assert timing.synchronize == fake.synchronize  # no wrapper frame on the hot path
+    fake.launch(0.02)
+    timing.synchronize()
+    assert fake.synchronize_calls == 1
+    assert timing.work.sync_ns >= 0.015e9  # the wait, charged to the own cost
 
 
 def test_the_first_use_check_is_the_device_backends_is_initialized():
@@ -159,12 +167,14 @@ def test_sync_mode_charges_async_work_to_the_phase_that_launched_it(tmp_path, fa
         assert span.attributes["train.device.type"] == "cuda"
 
 
-def test_auto_mode_with_the_fake_accelerator_syncs_in_a_run(tmp_path, fake):
+def test_auto_mode_with_the_fake_accelerator_leaves_training_phases_unsynchronized(tmp_path,
+                                                                                   fake):
     with start_in_process_run(tmp_path) as run:
         _train_one_step(run, fake)
     spans = run_spans(run)
-    assert one(spans, "forward").duration_seconds >= WORK
-    assert all(s.attributes["train.device.synced"] is True for s in spans)
+    assert one(spans, "forward").duration_seconds < WORK / 2  # the launch only
+    assert fake.synchronize_calls == 0  # no monitoring: no synchronize at all
+    assert all(s.attributes["train.device.synced"] is False for s in spans)
 
 
 
@@ -173,7 +183,7 @@ def test_a_run_synchronizes_from_the_processs_first_device_use_on(tmp_path, monk
     real = resolve_device_timing
     monkeypatch.setattr(otel_train.run, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    with start_in_process_run(tmp_path) as run:
+    with start_in_process_run(tmp_path, device_sync="sync") as run:
         assert run.device.pending_first_use
         for step in run.steps([0, 1], loader="train"):
             with step.phase("forward"):
