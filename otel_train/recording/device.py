@@ -112,10 +112,11 @@ class DeviceTiming:
         return "device_sync=auto" if self.mode == "auto" else f"device_sync={self.mode}"
 
     def _events_every(self) -> str:
-        probes = self.probes
-        every = getattr(probes, "every_steps", None)
-        if self.make_event is None or every is None:
+        if self.make_event is None:
             return "no device events (torch.Event missing)"
+        every = getattr(self.probes, "every_steps", None)
+        if every is None:  # probes not resolved yet
+            return "device time from events"
         return ("device time from events every step" if every == 1
                 else f"device time from events 1 step in {every}")
 
