@@ -11,6 +11,7 @@ from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
 import otel_train.run
 from otel_train.common.device_work import DeviceWorkClock
+from otel_train.derived.costs import own_cost_line
 from otel_train.recording.device import resolve_device_timing
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,9 +71,11 @@ def test_by_default_the_own_cost_leaves_the_monitoring_waits_out_and_says_so(tmp
                 fake.launch(KERNEL_SECONDS)
             with step.monitor("val_loss"):
                 fake.launch(0.001)
-        own = run.costs()["own_cost"]
+        costs = run.costs()
+    own = costs["own_cost"]
     device = own["device_work"]
     assert device["syncs"] == 0 and device["monitoring_syncs"] == 8
+    assert "left out: monitoring syncs" in own_cost_line(costs)  # the costs table says so
     assert device["monitoring_sync_wait_us_per_step"] >= 0.5 * KERNEL_SECONDS * 1e6
     # Training work queued before monitoring is not otel-train's loss.
     assert own["lost_us_per_step"] < 0.5 * KERNEL_SECONDS * 1e6
