@@ -74,6 +74,16 @@ _log = logging.getLogger("otel_train")
 _EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
 
 
+def _resolve_device(options: RunOptions) -> DeviceTiming:
+    """``device_sync`` resolved here, with the probes it and ``memory_peaks`` ask for."""
+    device = resolve_device_timing(options.device_sync)
+    probes = resolve_device_probes(device.make_event, device.device_type,
+                                   options.device_events_every_steps, options.memory_peaks,
+                                   host_clock_only=options.device_sync == "off",
+                                   work=device.work)
+    return dataclasses.replace(device, probes=probes)
+
+
 def start_run(**options: Any) -> Run:
     """Start a run. Options are keyword arguments, each also read from OTEL_TRAIN_<NAME>.
 
@@ -114,13 +124,7 @@ class Run:
             options.run_id, options.rank, options.world_size, options.local_rank)
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
-        self.device = resolve_device_timing(options.device_sync)
-        device = self.device
-        probes = resolve_device_probes(device.make_event, device.device_type,
-                                       options.device_events_every_steps, options.memory_peaks,
-                                       host_clock_only=options.device_sync == "off",
-                                       work=device.work)
-        self.device = device = dataclasses.replace(device, probes=probes)
+        self.device = device = _resolve_device(options)
         hot_path = calibrate_hot_path()
         self.self_cost = SelfCostMeter(hot_path.warm_ns_per_span, started_ns=started_ns,
                                        window_steps=options.recent_window_steps,
@@ -128,7 +132,8 @@ class Run:
         if device.device_type != "cpu":
             self.self_cost.device_work = device.work  # syncs, events, peaks, copies: timed
         self._recorder = Recorder(options.max_queued_steps, self.drops, device.synchronize,
-                                  probes, device.monitor_synchronize, device_value_copier(device))
+                                  device.probes, device.monitor_synchronize,
+                                  device_value_copier(device))
         # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
         self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
         self._telemetry = assemble_telemetry(

@@ -128,10 +128,7 @@ class RunTelemetry:
             # The exporter process feeds the metrics: its state after those steps (bounded;
             # past the bound, its last state).
             self.derived.remote.sync(_COSTS_SYNC_SECONDS)
-        data = self.derived.costs()
-        # Device values left out of their spans (attribute_values.py), by reason.
-        data["dropped_attributes"] = self.builder.attribute_drops.counts()
-        return data
+        return self.derived.costs()
 
     def start(self) -> None:
         """Start the metrics endpoint and threads, then route the global provider to us."""
@@ -256,7 +253,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                              drops, background)
     try:
         derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
-                                      self_cost, collectors=collectors)
+                                      self_cost, collectors=collectors,
+                                      attribute_drops=builder.attribute_drops)
     except BaseException:
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started

@@ -242,22 +242,31 @@ def resolve_device_timing(mode: str, accelerator: Any | None = None,
         accelerator = _accelerator_api(torch) if torch is not None else None
     elif event_class is None:
         event_class = getattr(accelerator, "Event", None)
-    available = False
-    device_type = "cpu"
-    if accelerator is not None:
-        try:
-            available = bool(accelerator.is_available())
-            if available:
-                dev = accelerator.current_accelerator()
-                device_type = getattr(dev, "type", None) or str(dev)
-        except Exception as exc:  # a broken driver must not stop training
-            _log.info("otel-train: accelerator unavailable (%s); timing on the host clock", exc)
-            available = False
-    if not available:
-        return DeviceTiming(mode, device_type, None)
+    device_type = _available_device(accelerator)
+    if device_type is None:
+        return DeviceTiming(mode, "cpu", None)
     if event_class is None:
         running = torch or sys.modules.get("torch")
         event_class = getattr(running, "Event", None) if running is not None else None
+    return _timing_on(mode, device_type, accelerator, torch, event_class)
+
+
+def _available_device(accelerator: Any | None) -> str | None:
+    """The accelerator's device type ("cuda", "xpu", ...), None when none is available."""
+    if accelerator is None:
+        return None
+    try:
+        if accelerator.is_available():
+            dev = accelerator.current_accelerator()
+            return getattr(dev, "type", None) or str(dev)
+    except Exception as exc:  # a broken driver must not stop training
+        _log.info("otel-train: accelerator unavailable (%s); timing on the host clock", exc)
+    return None
+
+
+def _timing_on(mode: str, device_type: str, accelerator: Any, torch: Any | None,
+               event_class: Any | None) -> DeviceTiming:
+    """``device_sync`` on an available accelerator."""
     # A fake accelerator's faithful non-blocking copy; torch's pinned copy otherwise.
     copy = getattr(accelerator, "copy_to_host", None) if torch is None else None
     if mode == "off":

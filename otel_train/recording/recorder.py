@@ -47,6 +47,8 @@ from otel_train.recording.step_events import (
     active_ordinal,
     decode_events,
     flat_events,
+    in_progress,
+    open_monitoring,
 )
 from otel_train.recording.step_counts import StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
@@ -388,27 +390,11 @@ class Recorder(_RecorderCore):
         A monitoring phase of the current step, or a ``run.monitor`` between steps; any
         thread (the watchdog warns while one runs too long, not only once it has ended).
         """
-        record = self.open_record
-        if record is not None and not record.end_ns:
-            return record.after_step, record.name, record.start_ns
-        step = self.current
-        if step is None or step.end_ns:
-            return None
-        for ph in decode_events(list(step.ev)):
-            if not ph.end_ns and ph.phase.kind == KIND_MONITOR:
-                return step.index, ph.phase.name, ph.start_ns
-        return None
+        return open_monitoring(self)
 
     def in_progress(self) -> tuple[int, int, str | None, int] | None:
         """(step index, step start ns, active phase name, phase start ns) or None; any thread."""
-        step = self.current
-        if step is None or step.end_ns:
-            return None
-        phases = decode_events(list(step.ev))
-        for ph in reversed(phases):
-            if not ph.end_ns:
-                return step.index, step.start_ns, ph.phase.name, ph.start_ns
-        return step.index, step.start_ns, None, step.start_ns
+        return in_progress(self)
 
 
 class Step(_StepCore, StepPhaseEvents, StepCounts):
@@ -467,42 +453,6 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
         if attrs is None:
             attrs = self.attrs = {}
         attrs[key] = self._recorder.keep_value(value)
-
-    def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
-        """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.
-
-        For validation loaders inside a monitoring phase, e.g.
-        ``for vb in step.iter_data(val_loader, loader="val"):``.
-        """
-        if self.end_ns:
-            raise ended_step_error(self, f"{PHASE_DATA}[{loader}]")
-        phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
-        sync = self._recorder.synchronize
-        ev = self.ev
-        it = iter(iterable)
-        while True:
-            if self.end_ns:
-                return  # the step ended while the caller still iterated: stop recording
-            if sync is not None:
-                sync()  # explicit: the fetch's own device work starts clean
-            ev.append(phase)
-            ev.append(perf_counter_ns())
-            try:
-                item = next(it)
-            except StopIteration:
-                del ev[-2:]  # the fetch that found the loader exhausted is not a batch
-                return
-            except BaseException as exc:
-                ev.append(perf_counter_ns())
-                ev.append(exc)
-                if self.error is None:
-                    self.error = exc
-                raise
-            if sync is not None:
-                sync()  # explicit: device work of the fetch counts as data
-            ev.append(perf_counter_ns())
-            ev.append(None)
-            yield item
 
     # -- lifecycle and background helpers -----------------------------------------------
     def span_count(self) -> int:

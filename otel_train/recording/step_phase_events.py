@@ -1,4 +1,5 @@
-"""A step's phases from timestamps: for hooks and callbacks that split a ``with`` block.
+"""A step's phases from timestamps: for hooks and callbacks that split a ``with`` block; and
+``iter_data``, a data phase per fetch of a loop the step's body runs itself.
 
 Integrations see a phase's start and end in different callbacks (a forward pre-hook and
 post-hook, ``on_step_begin`` and ``on_step_end``), so they cannot wrap it in ``with``: they
@@ -18,9 +19,10 @@ Usage::
 from __future__ import annotations
 
 from time import perf_counter_ns
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN
+from otel_train.common.attributes import KIND_MONITOR, KIND_TRAIN, PHASE_DATA
 from otel_train.recording.call_checks import ended_step_error
 from otel_train.recording.step_events import PhaseEntry, active_ordinal
 
@@ -110,6 +112,42 @@ class StepPhaseEvents:
         if attributes:
             self._attrs_for_next_phase(attributes)
         self.ev.extend((self._recorder.phase(name, kind, loader), start_ns, end_ns, None))
+
+    def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
+        """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.
+
+        For validation loaders inside a monitoring phase, e.g.
+        ``for vb in step.iter_data(val_loader, loader="val"):``.
+        """
+        if self.end_ns:
+            raise ended_step_error(self, f"{PHASE_DATA}[{loader}]")
+        phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
+        sync = self._recorder.synchronize
+        ev = self.ev
+        it = iter(iterable)
+        while True:
+            if self.end_ns:
+                return  # the step ended while the caller still iterated: stop recording
+            if sync is not None:
+                sync()  # explicit: the fetch's own device work starts clean
+            ev.append(phase)
+            ev.append(perf_counter_ns())
+            try:
+                item = next(it)
+            except StopIteration:
+                del ev[-2:]  # the fetch that found the loader exhausted is not a batch
+                return
+            except BaseException as exc:
+                ev.append(perf_counter_ns())
+                ev.append(exc)
+                if self.error is None:
+                    self.error = exc
+                raise
+            if sync is not None:
+                sync()  # explicit: device work of the fetch counts as data
+            ev.append(perf_counter_ns())
+            ev.append(None)
+            yield item
 
     def _attrs_for_next_phase(self, attributes: dict[str, Any]) -> None:
         """Keep ``attributes`` for the phase about to be opened (by its ordinal)."""
