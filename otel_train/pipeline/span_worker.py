@@ -360,6 +360,7 @@ class SpanBuildWorker:
             rec = self._startup.record(first.start_ns, self._self_cost.ready_ns)  # type: ignore[union-attr]
             if rec is None:  # option startup_span off
                 return 0
+            rec = self._builder.host_timed(rec)
             view = view_from_record(rec, rank) if metrics is not None else None
         except Exception as exc:
             self._drops.add("build_error", 1)

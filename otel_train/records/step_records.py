@@ -232,6 +232,19 @@ class StepRecordBuilder:
                            events, extra or None, device))
         return phases, device_root, [ph.phase.kind for ph in decoded]
 
+    def host_timed(self, rec: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A record made elsewhere (``train.startup``), its spans marked host-timed when each
+        span of the run says its own timing (the run constants say it otherwise)."""
+        if not self._own_timing:
+            return rec
+        rec[6].update(_SPAN_HOST)
+        phases = rec[9]
+        if not phases:
+            return rec
+        marked = [p[:10] + ({**_SPAN_HOST, **p[10]} if p[10] else _SPAN_HOST,) + p[11:]
+                  for p in phases]
+        return rec[:9] + (marked,) + rec[10:]
+
     def _phase_timings(self, phases: list[tuple[Any, ...]], own_kinds: list[str] | None
                        ) -> list[tuple[Any, ...]]:
         """Each phase's ``train.device.synced`` / ``timing``, first among its own attributes."""

@@ -397,3 +397,18 @@ def test_monitor_sync_waits_for_the_processs_first_device_use_too():
     fake.launch(0.0)
     timing.monitor_synchronize()
     assert fake.synchronize_calls == 1 and timing.make_event() is not None
+
+
+def test_every_span_of_a_monitor_sync_run_says_its_timing_once(tmp_path, counting):
+    with start_in_process_run(tmp_path, startup_span=True) as run:
+        for step in run.steps(range(2)):
+            _train_phases(step, counting)
+            with step.monitor("val_loss"):
+                pass
+    spans = run_spans(run)
+    assert "train.startup" in {s.name for s in spans}
+    for span in spans:
+        assert span.attributes["train.device.timing"] in ("sync", "events", "host"), span.name
+        assert isinstance(span.attributes["train.device.synced"], bool), span.name
+        assert (span.attributes["train.device.timing"] == "sync") \
+            == span.attributes["train.device.synced"], span.name
