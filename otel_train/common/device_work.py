@@ -46,14 +46,17 @@ class DeviceWorkClock:
         self.copy_ns = self.copies = 0  # non-blocking copies of tensor attributes: charged
 
     def timed_sync(self, synchronize: Callable[[], None], monitoring: bool
-                   ) -> Callable[[], None]:
-        """``synchronize``, its wait added to the training or the monitoring counters."""
+                   ) -> Callable[[], Any]:
+        """``synchronize``, its wait added to the training or the monitoring counters; the
+        monitoring one returns its wait (ns)."""
         if monitoring:
-            def synchronize_monitoring() -> None:
+            def synchronize_monitoring() -> int:
                 t0 = perf_counter_ns()
                 synchronize()
-                self.monitor_sync_ns += perf_counter_ns() - t0
+                waited = perf_counter_ns() - t0
+                self.monitor_sync_ns += waited
                 self.monitor_syncs += 1
+                return waited
 
             return synchronize_monitoring
 

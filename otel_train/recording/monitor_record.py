@@ -32,7 +32,7 @@ class MonitorRecord:
     span_name: str | None = None  # the span's name when not the operation's (checkpoints)
 
     __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
-                 "span_id", "_recorder")
+                 "span_id", "_recorder", "queued_wait_ns")
 
     def __init__(self, recorder: Any, name: str) -> None:
         self.name = name
@@ -43,6 +43,7 @@ class MonitorRecord:
         self.end_ns = 0
         self.trace_id = 0  # drawn when a user span inside asks for it, else when built
         self.span_id = 0
+        self.queued_wait_ns: int | None = None  # monitor_sync: the wait before it started
         # The run's Recorder (recorder.py imports this module, so it is not named here).
         self._recorder = recorder
 
@@ -55,7 +56,9 @@ class MonitorRecord:
         if sync is not None:
             # explicit (device_sync sync or monitor_sync): the work queued before this
             # operation finishes first, so only its own device work is timed here.
-            sync()
+            waited = sync()
+            if rec.synchronize is None and type(waited) is int:
+                self.queued_wait_ns = waited  # monitor_sync: the work queued before it
             now = perf_counter_ns()
             # A start seen earlier (an integration's callback) moves to after the wait: that
             # wait was the earlier work's, not this operation's.

@@ -196,8 +196,9 @@ class MonitorSyncedPhase(Phase):
             raise outside_step_error(self.name)
         # explicit: the training work still queued runs before monitoring starts, so it is
         # charged to training and not to this phase (monitor_sync).
-        rec.monitor_synchronize()  # type: ignore[misc]
+        waited = rec.monitor_synchronize()  # type: ignore[misc]
         ev = step.ev
+        step.note_queued_wait(len(ev), waited)
         if step.dev is not None and rec.probes is not None:
             rec.probes.boundary(step.dev, len(ev))
         ev.extend((self, perf_counter_ns()))

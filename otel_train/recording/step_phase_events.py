@@ -40,6 +40,9 @@ class StepPhaseEvents:
     # Monitoring phases opened here under monitor_sync and not yet closed (a class default:
     # a step writes it only when it opens one).
     monitors_open = 0
+    # monitor_sync: event-list position of a monitoring phase -> ns its start's synchronize
+    # waited for the work queued before it (the builder puts it on the phase's span).
+    queued_waits: dict[int, int] | None = None
 
     def open_phase(self, name: str, kind: str = KIND_TRAIN, start_ns: int | None = None,
                    loader: str | None = None, attributes: dict[str, Any] | None = None
@@ -59,10 +62,11 @@ class StepPhaseEvents:
         if kind == KIND_MONITOR and rec.monitor_synchronize is not None:
             # explicit (monitor_sync): the training work still queued runs first, charged
             # to training; a start seen earlier by a callback moves to after that wait.
-            rec.monitor_synchronize()
+            waited = rec.monitor_synchronize()
             now = perf_counter_ns()
             start_ns = now if start_ns is None else max(start_ns, now)
             self.monitors_open += 1
+            self.note_queued_wait(len(ev), waited)
         if self.dev is not None:  # a sampled step: the boundary's device event and peaks, now
             rec.probes.boundary(self.dev, len(ev))
         ev.append(rec.phase(name, kind, loader))
@@ -89,6 +93,16 @@ class StepPhaseEvents:
         ev.append(error)
         if error is not None and self.error is None:
             self.error = error
+
+    def note_queued_wait(self, pos: int, waited_ns: Any) -> None:
+        """The monitoring phase opening at event position ``pos`` waited ``waited_ns`` for
+        the work queued before it (monitor_sync)."""
+        if type(waited_ns) is not int:
+            return
+        waits = self.queued_waits
+        if waits is None:
+            waits = self.queued_waits = {}
+        waits[pos] = waited_ns
 
     def _closing_monitor(self) -> bool:
         """The innermost open phase is a monitoring one (read only while one is open)."""

@@ -145,7 +145,7 @@ class StepRecordBuilder:
         off = self._offset
         step_end = step.end_ns
         step_loader = step.loader
-        phases = None if step.dev or step.phase_attrs else _flat_rows(
+        phases = None if step.dev or step.phase_attrs or step.queued_waits else _flat_rows(
             step.ev, step_loader, root_id, off, _DATA)
         device_root = None
         own_kinds = None  # flat phases: each row's kind is its own
@@ -197,6 +197,7 @@ class StepRecordBuilder:
         any step, decoded."""
         off, step_end, step_loader = self._offset, step.end_ns, step.loader
         phase_attrs = step.phase_attrs
+        waits = step.queued_waits  # monitor_sync: the wait before each monitoring phase
         # A step cut off (recording/truncation.py): its phases still open carry the mark too.
         cut = step.attrs.get(_TRUNCATED_REASON) if step.attrs else None
         decoded = decode_events(step.ev)  # the one decoder of a step's event list
@@ -218,6 +219,8 @@ class StepRecordBuilder:
             status, events = _status_and_events(ph.error, end)
             device = device_seconds.get(ph.ordinal) if device_seconds else None
             extra = phase_attrs.get(ph.ordinal) if phase_attrs else None
+            if waits and ph.start_pos in waits:
+                extra = {A.DEVICE_QUEUED_WAIT: waits[ph.start_pos] / 1e9, **(extra or {})}
             if device_extra and ph.ordinal in device_extra:
                 extra = {**device_extra[ph.ordinal], **(extra or {})}
             if cut is not None and not ph.end_ns:
@@ -268,6 +271,8 @@ class StepRecordBuilder:
                                  A.PHASE_KIND: A.KIND_MONITOR}
         if self._own_timing:
             attrs.update(self._monitor_timing)
+        if rec.queued_wait_ns is not None:
+            attrs[A.DEVICE_QUEUED_WAIT] = rec.queued_wait_ns / 1e9
         if rec.attrs:
             attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs),
                                            self.attribute_drops))

@@ -322,9 +322,16 @@ def test_auto_synchronizes_monitor_phases_opened_by_timestamps_and_run_monitor(t
             step.close_phase(run.timestamp_ns())
             counting.where = "after"
         counting.where = "final_eval"
+        counting.launch(WORK)  # training work still queued when the final eval starts
         with run.monitor("final_eval"):
             counting.launch(0.01)
     assert counting.synced_in == ["eval"] * 4 + ["final_eval"] * 2
+    spans = run_spans(run)
+    assert one(spans, "final_eval").attributes["train.device.queued_wait_seconds"] >= WORK * 0.8
+    evals = [s for s in spans if s.name == "eval"]
+    assert len(evals) == 2
+    assert all(s.attributes["train.device.queued_wait_seconds"] >= 0 for s in evals)
+    assert all(s.attributes["train.device.timing"] == "sync" for s in evals)
 
 
 def test_auto_charges_queued_training_work_to_training_and_monitoring_kernels_to_monitoring(
@@ -342,6 +349,8 @@ def test_auto_charges_queued_training_work_to_training_and_monitoring_kernels_to
     assert inference.duration_seconds < WORK
     assert inference.attributes["train.device.timing"] == "sync"
     assert inference.attributes["train.device.synced"] is True
+    # The training work it waited for before starting, said on the span (not inside it).
+    assert WORK * 0.8 <= inference.attributes["train.device.queued_wait_seconds"] <= WORK * 1.5
     forward = one(spans, "forward")
     assert forward.duration_seconds < WORK / 2  # the host's time: the launch
     assert forward.attributes["train.device.synced"] is False
