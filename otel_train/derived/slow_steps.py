@@ -1,6 +1,8 @@
 """Slow steps: training time far above a robust baseline, counted, marked and explained.
 
-A step is judged on its *training* time: its duration minus the monitoring phases in it.
+A step is judged on its *training* time: its duration minus the monitoring phases in it (and,
+with ``device_sync="monitor_sync"``, minus the device backlog their start drained:
+``queued_wait_ns``).
 Monitoring that makes a step long (an eval every 50 steps, a 180 s snapshot) is reported as
 monitoring (per operation, the budget, the operation-too-long warning), never as a slow step.
 
