@@ -105,7 +105,7 @@ def pinned_host_copy(tensor: Any) -> Any:
     memory would make the host wait for it."""
     import torch
 
-    host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     return host
 
