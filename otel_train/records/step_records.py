@@ -89,13 +89,12 @@ class StepRecordBuilder:
         is_sampled: Callable[[int], bool],
         epoch_offset_ns: int,
         span_timing: str | None = TIMING_HOST,
-        monitor_synced: bool = False,
     ) -> None:
         self._identity = identity
-        # None: each span says its own timing (device_sync events / monitor_sync); with
-        # monitor_synced, monitoring spans are synchronized at their start and end.
+        # None: each span says its own timing (device_sync events / monitor_sync): ``sync``
+        # for the monitoring spans a synchronize opened (the recorder notes each one's wait),
+        # ``events`` for phases with device time, else ``host``.
         self._own_timing = span_timing is None
-        self._monitor_timing = _SPAN_SYNC if monitor_synced else _SPAN_HOST
         # Device tensors given to set_attribute that never reached the host in time, by
         # reason (shown under ``dropped_attributes`` in run.costs() / monitoring_costs.json).
         self.attribute_drops = DropCounter()
@@ -148,9 +147,9 @@ class StepRecordBuilder:
         phases = None if step.dev or step.phase_attrs or step.queued_waits else _flat_rows(
             step.ev, step_loader, root_id, off, _DATA)
         device_root = None
-        own_kinds = None  # flat phases: each row's kind is its own
+        synced: frozenset[int] = frozenset()  # a flat step synchronized none of its phases
         if phases is None:  # nested, failed, left open, with attributes or device readings
-            phases, device_root, own_kinds = self._phases(step, root_id)
+            phases, device_root, synced = self._phases(step, root_id)
         root_attrs: dict[str, Any] = {_STEP: step.index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
@@ -161,7 +160,7 @@ class StepRecordBuilder:
             root_attrs.update(_SPAN_EVENTS if device_root and (
                 A.DEVICE_DURATION in device_root or A.DEVICE_BUSY in device_root)
                 else _SPAN_HOST)
-            phases = self._phase_timings(phases, own_kinds)
+            phases = self._phase_timings(phases, synced)
         if self.host_rss_every_steps and step.index % self.host_rss_every_steps == 0:
             rss = self.host_rss.read_bytes()
             if rss is not None:
@@ -192,9 +191,9 @@ class StepRecordBuilder:
                 root_attrs, status, events, phases, ids or None)
 
     def _phases(self, step: Step, root_id: int
-                ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None, list[str]]:
-        """The record's phases, the root's device attributes and each phase's own kind, of
-        any step, decoded."""
+                ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None, frozenset[int]]:
+        """The record's phases, the root's device attributes and the ordinals of the phases
+        a synchronize opened (monitor_sync), of any step, decoded."""
         off, step_end, step_loader = self._offset, step.end_ns, step.loader
         phase_attrs = step.phase_attrs
         waits = step.queued_waits  # monitor_sync: the wait before each monitoring phase
@@ -233,7 +232,9 @@ class StepRecordBuilder:
             phases.append((name, kind, loader, end - start, ph.ordinal + 1,
                            parent + 1 if parent >= 0 else root_id, start, end, status,
                            events, extra or None, device))
-        return phases, device_root, [ph.phase.kind for ph in decoded]
+        synced = (frozenset(ph.ordinal for ph in decoded if ph.start_pos in waits) if waits
+                  else frozenset())
+        return phases, device_root, synced
 
     def host_timed(self, rec: tuple[Any, ...]) -> tuple[Any, ...]:
         """A record made elsewhere (``train.startup``), its spans marked host-timed when each
@@ -248,17 +249,16 @@ class StepRecordBuilder:
                   for p in phases]
         return rec[:9] + (marked,) + rec[10:]
 
-    def _phase_timings(self, phases: list[tuple[Any, ...]], own_kinds: list[str] | None
+    def _phase_timings(self, phases: list[tuple[Any, ...]], synced: frozenset[int]
                        ) -> list[tuple[Any, ...]]:
-        """Each phase's ``train.device.synced`` / ``timing``, first among its own attributes."""
-        synced_monitoring = self._monitor_timing is _SPAN_SYNC
+        """Each phase's ``train.device.synced`` / ``timing``, first among its own attributes.
+
+        ``synced``: the ordinals of the phases a synchronize opened (monitor_sync's monitoring
+        phases); a phase nested in one (validation data) is monitoring work but was not
+        itself synchronized, nor was a phase recorded afterwards by its timestamps."""
         out = []
         for i, p in enumerate(phases):
-            # The phase's own kind: a phase nested in a monitoring one (validation data) is
-            # monitoring work but not itself synchronized; the monitoring phase is
-            # (monitor_sync).
-            own = p[1] if own_kinds is None else own_kinds[i]
-            timing = (_SPAN_SYNC if own == _MONITOR and synced_monitoring
+            timing = (_SPAN_SYNC if i in synced
                       else _SPAN_EVENTS if p[11] is not None else _SPAN_HOST)
             extra = p[10]
             out.append(p[:10] + ({**timing, **extra} if extra else timing, p[11]))
@@ -269,8 +269,8 @@ class StepRecordBuilder:
         flags = _SAMPLED_FLAGS if self.is_sampled(trace_id) else 0
         attrs: dict[str, Any] = {A.STEP: rec.after_step, A.PHASE: rec.name,
                                  A.PHASE_KIND: A.KIND_MONITOR}
-        if self._own_timing:
-            attrs.update(self._monitor_timing)
+        if self._own_timing:  # synchronized at its start (and end) with monitor_sync
+            attrs.update(_SPAN_SYNC if rec.queued_wait_ns is not None else _SPAN_HOST)
         if rec.queued_wait_ns is not None:
             attrs[A.DEVICE_QUEUED_WAIT] = rec.queued_wait_ns / 1e9
         if rec.attrs:

@@ -421,3 +421,19 @@ def test_every_span_of_a_monitor_sync_run_says_its_timing_once(tmp_path, countin
         assert isinstance(span.attributes["train.device.synced"], bool), span.name
         assert (span.attributes["train.device.timing"] == "sync") \
             == span.attributes["train.device.synced"], span.name
+
+
+def test_phases_recorded_by_timestamps_inside_a_monitoring_phase_are_not_marked_sync(
+        tmp_path, counting):
+    with start_in_process_run(tmp_path) as run:
+        for step in run.steps(range(1)):
+            step.open_phase("evaluate", kind="monitor")
+            t0 = run.timestamp_ns()
+            step.record_phase("data", t0, run.timestamp_ns(), kind="monitor", loader="eval")
+            step.close_phase()
+    spans = run_spans(run)
+    assert one(spans, "evaluate").attributes["train.device.timing"] == "sync"
+    fetched = [s for s in spans if s.name == "data"
+               and s.attributes.get("train.dataloader") == "eval"]
+    assert fetched and fetched[0].attributes["train.device.timing"] in ("host", "events")
+    assert fetched[0].attributes["train.device.synced"] is False
