@@ -43,21 +43,26 @@ VALUE_WAIT_SECONDS = 2.0
 class PendingDeviceValue:
     """A device value on its way to host memory: the pinned copy and the event after it."""
 
-    __slots__ = ("host", "event")
+    __slots__ = ("host", "event", "failed")
 
     def __init__(self, host: Any, event: Any) -> None:
         self.host = host  # a pinned host tensor: valid once ``event`` has completed
         self.event = event
+        self.failed = False  # the event could not be queried: the value is never read
 
     def ready(self) -> bool:
-        """True once the copy has landed (``event.query()``: a host-side check, no wait)."""
+        """True once the copy has landed (``event.query()``: a host-side check, no wait), or
+        once asking failed (a device error: nothing to wait for; the value is left out)."""
         try:
             return bool(self.event.query())
-        except Exception:  # a device error: never ready, so counted, never waited for
-            return False
+        except Exception:
+            self.failed = True
+            return True
 
     def value(self) -> Any:
         """The number, from host memory; call only once :meth:`ready`."""
+        if self.failed:
+            raise RuntimeError("the device value's event could not be queried")
         return self.host.item()  # a pinned host tensor: no device involved
 
 
@@ -72,6 +77,11 @@ class PendingDeviceSum:
     def ready(self) -> bool:
         """True once every part's copy has landed."""
         return all(p.ready() for p in self.parts if isinstance(p, PendingDeviceValue))
+
+    @property
+    def failed(self) -> bool:
+        """A part's event could not be queried: the sum is left out."""
+        return any(getattr(p, "failed", False) for p in self.parts)
 
     def value(self) -> Any:
         """The sum, from host memory; call only once :meth:`ready`."""

@@ -161,6 +161,8 @@ def plain_value(key: str, value: Any, limit: int) -> Any:
     if is_pending(value):
         if not value.ready():  # event.query(): a host-side check, never a wait
             raise DeviceValueNotRead("device_value_not_ready")
+        if value.failed:  # a device error: its event could not be queried
+            raise DeviceValueNotRead("device_value_unread")
         return plain_value(key, value.value(), limit)  # the pinned host copy
     if unreadable(value):
         raise DeviceValueNotRead("device_value_unread")

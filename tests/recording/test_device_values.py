@@ -117,3 +117,23 @@ def test_a_step_is_held_back_while_its_value_is_on_its_way():
     assert not record_ready(record)
     time.sleep(0.12)
     assert record_ready(record)
+
+
+def test_a_value_whose_event_cannot_be_queried_is_not_held_and_is_counted_unread():
+    from otel_train.common.drop_counter import DropCounter
+    from otel_train.records.attribute_values import plain_attributes
+
+    class BrokenEvent:
+        def query(self) -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    class Record:
+        attrs = {"train.loss": PendingDeviceValue(None, BrokenEvent())}
+        phase_attrs = None
+        dev = None
+
+    record = Record()
+    assert record_ready(record)  # nothing to wait for: built at once
+    drops = DropCounter()
+    assert plain_attributes(record.attrs, drops=drops) == {}
+    assert drops.counts() == {"device_value_unread": 1}
