@@ -138,6 +138,17 @@ class DeviceValueNotRead(Exception):
         self.reason = reason
 
 
+def _landed(value: Any) -> Any:
+    """A device value's number from its pinned host copy, once its event has completed."""
+    if unreadable(value):  # its copy could not start
+        raise DeviceValueNotRead("device_value_unread")
+    if not value.ready():  # event.query(): a host-side check, never a wait
+        raise DeviceValueNotRead("device_value_not_ready")
+    if value.failed:  # a device error: its event could not be queried
+        raise DeviceValueNotRead("device_value_unread")
+    return value.value()
+
+
 def plain_value(key: str, value: Any, limit: int) -> Any:
     """One value as an OTel attribute type, within ``limit`` characters.
 
@@ -158,14 +169,8 @@ def plain_value(key: str, value: Any, limit: int) -> Any:
             _changed(key, f"{len(value)} bytes cut to {limit}")
             return value[:limit]
         return value
-    if is_pending(value):
-        if not value.ready():  # event.query(): a host-side check, never a wait
-            raise DeviceValueNotRead("device_value_not_ready")
-        if value.failed:  # a device error: its event could not be queried
-            raise DeviceValueNotRead("device_value_unread")
-        return plain_value(key, value.value(), limit)  # the pinned host copy
-    if unreadable(value):
-        raise DeviceValueNotRead("device_value_unread")
+    if is_pending(value) or unreadable(value):
+        return plain_value(key, _landed(value), limit)
     item = getattr(value, "item", None)
     if callable(item) and not isinstance(value, (list, tuple, dict)):
         n = _numel(value)
