@@ -44,7 +44,11 @@ from otel_train.pipeline.assembly import (
 )
 from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.monitor_record import CheckpointRecord
-from otel_train.recording.device import DeviceTiming, resolve_device_timing
+from otel_train.recording.device import (
+    DeviceTiming,
+    device_value_copier,
+    resolve_device_timing,
+)
 from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.recording.hot_path_cost import calibrate_hot_path
 from otel_train.common import attributes as A
@@ -69,6 +73,16 @@ from otel_train.common.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
 _EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
+
+
+def _resolve_device(options: RunOptions) -> DeviceTiming:
+    """``device_sync`` resolved here, with the probes it and ``memory_peaks`` ask for."""
+    device = resolve_device_timing(options.device_sync)
+    probes = resolve_device_probes(device.make_event, device.device_type,
+                                   options.device_events_every_steps, options.memory_peaks,
+                                   host_clock_only=options.device_sync == "off",
+                                   work=device.work)
+    return dataclasses.replace(device, probes=probes)
 
 
 def start_run(**options: Any) -> Run:
@@ -111,19 +125,18 @@ class Run:
             options.run_id, options.rank, options.world_size, options.local_rank)
         ident = self.identity
         self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
-        self.device = resolve_device_timing(options.device_sync)
-        probes = resolve_device_probes(self.device.make_event, self.device.device_type,
-                                       options.device_events_every_steps, options.memory_peaks,
-                                       host_clock_only=options.device_sync == "off")
-        self.device = dataclasses.replace(self.device, probes=probes)
+        self.device = device = _resolve_device(options)
         hot_path = calibrate_hot_path()
         self.self_cost = SelfCostMeter(hot_path.warm_ns_per_span, started_ns=started_ns,
                                        window_steps=options.recent_window_steps,
                                        cold_ns_per_span=hot_path.cold_ns_per_span)
-        self._recorder = Recorder(options.max_queued_steps, self.drops, self.device.synchronize,
-                                  probes)
-        self._recorder.schedule = DueSchedule(options.budget_action == "govern", ident.rank,
-                                              ident.world_size, ident.run_id)
+        if device.device_type != "cpu":
+            self.self_cost.device_work = device.work  # syncs, events, peaks, copies: timed
+        self._recorder = Recorder(options.max_queued_steps, self.drops, device.synchronize,
+                                  device.probes, device.monitor_synchronize,
+                                  device_value_copier(device),
+                                  DueSchedule(options.budget_action == "govern", ident.rank,
+                                              ident.world_size, ident.run_id))
         # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
         self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
         self._telemetry = assemble_telemetry(

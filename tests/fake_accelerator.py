@@ -4,8 +4,10 @@ Kernels are asynchronous, as on a real GPU: ``launch(seconds)`` returns at once 
 "runs" on the device timeline; ``synchronize()`` blocks the host until the stream drains;
 ``Event.record()`` marks the stream position, ``Event.synchronize()`` waits for it, and
 ``elapsed_time`` gives device milliseconds between two recorded events (``enable_timing``
-required, as in torch). It implements what otel-train touches of ``torch.accelerator`` and
-``torch.Event``.
+required, as in torch); ``tensor(value)`` is a one-element device tensor whose value is read
+with a wait (``item()``, counted in ``blocking_reads``), and ``copy_to_host`` a non-blocking
+copy into a pinned host buffer that holds the value once the stream reaches it. It
+implements what otel-train touches of ``torch.accelerator`` and ``torch.Event``.
 
 Usage::
 
@@ -37,6 +39,8 @@ class FakeAccelerator:
         self.synchronize_calls = 0
         self.launches = 0
         self.events_recorded = 0
+        self.copies = 0  # non-blocking copies to pinned host memory
+        self.blocking_reads = 0  # .item() / .tolist() / .cpu() on a device tensor: waits
         self.Event = _make_event_class(self)
 
     # -- simulated device work ----------------------------------------------------------
@@ -52,6 +56,19 @@ class FakeAccelerator:
         """A blocking device-to-host read (``tensor.item()``): waits, but is no library sync."""
         _sleep_until(self.stream_position())
         return 0.0
+
+    def tensor(self, value: float) -> FakeDeviceTensor:
+        """A one-element tensor on the device, computed by the work queued so far."""
+        return FakeDeviceTensor(self, value, self.stream_position())
+
+    def copy_to_host(self, tensor: FakeDeviceTensor) -> FakePinnedTensor:
+        """``torch.empty_like(t, device="cpu", pin_memory=True).copy_(t, non_blocking=True)``:
+        queued on the stream after the work that computes ``tensor``; returns at once, and
+        the host buffer holds the value only once the stream has reached the copy."""
+        with self._lock:
+            self.copies += 1
+            self.initialized = True
+        return FakePinnedTensor(tensor.value, self.stream_position())
 
     @property
     def pending_seconds(self) -> float:
@@ -86,6 +103,55 @@ class FakeAccelerator:
             self.synchronize_calls += 1
             self.initialized = True
         _sleep_until(self.stream_position())
+
+
+class FakeDeviceTensor:
+    """A one-element tensor on the fake device: host-side metadata (device, shape, dtype,
+    numel) is free; reading its value (``item``, ``tolist``, ``cpu``) waits for the stream, as
+    on a real device, and is counted in ``blocking_reads``."""
+
+    dtype = torch.float32
+    shape = torch.Size(())
+
+    def __init__(self, dev: FakeAccelerator, value: float, ready_at: float) -> None:
+        self._dev = dev
+        self.value = value
+        self.ready_at = ready_at
+        self.device = torch.device(dev.device_type)
+
+    def detach(self) -> FakeDeviceTensor:
+        return self
+
+    def numel(self) -> int:
+        return 1
+
+    def _blocking_read(self) -> float:
+        self._dev.blocking_reads += 1
+        _sleep_until(self._dev.stream_position())  # waits behind everything queued since
+        return self.value
+
+    def item(self) -> float:
+        return self._blocking_read()
+
+    def tolist(self) -> float:
+        return self._blocking_read()
+
+    def cpu(self) -> Any:
+        return torch.tensor(self._blocking_read())
+
+
+class FakePinnedTensor:
+    """The pinned host buffer of a non-blocking copy: reading it never waits, and before the
+    copy has landed it holds garbage (NaN here), as a real pinned buffer would."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, value: float, lands_at: float) -> None:
+        self._value = value
+        self._lands_at = lands_at
+
+    def item(self) -> float:
+        return self._value if time.monotonic() >= self._lands_at else float("nan")
 
 
 def _sleep_until(t: float) -> None:

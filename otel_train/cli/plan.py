@@ -3,7 +3,8 @@
 Options come from the flags, then ``OTEL_TRAIN_*``, then the defaults; the environment is
 this process's (``OTEL_*`` variables, the global TracerProvider, nothing installed). Prints
 ``pipeline.plan.PipelinePlan.describe()``: the route, the export target, where the derived
-metrics run, sampling, and why.
+metrics run, sampling, and why; then the device timing ``device_sync`` resolves to here
+(``monitor_sync`` on an accelerator by default, the host clock on CPU) and why.
 
 Usage::
 
@@ -35,6 +36,8 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--metrics-in-export-process", "metrics_in_export_process", None,
      "run the derived metrics in the exporter process too"),
     ("--console", "console", None, "the console report"),
+    ("--device-sync", "device_sync", str,
+     "device timing: auto, monitor_sync, sync, events or off"),
     ("--enabled", "enabled", None, "record at all (--no-enabled: a disabled run)"),
 )
 
@@ -70,4 +73,21 @@ def print_plan(args: argparse.Namespace) -> int:
     environment, _ = gather_environment(options, mode, provider, status_dir, identity.rank,
                                         identity.world_size, local_rank=identity.local_rank)
     print(plan_pipeline(options, environment).describe())
+    print(f"timing: {device_timing_line(options)}")
     return 0
+
+
+def device_timing_line(options: Any) -> str:
+    """What ``device_sync`` resolves to on this machine, and why (the banner's timing line)."""
+    import dataclasses
+
+    from otel_train.recording.device import resolve_device_timing
+    from otel_train.recording.device_probes import resolve_device_probes
+
+    if not options.enabled:
+        return "none (a disabled run records nothing)"
+    timing = resolve_device_timing(options.device_sync)
+    probes = resolve_device_probes(timing.make_event, timing.device_type,
+                                   options.device_events_every_steps, options.memory_peaks,
+                                   host_clock_only=options.device_sync == "off")
+    return dataclasses.replace(timing, probes=probes).describe()

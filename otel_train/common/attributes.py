@@ -31,6 +31,12 @@ DATALOADER = "train.dataloader"  # on "data" spans only (the loader that fetch r
 SLOW = "train.slow"  # on the root span
 DEVICE_SYNCED = "train.device.synced"  # True when a device synchronize bracketed the span
 # Extensions (not renaming anything above)
+# "sync" (a synchronize bracketed the span: its time includes its device work), "events"
+# (device time from events on the span: duration/busy seconds), "host" (host clock only).
+DEVICE_TIMING = "train.device.timing"
+# monitor_sync: on a monitoring span, how long the synchronize at its start waited for the
+# work queued before it (the step's training work: in the step, outside this span).
+DEVICE_QUEUED_WAIT = "train.device.queued_wait_seconds"
 DEVICE_TYPE = "train.device.type"  # "cpu", "cuda", "mps", ... : which clock the time reflects
 DEVICE_DURATION = "train.device.duration_seconds"  # events mode: device time of the span
 MICRO_STEP = "train.micro_step"  # gradient-accumulation micro-step index (integrations)

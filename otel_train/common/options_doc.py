@@ -64,10 +64,13 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "run", "the run directory: span files, `monitoring_costs.json`, `report.html`",
         "`otel-train-runs/<run id>`"),
     "device_sync": OptionDoc(
-        "run", "`sync`: synchronize the accelerator at every phase boundary (exact "
-        "attribution); `events`: device timing events resolved in the background (no stall); "
-        "`off`: host clock only; `auto`: `sync` when an accelerator is present; `sync`/`auto` "
-        "start synchronizing at the process's first use of the device, not before "
+        "run", "`monitor_sync`: training phases on the host clock with device time from "
+        "events (1 step in `device_events_every_steps`), the accelerator synchronized only at "
+        "the start and end of monitoring (`step.monitor`, `run.monitor`); `sync`: at every "
+        "phase boundary (exact per-phase attribution; its waits are reported as own cost); "
+        "`events`: device events only, no synchronize anywhere; `off`: host clock only; "
+        "`auto`: `monitor_sync` when an accelerator is present, else the host clock; "
+        "synchronizing starts at the process's first use of the device, not before "
         "([device-timing.md](device-timing.md))"),
     "shutdown_timeout_seconds": OptionDoc(
         "run", "bound on shutdown and on interpreter exit (less a reserve for the "
@@ -240,7 +243,8 @@ OPTION_DOCS: dict[str, OptionDoc] = {
                                          "(start-up, compilation)"),
     # -- device busy/idle and memory
     "device_events_every_steps": OptionDoc(
-        "run", "device events (`device_sync=events`) and allocator peaks (`memory_peaks`) are "
+        "run", "device events (`device_sync` `events`, `monitor_sync` and so `auto` on an "
+        "accelerator) and allocator peaks (`memory_peaks`) are "
         "recorded on one step in N (steps whose index is a multiple of N); 1: every step",
         details="Each sampled step records one event and one allocator reading per phase "
         "boundary on the training thread (no sync) and resolves them in the background into "

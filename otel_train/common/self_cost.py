@@ -31,6 +31,12 @@ monitoring_costs.json; docs/monitoring-costs.md explains each):
   measures (1 - bare / instrumented);
 - ``background_cpu_us_per_step`` (this process's otel-train threads) and
   ``exporter_process_cpu_us_per_step`` (start-up left out): CPU that runs beside training;
+- ``device_work`` (on an accelerator; None on CPU): the device work otel-train adds on the
+  training thread, timed where it happens (``device_work.py``): the synchronize waits at
+  training boundaries (``device_sync="sync"``: an upper bound on the overlap lost), event
+  records, allocator reads and tensor copies are in ``lost_us_per_step`` and the share; the
+  waits at monitoring boundaries (``monitor_sync``) are reported apart, and what the figures
+  leave out is said in ``left_out``;
 - ``startup``: start_run's own time, the time until the first step, the exporter process's
   start-up CPU: reported apart, never averaged into the steps.
 
@@ -56,6 +62,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_train.common.cpu_interference import CpuInterferenceRegression
+from otel_train.common.device_work import DeviceWorkClock
 from otel_train.common.proc_files import ProcFileReader
 
 _MARKS = 64  # drains remembered for the recent window
@@ -149,6 +156,9 @@ class SelfCostMeter:
         self.interference = CpuInterferenceRegression()
         self._rates: deque[float] = deque(maxlen=_RATES)  # steps per ns, recent intervals
         self._training_thread_drained = False  # in the interval being sampled
+        # The device work otel-train adds on the training thread (syncs, events, allocator
+        # reads, tensor copies), timed where it happens; None on CPU (device_work.py).
+        self.device_work: DeviceWorkClock | None = None
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
@@ -235,8 +245,10 @@ class SelfCostMeter:
 
     # -- reading ------------------------------------------------------------------------
     def _accounted_locked(self) -> float:
+        work = self.device_work
         return (self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
-                + SHARED_INTERPRETER_FACTOR * self._worker_beside_ns)
+                + SHARED_INTERPRETER_FACTOR * self._worker_beside_ns
+                + (work.charged_ns if work is not None else 0))
 
     def _lost_locked(self) -> float:
         return self._accounted_locked() + self.interference.charge_ns()
@@ -324,6 +336,9 @@ class SelfCostMeter:
             "exporter_process_cpu_us_per_step": per_step(exporter_steady),
             "training_thread_drains_seconds": round(own / 1e9, 6),
             "startup": self._startup(exporter_startup_cpu_seconds),
+            # On an accelerator: what of the device work is in lost_us_per_step, what is not.
+            "device_work": (self.device_work.figures(steps)
+                            if self.device_work is not None else None),
         }
 
     def _startup(self, exporter_startup_cpu_seconds: float | None) -> dict[str, Any]:

@@ -224,7 +224,23 @@ def own_cost_line(data: Mapping[str, Any]) -> str:
     if start.get("exporter_process_cpu_seconds"):
         parts.append(f"exporter process {_secs(start['exporter_process_cpu_seconds'])} CPU")
     tail = f"; start-up apart: {', '.join(parts)}" if parts else ""
-    return head + beside + tail
+    return head + beside + tail + _device_work_text(own.get("device_work"))
+
+
+def _device_work_text(device: Mapping[str, Any] | None) -> str:
+    """What of the device work the own cost includes and leaves out ('' on CPU)."""
+    if not device:
+        return ""
+    def us(key: str) -> str:
+        v = device.get(key)
+        return "-" if v is None else f"{v:.0f} us"
+
+    return (f"; device work included: sync waits {us('sync_wait_us_per_step')}, events and "
+            f"allocator reads {us('events_and_peaks_us_per_step')}, tensor copies "
+            f"{us('tensor_copies_us_per_step')} per step; left out: monitoring syncs "
+            f"({us('monitoring_sync_wait_us_per_step')} per step, training work queued before "
+            "monitoring and its own kernels) and the device idle after each sync until the "
+            "next launch")
 
 
 def costs_verdict(data: Mapping[str, Any]) -> BudgetVerdict:

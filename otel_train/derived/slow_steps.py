@@ -1,6 +1,8 @@
 """Slow steps: training time far above a robust baseline, counted, marked and explained.
 
-A step is judged on its *training* time: its duration minus the monitoring phases in it.
+A step is judged on its *training* time: its duration minus the monitoring phases in it (and,
+with ``device_sync="monitor_sync"``, minus the device backlog their start drained:
+``queued_wait_ns``).
 Monitoring that makes a step long (an eval every 50 steps, a 180 s snapshot) is reported as
 monitoring (per operation, the budget, the operation-too-long warning), never as a slow step.
 
@@ -181,7 +183,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
             return  # warm-up: not judged, and kept out of the baseline
         if (getattr(view.span, "_attributes", None) or {}).get(A.FLOPS_COUNTED):
             return  # run under FlopCounterMode (count_flops): slowed by the counting itself
-        train = max(0, view.duration_ns - view.monitor_ns)
+        train = max(0, view.duration_ns - view.monitor_ns - queued_wait_ns(view))
         base = self._baselines.get(view.loader)
         if base is None:
             base = self._baselines[view.loader] = _Baseline()
@@ -339,3 +341,18 @@ def _seconds(value: float) -> str:
 def _times(ratio: float) -> str:
     """A ratio to the median: one decimal where it tells something."""
     return f"{ratio:.1f}x" if ratio < 100 else f"{ratio:.0f}x"
+
+
+def queued_wait_ns(view: Any) -> int:
+    """With ``device_sync="monitor_sync"``: what the synchronizes at the start of the step's
+    monitoring phases waited for (``train.device.queued_wait_seconds``). That is the device
+    backlog the steps before left while their host ran ahead, drained here because
+    monitoring starts: not this step's slowness."""
+    if not view.monitor_ns:
+        return 0
+    total = 0.0
+    for ph in view.phases:
+        extra = ph[10] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > 10 else None
+        if extra:
+            total += extra.get(A.DEVICE_QUEUED_WAIT) or 0.0
+    return int(total * 1e9)

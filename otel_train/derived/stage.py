@@ -70,10 +70,13 @@ class DerivedMetricsStage:
 
     def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
-                 collectors: Sequence[Any] = ()) -> None:
+                 collectors: Sequence[Any] = (),
+                 attribute_drops: DropCounter | None = None) -> None:
         self.options = options
         self.identity = identity
         self.drops = drops
+        # Device values left out of their spans, by reason (records/attribute_values.py).
+        self.attribute_drops = attribute_drops or DropCounter()
         self.status_dir = Path(status_dir)
         self.self_cost = self_cost
         self.settings = chain_settings(options, identity)
@@ -283,6 +286,7 @@ class DerivedMetricsStage:
         if data["rank"] is None:
             data["rank"] = self.identity.rank
         data["dropped_spans"] = self.drops.counts()
+        data["dropped_attributes"] = self.attribute_drops.counts()
         if envelope is not None:
             data["envelope"] = envelope
         seconds = startup = None

@@ -241,7 +241,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     builder = StepRecordBuilder(identity, resource,
                                 InstrumentationScope(INSTRUMENTATION_SCOPE, __version__),
                                 device.synced, device.device_type, sampling_function(sampler),
-                                epoch_offset_ns())
+                                epoch_offset_ns(), device.span_timing)
     if device.probes is not None:  # memory_peaks' CPU fallback: host RSS on every N-th step
         builder.host_rss_every_steps = device.probes.host_rss_every_steps
     # The exporter process first: its CPU counter must be on the metrics registry before the
@@ -252,7 +252,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                              drops, background)
     try:
         derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
-                                      self_cost, collectors=collectors)
+                                      self_cost, collectors=collectors,
+                                      attribute_drops=builder.attribute_drops)
     except BaseException:
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from time import perf_counter_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter, is_cold_step
 from otel_train.export.process.cpu import ProcessCpuReader
 from otel_train.pipeline.drain_schedule import ConsoleDrainClock, DrainSchedule
+from otel_train.recording.call_checks import detached
+from otel_train.recording.device_values import VALUE_WAIT_SECONDS, record_ready
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.envelope_records import StartupRecordMaker
 from otel_train.records.span_rows import record_span_count, view_from_record
@@ -45,6 +48,7 @@ _log = logging.getLogger("otel_train")
 # ~0.4 s of its step.
 MAX_DRAIN_DELAY_SECONDS = 0.5
 CONSOLE_MAX_DRAIN_DELAY_SECONDS = 0.35
+_VALUE_WAIT_NS = int(VALUE_WAIT_SECONDS * 1e9)
 # A look between drains samples the own cost when the last sample is this old.
 _SAMPLE_EVERY_NS = 250_000_000
 
@@ -81,6 +85,11 @@ class SpanBuildWorker:
         startup: StartupRecordMaker | None = None,
     ) -> None:
         self._recorder = recorder
+        # On an accelerator, records may hold device values or events still on their way
+        # (device_values.py): checked before each is built. Never on CPU.
+        probes = getattr(recorder, "probes", None)
+        self._wait_device = (getattr(recorder, "keep_value", detached) is not detached
+                             or getattr(probes, "make_event", None) is not None)
         self._route = route
         # The exporter process's client, told when a drain ends (``end_drain``: one frame
         # per drain) and ticked between drains (``tick``: user spans, the child's counts).
@@ -257,11 +266,35 @@ class SpanBuildWorker:
                 self._self_cost.add_background_ns(used)
 
     def _queued(self, deadline_ns: int | None) -> Iterator[Step | MonitorRecord]:
-        """Pop queued records until the queue is empty or ``deadline_ns`` passed."""
+        """Pop queued records until the queue is empty or ``deadline_ns`` passed.
+
+        On an accelerator, a record whose device values or events are still on their way
+        stops the drain there (it and those after it go in a later one, in order), unless it
+        ended ``VALUE_WAIT_SECONDS`` ago or the worker is stopping: then it is built without
+        them, and they are counted (records/attribute_values.py).
+        """
         q = self._recorder.queue
+        wait_device = self._wait_device
         while q:
             if deadline_ns is not None and perf_counter_ns() > deadline_ns:
                 return
+            if wait_device:
+                try:
+                    head = q[0]
+                except IndexError:
+                    return
+                if not self._stop.is_set():
+                    if (not record_ready(head)
+                            and perf_counter_ns() - head.end_ns < _VALUE_WAIT_NS):
+                        return  # never a wait: the next drain looks again
+                else:
+                    # Stopping: training is over, no later work queues behind these
+                    # values; look again every millisecond, within the shutdown's bound.
+                    until = head.end_ns + _VALUE_WAIT_NS
+                    if deadline_ns is not None:
+                        until = min(until, deadline_ns)
+                    while not record_ready(head) and perf_counter_ns() < until:
+                        time.sleep(0.001)
             try:
                 record = q.popleft()
             except IndexError:
@@ -327,6 +360,7 @@ class SpanBuildWorker:
             rec = self._startup.record(first.start_ns, self._self_cost.ready_ns)  # type: ignore[union-attr]
             if rec is None:  # option startup_span off
                 return 0
+            rec = self._builder.host_timed(rec)
             view = view_from_record(rec, rank) if metrics is not None else None
         except Exception as exc:
             self._drops.add("build_error", 1)

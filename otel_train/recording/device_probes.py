@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from otel_train.common.device_work import DeviceWorkClock
+
 _log = logging.getLogger("otel_train")
 
 MEMORY_PEAKS_MODES = ("auto", "on", "off")
@@ -88,7 +90,8 @@ class DeviceProbes:
     """The boundary recorder of one run: events and/or memory peaks, on one step in N."""
 
     def __init__(self, make_event: Callable[[], Any] | None, memory: AllocatorPeaks | None,
-                 every_steps: int, host_rss_every_steps: int = 0) -> None:
+                 every_steps: int, host_rss_every_steps: int = 0,
+                 work: DeviceWorkClock | None = None) -> None:
         self.make_event = make_event
         self.memory = memory
         self.every_steps = max(1, int(every_steps))
@@ -108,6 +111,10 @@ class DeviceProbes:
         else:  # host RSS only: nothing at boundaries (the recorder stays plain)
             def boundary(dev: dict[int, Any], pos: int) -> None:
                 return None
+        if work is not None and self.active:
+            # Timed (two clock reads per boundary of a sampled step): the run's own cost
+            # includes its event records and allocator reads (common/device_work.py).
+            boundary = work.timed_probe(boundary)
         # One call per boundary of a sampled step, composed once here.
         self.boundary: Callable[[dict[int, Any], int], None] = boundary
 
@@ -149,7 +156,8 @@ class DeviceProbes:
 def resolve_device_probes(make_event: Callable[[], Any] | None, device_type: str,
                           every_steps: int, memory_peaks: str,
                           memory: AllocatorPeaks | None = None, *,
-                          host_clock_only: bool = False) -> DeviceProbes | None:
+                          host_clock_only: bool = False,
+                          work: DeviceWorkClock | None = None) -> DeviceProbes | None:
     """The run's probes from ``device_sync``'s event maker and ``memory_peaks``; inactive (host
     RSS only, read in the background) or None when the training thread records nothing more.
 
@@ -174,4 +182,4 @@ def resolve_device_probes(make_event: Callable[[], Any] | None, device_type: str
         if rss_every:
             return DeviceProbes(None, None, every_steps, rss_every)
         return None
-    return DeviceProbes(make_event, memory, every_steps, rss_every)
+    return DeviceProbes(make_event, memory, every_steps, rss_every, work)

@@ -21,7 +21,7 @@ from otel_train.common.attributes import (
     CHECKPOINT_OPERATION,
     CHECKPOINT_SPAN_NAME,
 )
-from otel_train.recording.call_checks import bad_key_error, detached
+from otel_train.recording.call_checks import bad_key_error
 
 CHECKPOINT_ACTIONS = ("save", "load")
 
@@ -32,7 +32,7 @@ class MonitorRecord:
     span_name: str | None = None  # the span's name when not the operation's (checkpoints)
 
     __slots__ = ("name", "after_step", "start_ns", "end_ns", "error", "attrs", "trace_id",
-                 "span_id", "_recorder")
+                 "span_id", "_recorder", "queued_wait_ns")
 
     def __init__(self, recorder: Any, name: str) -> None:
         self.name = name
@@ -43,6 +43,7 @@ class MonitorRecord:
         self.end_ns = 0
         self.trace_id = 0  # drawn when a user span inside asks for it, else when built
         self.span_id = 0
+        self.queued_wait_ns: int | None = None  # monitor_sync: the wait before it started
         # The run's Recorder (recorder.py imports this module, so it is not named here).
         self._recorder = recorder
 
@@ -50,10 +51,19 @@ class MonitorRecord:
         """Start timing, at ``start_ns`` (``perf_counter_ns``) if the start was seen earlier."""
         # A run event: the step held since a loop was left goes first, in step order.
         self._recorder.release_held()
-        if start_ns is None:
-            sync = self._recorder.synchronize
-            if sync is not None:
-                sync()  # explicit: measure only this operation's device work
+        rec = self._recorder
+        sync = rec.synchronize or rec.monitor_synchronize
+        if sync is not None:
+            # explicit (device_sync sync or monitor_sync): the work queued before this
+            # operation finishes first, so only its own device work is timed here.
+            waited = sync()
+            if rec.synchronize is None and type(waited) is int:
+                self.queued_wait_ns = waited  # monitor_sync: the work queued before it
+            now = perf_counter_ns()
+            # A start seen earlier (an integration's callback) moves to after the wait: that
+            # wait was the earlier work's, not this operation's.
+            start_ns = now if start_ns is None else max(start_ns, now)
+        elif start_ns is None:
             start_ns = perf_counter_ns()
         self.start_ns = start_ns
         self._recorder.open_record = self
@@ -63,14 +73,18 @@ class MonitorRecord:
         """Stop timing (at ``end_ns`` if given) and hand the span to the background."""
         if self.end_ns:
             return
-        if end_ns is None:
-            sync = self._recorder.synchronize
-            if sync is not None:
-                sync()  # explicit: this operation's device work counts in this operation
+        rec = self._recorder
+        sync = rec.synchronize or rec.monitor_synchronize
+        if sync is not None:
+            # explicit (device_sync sync or monitor_sync): this operation's device work
+            # counts in this operation, even when its end was seen earlier by a callback.
+            sync()
+            now = perf_counter_ns()
+            end_ns = now if end_ns is None else max(end_ns, now)
+        elif end_ns is None:
             end_ns = perf_counter_ns()
         self.end_ns = end_ns
         self.error = error
-        rec = self._recorder
         if rec.open_record is self:
             rec.open_record = None
         rec.submit(self)
@@ -88,7 +102,7 @@ class MonitorRecord:
             raise bad_key_error(key)
         if self.attrs is None:
             self.attrs = {}
-        self.attrs[key] = detached(value)
+        self.attrs[key] = self._recorder.keep_value(value)
 
     def span_count(self) -> int:
         """One span."""

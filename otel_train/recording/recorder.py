@@ -6,8 +6,12 @@ flat event list: entering a phase appends ``(phase, start_ns)``, leaving it appe
 stream into the span tree. A finished step goes to a bounded deque the background drains.
 Timestamps are ``perf_counter_ns``; the builder turns them into epoch ns with one offset.
 
-Device synchronization, when enabled (``device.py``), is an explicit call at every step and
-phase boundary (``SyncedPhase``): the one thing here that may wait on the device, by choice.
+Device synchronization (``device.py``) is an explicit call: at every step and phase boundary
+with ``device_sync="sync"`` (``SyncedPhase``), at monitoring boundaries only with
+``monitor_sync``, the default on an accelerator (``MonitorSyncedPhase``, ``MonitorRecord``,
+``Step.open_phase`` of a monitor phase): the one thing here that may wait on the device, by
+choice. A device tensor given to ``set_attribute`` / ``count`` starts a non-blocking copy to
+host memory here (``device_values.py``); nothing reads it on this thread.
 
 This module picks the twin that runs (the C accelerator or ``pure_twin.py``) and builds
 ``Phase``, ``Step`` and ``Recorder`` on it. Beside it: ``step_events.py`` reads an event list
@@ -44,6 +48,8 @@ from otel_train.recording.step_events import (
     active_ordinal,
     decode_events,
     flat_events,
+    in_progress,
+    open_monitoring,
 )
 from otel_train.recording.step_counts import StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
@@ -53,8 +59,8 @@ if TYPE_CHECKING:
     from otel_train.recording.device_probes import DeviceProbes
 
 __all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase",
-           "MonitorRecord", "Phase", "Recorder", "Step", "SyncedPhase", "decode_events",
-           "flat_events"]
+           "MonitorRecord", "MonitorSyncedPhase", "Phase", "Recorder", "Step", "SyncedPhase",
+           "decode_events", "flat_events"]
 
 # The C accelerator (``_recorder_c.c``, built at install where a compiler is found) runs the
 # phases' __enter__/__exit__, a step's fields and lookups, and run.steps' loop with no Python
@@ -178,6 +184,42 @@ class DeviceEventPhase(Phase):
         return Phase.__exit__(self, exc_type, exc, tb)
 
 
+class MonitorSyncedPhase(Phase):
+    """A monitoring phase under ``device_sync="monitor_sync"``: the device is synchronized at
+    its start and its end; on a sampled step its boundaries record events and peaks too."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:  # type: ignore[override]
+        rec = self._rec
+        step = rec.current
+        if step is None:
+            raise outside_step_error(self.name)
+        # explicit: the training work still queued runs before monitoring starts, so it is
+        # charged to training and not to this phase (monitor_sync).
+        waited = rec.monitor_synchronize()  # type: ignore[misc]
+        ev = step.ev
+        step.note_queued_wait(len(ev), waited)
+        if step.dev is not None and rec.probes is not None:
+            rec.probes.boundary(step.dev, len(ev))
+        ev.extend((self, perf_counter_ns()))
+        return self
+
+    def __exit__(  # type: ignore[override]
+            self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        rec = self._rec
+        step = rec.current
+        # explicit: this phase's own kernels finish inside it (monitor_sync).
+        rec.monitor_synchronize()  # type: ignore[misc]
+        probes = rec.probes
+        if step is not None and probes is not None:
+            if step.dev is not None:
+                probes.boundary(step.dev, len(step.ev))
+            elif exc is not None:
+                probes.phase_failed(step, len(step.ev), exc)
+        return Phase.__exit__(self, exc_type, exc, tb)
+
+
 class _PhaseTable(dict):  # type: ignore[type-arg]
     """name -> reusable Phase of one kind; a missing name creates its Phase on first use."""
 
@@ -199,11 +241,20 @@ class Recorder(_RecorderCore):
         drops: DropCounter,
         synchronize: Callable[[], None] | None,
         probes: DeviceProbes | None = None,
+        monitor_synchronize: Callable[[], None] | None = None,
+        keep_value: Callable[[Any], Any] | None = None,
+        schedule: DueSchedule | None = None,
     ) -> None:
         self.queue: deque[Step | MonitorRecord] = deque()
         self.max_queued = max_queued
         self.drops = drops
         self.synchronize = synchronize
+        # monitor_sync: synchronize at monitoring boundaries only (None in every other mode:
+        # with device_sync=sync, ``synchronize`` covers monitoring boundaries too).
+        self.monitor_synchronize = monitor_synchronize if synchronize is None else None
+        # What set_attribute / count keep of a value: a device tensor's copy on its way to
+        # host memory (device_values.py), else the value (a tensor detached).
+        self.keep_value: Callable[[Any], Any] = keep_value or detached
         self.current: Step | None = None  # the step in progress (read by watchdog and proxy)
         self.open_record: MonitorRecord | None = None  # run.monitor() running between steps
         self.ev: list[Any] | None = None  # current.ev, one attribute away for the hot path
@@ -226,15 +277,16 @@ class Recorder(_RecorderCore):
         self.monitor_phases = _PhaseTable(self, KIND_MONITOR)
         self.phase_lookup = self.train_phases.__getitem__
         self.monitor_lookup = self.monitor_phases.__getitem__
-        # step.due's schedule (schedule.py): plain every-N until the run sets a governed one.
-        self.schedule = DueSchedule()
+        self.schedule = schedule or DueSchedule()  # step.due's (schedule.py): every-N if None
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
         key = (name, kind, loader)
         p = self._phases.get(key)
         if p is None:
-            p = self._phases[key] = self._phase_cls(self, name, kind, loader)
+            cls = (MonitorSyncedPhase if kind == KIND_MONITOR
+                   and self.monitor_synchronize is not None else self._phase_cls)
+            p = self._phases[key] = cls(self, name, kind, loader)
             if loader is None:
                 by_name = self.train_phases if kind == KIND_TRAIN else self.monitor_phases
                 by_name[name] = p
@@ -342,27 +394,11 @@ class Recorder(_RecorderCore):
         A monitoring phase of the current step, or a ``run.monitor`` between steps; any
         thread (the watchdog warns while one runs too long, not only once it has ended).
         """
-        record = self.open_record
-        if record is not None and not record.end_ns:
-            return record.after_step, record.name, record.start_ns
-        step = self.current
-        if step is None or step.end_ns:
-            return None
-        for ph in decode_events(list(step.ev)):
-            if not ph.end_ns and ph.phase.kind == KIND_MONITOR:
-                return step.index, ph.phase.name, ph.start_ns
-        return None
+        return open_monitoring(self)
 
     def in_progress(self) -> tuple[int, int, str | None, int] | None:
         """(step index, step start ns, active phase name, phase start ns) or None; any thread."""
-        step = self.current
-        if step is None or step.end_ns:
-            return None
-        phases = decode_events(list(step.ev))
-        for ph in reversed(phases):
-            if not ph.end_ns:
-                return step.index, step.start_ns, ph.phase.name, ph.start_ns
-        return step.index, step.start_ns, None, step.start_ns
+        return in_progress(self)
 
 
 class Step(_StepCore, StepPhaseEvents, StepCounts):
@@ -411,56 +447,21 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
 
-        A tensor is kept (detached) and read in the background, not with ``.item()`` here.
+        A tensor is kept (detached) and read in the background, not with ``.item()`` here; a
+        one-element device tensor starts a non-blocking copy to host memory, read once it has
+        landed (``device_values.py``).
         """
         if type(key) is not str or not key:
             raise bad_key_error(key)
         attrs = self.attrs
         if attrs is None:
             attrs = self.attrs = {}
-        attrs[key] = detached(value)
+        attrs[key] = self._recorder.keep_value(value)
 
     def due(self, operation: str, every: int | None = None, *, force: bool = False,
             min_every: int | None = None, max_every: int | None = None) -> bool:
-        """Whether ``operation`` runs at this step: ``index % every == 0``, or governed, the
-        interval in force (``recording/schedule.py``; docs/governor.md)."""
+        """Whether ``operation`` runs now: every N steps, or governed (``schedule.py``)."""
         return self._recorder.schedule.due(self, operation, every, force, min_every, max_every)
-
-    def iter_data(self, iterable: Iterable[Any], loader: str) -> Iterator[Any]:
-        """Iterate ``iterable``, timing each fetch as a ``data`` phase of loader ``loader``.
-
-        For validation loaders inside a monitoring phase, e.g.
-        ``for vb in step.iter_data(val_loader, loader="val"):``.
-        """
-        if self.end_ns:
-            raise ended_step_error(self, f"{PHASE_DATA}[{loader}]")
-        phase = self._recorder.phase(PHASE_DATA, KIND_TRAIN, loader)
-        sync = self._recorder.synchronize
-        ev = self.ev
-        it = iter(iterable)
-        while True:
-            if self.end_ns:
-                return  # the step ended while the caller still iterated: stop recording
-            if sync is not None:
-                sync()  # explicit: the fetch's own device work starts clean
-            ev.append(phase)
-            ev.append(perf_counter_ns())
-            try:
-                item = next(it)
-            except StopIteration:
-                del ev[-2:]  # the fetch that found the loader exhausted is not a batch
-                return
-            except BaseException as exc:
-                ev.append(perf_counter_ns())
-                ev.append(exc)
-                if self.error is None:
-                    self.error = exc
-                raise
-            if sync is not None:
-                sync()  # explicit: device work of the fetch counts as data
-            ev.append(perf_counter_ns())
-            ev.append(None)
-            yield item
 
     # -- lifecycle and background helpers -----------------------------------------------
     def span_count(self) -> int:
@@ -475,7 +476,7 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
             raise RuntimeError(f"set_attribute({key!r}): no phase is open in step {self.index}")
         if self.phase_attrs is None:
             self.phase_attrs = {}
-        self.phase_attrs.setdefault(ordinal, {})[key] = detached(value)
+        self.phase_attrs.setdefault(ordinal, {})[key] = self._recorder.keep_value(value)
 
     def _active_span_ordinal(self) -> int:
         return active_ordinal(self.ev)[0]

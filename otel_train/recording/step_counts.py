@@ -39,6 +39,7 @@ from otel_train.common import attributes as A
 from otel_train.common.device_peaks import dtype_name, peak_flops_per_second
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.recording.call_checks import detached
+from otel_train.recording.device_values import add_counts
 
 _log = logging.getLogger("otel_train")
 _warn = RateLimitedLogger(_log)
@@ -106,12 +107,13 @@ def prod_of(shape: Any) -> int:
     return n
 
 
-def checked_count(name: str, value: Any) -> Any:
-    """A count given to ``step.count``: an int >= 0, or a tensor (read in the background)."""
+def checked_count(name: str, value: Any, keep: Callable[[Any], Any] = detached) -> Any:
+    """A count given to ``step.count``: an int >= 0, or a tensor (read in the background;
+    ``keep`` is the recorder's ``keep_value``: a device tensor's copy starts here)."""
     if type(value) is int and value >= 0:
         return value
     if hasattr(value, "detach"):
-        return detached(value)
+        return keep(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"step.count({name}={value!r}): must be an integer >= 0 or a tensor")
     return value
@@ -139,10 +141,11 @@ class StepCounts:
         attrs = self.attrs
         if attrs is None:
             attrs = self.attrs = {}
+        keep = self._recorder.keep_value
         if tokens is not None:
-            attrs[A.TOKENS] = checked_count("tokens", tokens)
+            attrs[A.TOKENS] = checked_count("tokens", tokens, keep)
         if samples is not None:
-            attrs[A.SAMPLES] = checked_count("samples", samples)
+            attrs[A.SAMPLES] = checked_count("samples", samples, keep)
 
 
 class BatchCounter:
@@ -203,10 +206,15 @@ class BatchCounter:
         attrs = step.attrs
         if attrs is None:
             attrs = step.attrs = {}
+        # A tensor count (a callable's mask sum) on the device starts its copy to the host
+        # here, as step.count's does (device_values.py): never read with a wait.
+        keep = getattr(step._recorder, "keep_value", detached)
         if tokens is not None:
-            attrs[A.TOKENS] = tokens + attrs.get(A.TOKENS, 0) if add else tokens
+            tokens = keep(tokens) if hasattr(tokens, "detach") else tokens
+            attrs[A.TOKENS] = add_counts(tokens, attrs.get(A.TOKENS, 0)) if add else tokens
         if samples is not None:
-            attrs[A.SAMPLES] = samples + attrs.get(A.SAMPLES, 0) if add else samples
+            samples = keep(samples) if hasattr(samples, "detach") else samples
+            attrs[A.SAMPLES] = add_counts(samples, attrs.get(A.SAMPLES, 0)) if add else samples
 
     def _call(self, fn: Callable[[Any], Any], batch: Any, option: str) -> Any:
         try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_train.common.attributes import KIND_MONITOR
+
 _INT = {int}  # flat_events: the one type an end time has
 
 
@@ -104,3 +106,31 @@ def active_ordinal(ev: list[Any]) -> tuple[int, int]:
             stack.pop()
     return (stack[-1] if stack else -1), count
 
+
+
+def open_monitoring(recorder: Any) -> tuple[int, str, int] | None:
+    """(step index, name, start ns) of the outermost monitoring operation ``recorder`` runs
+    now: a monitoring phase of its current step, or a ``run.monitor`` between steps."""
+    record = recorder.open_record
+    if record is not None and not record.end_ns:
+        return record.after_step, record.name, record.start_ns
+    step = recorder.current
+    if step is None or step.end_ns:
+        return None
+    for ph in decode_events(list(step.ev)):
+        if not ph.end_ns and ph.phase.kind == KIND_MONITOR:
+            return step.index, ph.phase.name, ph.start_ns
+    return None
+
+
+def in_progress(recorder: Any) -> tuple[int, int, str | None, int] | None:
+    """(step index, step start ns, active phase name, phase start ns) of ``recorder``'s step
+    in progress, or None."""
+    step = recorder.current
+    if step is None or step.end_ns:
+        return None
+    phases = decode_events(list(step.ev))
+    for ph in reversed(phases):
+        if not ph.end_ns:
+            return step.index, step.start_ns, ph.phase.name, ph.start_ns
+    return step.index, step.start_ns, None, step.start_ns

@@ -13,11 +13,15 @@ OpenTelemetry SDK applies to span attributes (``SpanLimits`` and ``BoundedAttrib
   attributes a span. Over it the oldest user attributes are dropped, as the SDK drops the
   oldest, except that the contract's own attributes (run id, step, phase...) always stay.
 
-Values that are not attribute types are converted, never ``repr``'d in full: a tensor or
-array of one element becomes its number (``.item()``, waiting for a device value in this
-background thread only), a larger one a short summary such as
-``tensor(dtype=torch.float32, shape=(1000,))``; a dict or other object a bounded
-``reprlib`` string. A value that had to be changed, cut or dropped warns once per key.
+Values that are not attribute types are converted, never ``repr``'d in full: a host tensor
+or array of one element becomes its number (``.item()``); a device value becomes its number
+once its non-blocking copy has landed (``recording/device_values.py``: the host copy is read,
+never the device tensor), else it is left out and counted by reason in ``drops``
+(``device_value_not_ready``: not landed by the time the span was built;
+``device_value_unread``: its copy could not start, or a device tensor kept without one); a
+larger tensor a short summary such as ``tensor(dtype=torch.float32, shape=(1000,))``; a dict
+or other object a bounded ``reprlib`` string. A value that had to be changed, cut or dropped
+warns once per key.
 
 Usage::
 
@@ -33,7 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import warn_once
+from otel_train.recording.device_values import is_device_tensor, is_pending, unreadable
 
 DEFAULT_VALUE_LENGTH = 4096
 DEFAULT_COUNT = 128  # the SDK's default span attribute count limit
@@ -124,8 +130,30 @@ def _numel(value: Any) -> int | None:
     return size if isinstance(size, int) else None
 
 
+class DeviceValueNotRead(Exception):
+    """A device value left out of its span: ``reason`` says why (a drop reason)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _landed(value: Any) -> Any:
+    """A device value's number from its pinned host copy, once its event has completed."""
+    if unreadable(value):  # its copy could not start
+        raise DeviceValueNotRead("device_value_unread")
+    if not value.ready():  # event.query(): a host-side check, never a wait
+        raise DeviceValueNotRead("device_value_not_ready")
+    if value.failed:  # a device error: its event could not be queried
+        raise DeviceValueNotRead("device_value_unread")
+    return value.value()
+
+
 def plain_value(key: str, value: Any, limit: int) -> Any:
-    """One value as an OTel attribute type, within ``limit`` characters."""
+    """One value as an OTel attribute type, within ``limit`` characters.
+
+    Raises :class:`DeviceValueNotRead` for a device value that is not on the host (yet).
+    """
     t = type(value)
     if t is str:
         return _cut(key, value, limit)
@@ -141,12 +169,18 @@ def plain_value(key: str, value: Any, limit: int) -> Any:
             _changed(key, f"{len(value)} bytes cut to {limit}")
             return value[:limit]
         return value
+    if is_pending(value) or unreadable(value):
+        return plain_value(key, _landed(value), limit)
     item = getattr(value, "item", None)
     if callable(item) and not isinstance(value, (list, tuple, dict)):
         n = _numel(value)
+        if n == 1 and is_device_tensor(value):
+            # Never a blocking read of a device tensor here: it would wait behind every
+            # kernel queued since. A run on an accelerator copies it without waiting
+            # (device_values.py); one kept without that copy is left out.
+            raise DeviceValueNotRead("device_value_unread")
         if n == 1 or (n is None and _array_summary(value) is None):
-            # Read off the hot path. For a device tensor this waits for that value in this
-            # background thread only; the training thread never synchronizes for it.
+            # Read off the hot path: a host value (a CPU tensor, an array).
             try:
                 scalar = item()
                 if isinstance(scalar, _SCALARS):
@@ -174,8 +208,11 @@ def plain_value(key: str, value: Any, limit: int) -> Any:
 
 
 def plain_attributes(attrs: Mapping[Any, Any], limits: AttributeLimits = _DEFAULT_LIMITS,
-                     room: int | None = None) -> dict[str, Any]:
-    """Attribute values OTel accepts, within ``limits``; at most ``room`` of them (the newest)."""
+                     room: int | None = None, drops: DropCounter | None = None
+                     ) -> dict[str, Any]:
+    """Attribute values OTel accepts, within ``limits``; at most ``room`` of them (the newest).
+
+    A device value not on the host is left out, counted in ``drops`` by reason."""
     out: dict[str, Any] = {}
     limit = limits.value_length
     for key, value in attrs.items():
@@ -183,7 +220,14 @@ def plain_attributes(attrs: Mapping[Any, Any], limits: AttributeLimits = _DEFAUL
             warn_once(f"attribute-key:{key!r}", "otel-train: attribute key %r dropped: keys "
                       "must be non-empty strings", key)
             continue
-        out[key] = plain_value(key, value, limit)
+        try:
+            out[key] = plain_value(key, value, limit)
+        except DeviceValueNotRead as exc:
+            if drops is not None:
+                drops.add(exc.reason)
+            warn_once(f"device-value:{key}", "otel-train: attribute %r: a device value left "
+                      "out (%s); counted under dropped_attributes in run.costs()", key,
+                      exc.reason)
     if room is not None and len(out) > max(0, room):
         keep = max(0, room)
         drop = len(out) - keep

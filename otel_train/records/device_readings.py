@@ -64,8 +64,8 @@ def device_readings(step: Any, phases: Sequence[Any]
                     ) -> tuple[dict[int, dict[str, Any]], dict[str, Any], dict[int, float]]:
     """(phase ordinal -> attributes, root attributes, phase ordinal -> device seconds).
 
-    Waiting for the step's last event blocks this (background) thread only; by the time a
-    step is built its device work has usually long finished.
+    Nothing here waits for the device: the span worker builds a step once its last event
+    has completed (``device_values.record_ready``), or, past a bound, without device time.
     """
     dev = step.dev or {}
     extra: dict[int, dict[str, Any]] = {}
@@ -104,7 +104,11 @@ def _resolve_events(step: Any, phases: Sequence[Any], dev: dict[int, Any], keys:
                     events: dict[int, Any], extra: dict[int, dict[str, Any]],
                     root: dict[str, Any], seconds: dict[int, float]) -> None:
     last = events[max(events)]
-    last.synchronize()
+    if not last.query():
+        # Never a wait here: the span worker holds a step back until its events have
+        # completed (device_values.record_ready), up to a bound; past it, no device time.
+        _log.debug("device events of step %s not complete when built: left out", step.index)
+        return
     first = events.get(-1)
     if first is not None and _END in events:
         root[A.DEVICE_DURATION] = first.elapsed_time(events[_END]) / 1000.0

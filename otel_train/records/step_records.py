@@ -20,6 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 
 from otel_train.common import attributes as A
+from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.common.trace_ids import SAMPLED as _SAMPLED
 from otel_train.common.trace_ids import operation_ids
@@ -31,6 +32,7 @@ from otel_train.recording.recorder import (
     flat_events,
 )
 from otel_train.recording.collectives import CollectiveLog
+from otel_train.recording.device import TIMING_EVENTS, TIMING_HOST, TIMING_SYNC
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
 from otel_train.records.device_readings import HostRss, device_readings, label_step
 from otel_train.records.comm_summary import comm_summary
@@ -46,16 +48,31 @@ _DATA = A.PHASE_DATA
 _TRUNCATED, _TRUNCATED_REASON = A.TRUNCATED, A.TRUNCATED_REASON
 
 
+# ``train.device.synced`` and ``train.device.timing`` of a span whose timing is its own
+# (device_sync events and monitor_sync): shared dicts, never changed.
+_SPAN_HOST = {A.DEVICE_SYNCED: False, A.DEVICE_TIMING: TIMING_HOST}
+_SPAN_EVENTS = {A.DEVICE_SYNCED: False, A.DEVICE_TIMING: TIMING_EVENTS}
+_SPAN_SYNC = {A.DEVICE_SYNCED: True, A.DEVICE_TIMING: TIMING_SYNC}
+
+
 def run_constant_attributes(identity: RunIdentity, device_synced: bool,
-                            device_type: str) -> dict[str, Any]:
-    """The attributes every span of the run carries, in the order they are written."""
-    return {
+                            device_type: str, span_timing: str | None = TIMING_HOST
+                            ) -> dict[str, Any]:
+    """The attributes every span of the run carries, in the order they are written.
+
+    ``span_timing`` is ``train.device.timing`` when every span has the same one; None when
+    each span carries its own, with its ``train.device.synced`` (``DeviceTiming.span_timing``).
+    """
+    constants: dict[str, Any] = {
         A.RUN_ID: identity.run_id,
         A.RANK: identity.rank,
         A.WORLD_SIZE: identity.world_size,
-        A.DEVICE_SYNCED: device_synced,
-        A.DEVICE_TYPE: device_type,
     }
+    if span_timing is not None:
+        constants[A.DEVICE_SYNCED] = device_synced
+        constants[A.DEVICE_TIMING] = span_timing
+    constants[A.DEVICE_TYPE] = device_type
+    return constants
 
 
 class StepRecordBuilder:
@@ -71,13 +88,21 @@ class StepRecordBuilder:
         device_type: str,
         is_sampled: Callable[[int], bool],
         epoch_offset_ns: int,
+        span_timing: str | None = TIMING_HOST,
     ) -> None:
         self._identity = identity
+        # None: each span says its own timing (device_sync events / monitor_sync): ``sync``
+        # for the monitoring spans a synchronize opened (the recorder notes each one's wait),
+        # ``events`` for phases with device time, else ``host``.
+        self._own_timing = span_timing is None
+        # Device tensors given to set_attribute that never reached the host in time, by
+        # reason (shown under ``dropped_attributes`` in run.costs() / monitoring_costs.json).
+        self.attribute_drops = DropCounter()
         self.is_sampled = is_sampled
         self._offset = epoch_offset_ns
         # OTEL_*ATTRIBUTE_* limits, read once (the SDK reads them when its provider is made).
         self._limits = AttributeLimits.from_env()
-        self._base = run_constant_attributes(identity, device_synced, device_type)
+        self._base = run_constant_attributes(identity, device_synced, device_type, span_timing)
         # Rows leave the run constants out; the encoders and the row factory put them first
         # in every span's attributes, the encoders as one cached block. The attribute count
         # limit counts them.
@@ -119,17 +144,23 @@ class StepRecordBuilder:
         off = self._offset
         step_end = step.end_ns
         step_loader = step.loader
-        phases = None if step.dev or step.phase_attrs else _flat_rows(
+        phases = None if step.dev or step.phase_attrs or step.queued_waits else _flat_rows(
             step.ev, step_loader, root_id, off, _DATA)
         device_root = None
+        synced: frozenset[int] = frozenset()  # a flat step synchronized none of its phases
         if phases is None:  # nested, failed, left open, with attributes or device readings
-            phases, device_root = self._phases(step, root_id)
+            phases, device_root, synced = self._phases(step, root_id)
         root_attrs: dict[str, Any] = {_STEP: step.index}
         if step_loader is not None:
             root_attrs[_DATALOADER] = step_loader
         root_attrs[_SLOW] = False  # the slow-step processor turns this on
         if device_root:
             root_attrs.update(device_root)
+        if self._own_timing:
+            root_attrs.update(_SPAN_EVENTS if device_root and (
+                A.DEVICE_DURATION in device_root or A.DEVICE_BUSY in device_root)
+                else _SPAN_HOST)
+            phases = self._phase_timings(phases, synced)
         if self.host_rss_every_steps and step.index % self.host_rss_every_steps == 0:
             rss = self.host_rss.read_bytes()
             if rss is not None:
@@ -148,7 +179,8 @@ class StepRecordBuilder:
             self._device_bound = verdict
         if step.attrs:
             root_attrs.update(_plain_attributes(step.attrs, self._limits,
-                                                self._room - len(root_attrs)))
+                                                self._room - len(root_attrs),
+                                                self.attribute_drops))
         status, events = _status_and_events(step.error, step_end + off)
         if comm_events:
             events = events + comm_events
@@ -162,10 +194,12 @@ class StepRecordBuilder:
                 root_attrs, status, events, phases, ids or None)
 
     def _phases(self, step: Step, root_id: int
-                ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None]:
-        """The record's phases, and the root's device attributes, of any step, decoded."""
+                ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None, frozenset[int]]:
+        """The record's phases, the root's device attributes and the ordinals of the phases
+        a synchronize opened (monitor_sync), of any step, decoded."""
         off, step_end, step_loader = self._offset, step.end_ns, step.loader
         phase_attrs = step.phase_attrs
+        waits = step.queued_waits  # monitor_sync: the wait before each monitoring phase
         # A step cut off (recording/truncation.py): its phases still open carry the mark too.
         cut = step.attrs.get(_TRUNCATED_REASON) if step.attrs else None
         decoded = decode_events(step.ev)  # the one decoder of a step's event list
@@ -187,26 +221,64 @@ class StepRecordBuilder:
             status, events = _status_and_events(ph.error, end)
             device = device_seconds.get(ph.ordinal) if device_seconds else None
             extra = phase_attrs.get(ph.ordinal) if phase_attrs else None
+            if waits and ph.start_pos in waits:
+                extra = {A.DEVICE_QUEUED_WAIT: waits[ph.start_pos] / 1e9, **(extra or {})}
             if device_extra and ph.ordinal in device_extra:
                 extra = {**device_extra[ph.ordinal], **(extra or {})}
             if cut is not None and not ph.end_ns:
                 extra = {**(extra or {}), _TRUNCATED: True, _TRUNCATED_REASON: cut}
             if extra:
                 extra = _plain_attributes(
-                    extra, limits, room - 3 - (loader is not None) - (device is not None))
+                    extra, limits, room - 3 - (loader is not None) - (device is not None),
+                    self.attribute_drops)
             # span_rows.py's phase layout; the first six are what StepView needs.
             phases.append((name, kind, loader, end - start, ph.ordinal + 1,
                            parent + 1 if parent >= 0 else root_id, start, end, status,
                            events, extra or None, device))
-        return phases, device_root
+        synced = (frozenset(ph.ordinal for ph in decoded if ph.start_pos in waits) if waits
+                  else frozenset())
+        return phases, device_root, synced
+
+    def host_timed(self, rec: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A record made elsewhere (``train.startup``), its spans marked host-timed when each
+        span of the run says its own timing (the run constants say it otherwise)."""
+        if not self._own_timing:
+            return rec
+        rec[6].update(_SPAN_HOST)
+        phases = rec[9]
+        if not phases:
+            return rec
+        marked = [p[:10] + ({**_SPAN_HOST, **p[10]} if p[10] else _SPAN_HOST,) + p[11:]
+                  for p in phases]
+        return rec[:9] + (marked,) + rec[10:]
+
+    def _phase_timings(self, phases: list[tuple[Any, ...]], synced: frozenset[int]
+                       ) -> list[tuple[Any, ...]]:
+        """Each phase's ``train.device.synced`` / ``timing``, first among its own attributes.
+
+        ``synced``: the ordinals of the phases a synchronize opened (monitor_sync's monitoring
+        phases); a phase nested in one (validation data) is monitoring work but was not
+        itself synchronized, nor was a phase recorded afterwards by its timestamps."""
+        out = []
+        for i, p in enumerate(phases):
+            timing = (_SPAN_SYNC if i in synced
+                      else _SPAN_EVENTS if p[11] is not None else _SPAN_HOST)
+            extra = p[10]
+            out.append(p[:10] + ({**timing, **extra} if extra else timing, p[11]))
+        return out
 
     def _monitor_record(self, rec: MonitorRecord) -> tuple[Any, ...]:
         trace_id, span_id = operation_ids(rec)
         flags = _SAMPLED_FLAGS if self.is_sampled(trace_id) else 0
         attrs: dict[str, Any] = {A.STEP: rec.after_step, A.PHASE: rec.name,
                                  A.PHASE_KIND: A.KIND_MONITOR}
+        if self._own_timing:  # synchronized at its start (and end) with monitor_sync
+            attrs.update(_SPAN_SYNC if rec.queued_wait_ns is not None else _SPAN_HOST)
+        if rec.queued_wait_ns is not None:
+            attrs[A.DEVICE_QUEUED_WAIT] = rec.queued_wait_ns / 1e9
         if rec.attrs:
-            attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs)))
+            attrs.update(_plain_attributes(rec.attrs, self._limits, self._room - len(attrs),
+                                           self.attribute_drops))
         off = self._offset
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return (rec.span_name or rec.name, trace_id, span_id, flags, rec.start_ns + off,
@@ -258,9 +330,10 @@ def _status_and_events(
 
 
 def _plain_attributes(attrs: dict[str, Any], limits: AttributeLimits | None = None,
-                      room: int | None = None) -> dict[str, Any]:
+                      room: int | None = None, drops: DropCounter | None = None
+                      ) -> dict[str, Any]:
     """Attribute values OTel accepts, within the SDK's limits (attribute_values.py)."""
-    return plain_attributes(attrs, limits or AttributeLimits(), room)
+    return plain_attributes(attrs, limits or AttributeLimits(), room, drops)
 
 
 def epoch_offset_ns() -> int:

@@ -115,6 +115,13 @@ def costs_section(data: RunData) -> str:
                                    "share of training"], rows, "costs", names))
         else:
             out.append("<p class='empty'>No monitoring operation recorded.</p>")
+        device = (c.get("own_cost") or {}).get("device_work")
+        if isinstance(device, dict):
+            # On an accelerator: what of otel-train's device work its own cost includes,
+            # and what no clock in the run sees.
+            out.append(f"<p class='note'>otel-train's device work: included in its own cost: "
+                       f"{html.escape(str(device.get('charged', '')))}; left out: "
+                       f"{html.escape(str(device.get('left_out', '')))}.</p>")
         # The advisor's wording is its own (otel_train/derived/budget.py): shown as it is.
         advice = c.get("advisor") or []
         if advice:
@@ -157,6 +164,12 @@ def drops_section(data: RunData) -> str:
         if isinstance(dropped, dict):
             for reason, n in sorted(dropped.items()):
                 rows.append((f"dropped ({html.escape(str(reason))}), rank "
+                             f"{c.get('rank', '?')}", int(n)))
+        # Device tensors given to set_attribute / count that never reached host memory.
+        left_out = c.get("dropped_attributes")
+        if isinstance(left_out, dict):
+            for reason, n in sorted(left_out.items()):
+                rows.append((f"attribute values left out ({html.escape(str(reason))}), rank "
                              f"{c.get('rank', '?')}", int(n)))
     for r in data.removed:
         rows.append((f"removed by spans_total_max_bytes ({html.escape(r['_file'])})",

@@ -35,3 +35,29 @@ def test_the_plan_command_prints_the_route_and_why_from_flags_and_environment():
 def test_the_plan_command_names_a_bad_option_and_fails():
     done = _plan("--sample-ratio", "7")
     assert done.returncode == 2 and "sample_ratio" in done.stderr
+
+
+def test_the_plan_command_says_which_device_timing_is_in_force_here():
+    done = _plan()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "timing: cpu: host clock (exact on CPU; no accelerator to synchronize)")
+
+
+def test_the_plan_timing_line_on_an_accelerator_names_monitor_sync_and_why(monkeypatch):
+    from fake_accelerator import FakeAccelerator
+
+    from otel_train.cli.plan import device_timing_line
+    from otel_train.common.options import RunOptions
+    from otel_train.recording import device
+
+    acc = FakeAccelerator()
+    real = device.resolve_device_timing
+    monkeypatch.setattr(device, "resolve_device_timing",
+                        lambda mode, *a, **k: real(mode, accelerator=acc))
+    line = device_timing_line(RunOptions.resolve(device_events_every_steps=10))
+    assert line.startswith("cuda: monitor_sync (device_sync=auto): training phases "
+                           "unsynchronized, device time from events 1 step in 10")
+    assert line.endswith("; monitoring synchronized at its start and end")
+    line = device_timing_line(RunOptions.resolve(device_sync="sync"))
+    assert line.startswith("cuda: sync (device_sync=sync): synchronized at every phase boundary")

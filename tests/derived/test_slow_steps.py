@@ -275,3 +275,35 @@ def test_bad_settings_are_refused() -> None:
         SlowStepSpanProcessor(warmup_steps=-1)
     with pytest.raises(ValueError, match="min_excess_seconds"):
         SlowStepSpanProcessor(min_excess_seconds=-0.001)
+
+
+def test_a_step_that_drains_the_device_backlog_before_its_monitoring_is_not_slow(
+        tmp_path, monkeypatch):
+    # monitor_sync (the default on an accelerator): the host runs ahead of the device, and
+    # the synchronize at the start of monitoring waits for the backlog the steps before left.
+    # That wait is theirs, said on the monitoring span, not this step's slowness.
+    import time
+
+    from fake_accelerator import FakeAccelerator
+    from train_helpers import read_file_spans, start_in_process_run
+
+    from otel_train.recording.device import resolve_device_timing
+
+    acc = FakeAccelerator()
+    real = resolve_device_timing
+    monkeypatch.setattr("otel_train.run.resolve_device_timing",
+                        lambda mode, *a, **k: real(mode, accelerator=acc))
+    with start_in_process_run(tmp_path) as run:
+        for step in run.steps(range(30)):
+            with step.phase("forward"):
+                acc.launch(0.008)  # the device takes 8 ms a step
+                time.sleep(0.002)  # the host 2 ms: it runs ahead
+            if step.index % 10 == 9:
+                with step.monitor("val_loss"):
+                    acc.launch(0.001)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(run.spans_path)
+             if s.name == "train.step"}
+    waits = [s.attributes["train.device.queued_wait_seconds"]
+             for s in read_file_spans(run.spans_path) if s.name == "val_loss"]
+    assert min(waits) >= 0.03  # ~6 ms of backlog a step, 10 steps
+    assert not any(roots[i].attributes["train.slow"] for i in (19, 29))

@@ -20,6 +20,7 @@ from otel_train.common.identity import RunIdentity
 from otel_train.common.drop_counter import DropCounter
 from otel_train.recording.device import resolve_device_timing
 from otel_train.recording.device_probes import resolve_device_probes
+from otel_train.recording.device_values import record_ready
 from otel_train.recording.recorder import Recorder
 from otel_train.records.device_readings import HOST_RSS_REUSE_NS, HostRss, step_bound
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
@@ -43,9 +44,29 @@ def _recorder(dev: FakeAccelerator | None, every: int = 1, memory: FakeAllocator
 
 
 def _records(rec: Recorder, device_type: str = "cuda") -> list[tuple[Any, ...]]:
+    """The records, built as the span worker builds them: once their events completed."""
     builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, device_type, lambda t: True,
                                 epoch_offset_ns())
+    deadline = time.monotonic() + 5.0
+    while not all(record_ready(s) for s in rec.queue) and time.monotonic() < deadline:
+        time.sleep(0.001)
     return [builder.record(s) for s in rec.queue]
+
+
+def test_a_step_whose_events_have_not_completed_is_built_without_device_time_never_waiting():
+    dev = FakeAccelerator()
+    rec = _recorder(dev)
+    for step in rec.steps(range(1), None):
+        with step.phase("forward"):
+            dev.launch(0.5)
+    step = rec.queue[0]
+    assert not record_ready(step)
+    builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cuda", lambda t: True,
+                                epoch_offset_ns())
+    t0 = time.monotonic()
+    record = builder.record(step)
+    assert time.monotonic() - t0 < 0.25  # no wait for the 0.5 s of device work
+    assert A.DEVICE_BUSY not in record[6]
 
 
 def _phase(record: tuple[Any, ...], name: str) -> dict[str, Any]:

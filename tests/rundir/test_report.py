@@ -357,3 +357,17 @@ def test_the_report_follows_the_console_unless_the_option_says_otherwise(tmp_pat
     assert not (tmp_path / "off" / "report.html").exists()
     err = capsys.readouterr().err
     assert "report  ->" not in err and "report ->" not in err
+
+
+def test_device_values_left_out_and_what_the_own_cost_leaves_out_are_on_the_page(tmp_path):
+    _short_run(tmp_path, steps=30)
+    costs = next(tmp_path.glob("monitoring_costs*.json"))
+    data = json.loads(costs.read_text())
+    data["dropped_attributes"] = {"device_value_not_ready": 3}
+    data["own_cost"]["device_work"] = {"charged": "sync waits at training boundaries",
+                                       "left_out": "the waits at monitoring boundaries"}
+    costs.write_text(json.dumps(data))
+    html = write_report(tmp_path).read_text()
+    assert re.search(r"attribute values left out \(device_value_not_ready\), rank 0</th>"
+                     r"<td class='count'>3<", html)
+    assert "left out: the waits at monitoring boundaries" in html

@@ -42,6 +42,10 @@ _INTERNAL = INTERNAL_KIND
 _ATTR_STEP, _ATTR_PHASE, _ATTR_KIND = A.STEP, A.PHASE, A.PHASE_KIND
 _ATTR_LOADER, _ATTR_DEVICE, _ATTR_SLOW = A.DATALOADER, A.DEVICE_DURATION, A.SLOW
 _PHASE_KEYS = frozenset((_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND, _ATTR_LOADER, _ATTR_DEVICE))
+# A phase whose only attributes of its own say its device timing (``train.device.synced``,
+# ``train.device.timing``: every span of a run with device events or monitor_sync) is still
+# a usual phase: those two pairs come from a cache too.
+_TIMING_KEYS = (A.DEVICE_SYNCED, A.DEVICE_TIMING)
 _ROOT_KEYS = (_ATTR_STEP, _ATTR_SLOW)  # a step root's attributes, without and with a loader
 _ROOT_KEYS_LOADER = (_ATTR_STEP, _ATTR_LOADER, _ATTR_SLOW)
 # A usual span's fields but its heads: trace id (18), span id (10), parent id (10),
@@ -67,6 +71,7 @@ class _Encoder:
         self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
         self._root_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
         self._last_constants: tuple[Any, ...] | None = None  # (mapping, items, keys, block)
+        self._timings: dict[tuple[Any, ...], bytes] = {}  # a phase's timing pairs, encoded
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
         """The KeyValue fields (under ``tag``) of ``attrs``."""
@@ -212,30 +217,50 @@ class _Encoder:
         root_id, phases = rec[_rows.C_ROOT_ID], rec[_rows.C_PHASES]
         span_ids = _rows.phase_span_ids(phases, rec[_rows.C_IDS])
         heads = self._phase_heads
+        # Timing pairs join the cached parts unless a run constant has their names (a run
+        # whose spans all share one timing): then the rows' rules.
+        timing_fast = const[1].isdisjoint(_TIMING_KEYS)
         out = []
         for i in _rows.phase_end_order(phases):
             phase = phases[i]
             (ph_name, kind, loader, _duration, _ordinal, parent_ref, ph_start, ph_end,
              ph_status, ph_events, extra, device) = phase
             parent = root_id if parent_ref == root_id else span_ids[parent_ref - 1]
-            if extra or not ph_name:  # the row's own dict order and rules: its row
+            timing = (b"" if not extra else self._timing_bytes(extra) if timing_fast
+                      else None)
+            if timing is None or not ph_name:  # the row's own dict order and rules: its row
                 out.append(W.span_field(self._phase_row(rec, i, span_ids[i], parent, const)))
                 continue
             head = heads.get((ph_name, kind, loader)) or self._phase_head(ph_name, kind, loader)
             if (ph_start and ph_end and parent and device is None and not ph_events
                     and ph_status is None):  # the usual phase: one join
                 out.append(b"".join((
-                    W.span_field_head(fixed + head[2]), tid,
+                    W.span_field_head(fixed + head[2] + len(timing)), tid,
                     W.pack_ids(b"\x12\x08", span_ids[i], b"\x22\x08", parent), head[0],
                     W.pack_times(b"\x39", ph_start, b"\x41", ph_end), attrs_head, head[1],
-                    W.UNSET_LOCAL)))
+                    timing, W.UNSET_LOCAL)))
             else:
                 out.append(W.span_field(self._odd_phase(tid, span_ids[i], parent, head, phase,
-                                                        attrs_head)))
+                                                        attrs_head, timing)))
         return out
 
+    def _timing_bytes(self, extra: Mapping[str, Any]) -> bytes | None:
+        """The encoded attributes of a phase's ``extra`` when they are only its device
+        timing pairs (cached, in their order); None for any other attributes (its row)."""
+        if len(extra) > 2 or not all(k in _TIMING_KEYS for k in extra):
+            return None
+        key = tuple(extra.items())
+        cached = self._timings.get(key)
+        if cached is None:
+            if not all(type(v) in (bool, str) for _, v in key):
+                return None
+            if len(self._timings) >= _MAX_CACHED:
+                self._timings.clear()
+            cached = self._timings[key] = b"".join(self._items(b"\x4a", key))
+        return cached
+
     def _odd_phase(self, tid: bytes, span_id: int, parent: int, head: tuple[bytes, bytes, int],
-                   phase: tuple[Any, ...], attrs_head: bytes) -> bytes:
+                   phase: tuple[Any, ...], attrs_head: bytes, timing: bytes = b"") -> bytes:
         """A phase span that is not the usual one: a device time, events, a status."""
         ph_start, ph_end, ph_status, ph_events, device = (phase[6], phase[7], phase[8],
                                                           phase[9], phase[11])
@@ -251,6 +276,7 @@ class _Encoder:
         parts.append(head[1])
         if device is not None:
             parts.extend(self._items(b"\x4a", ((_ATTR_DEVICE, device),)))
+        parts.append(timing)  # the extra attributes come last, as in the row
         for ev_name, ev_time, ev_attrs in ph_events or ():
             parts.append(self._event(ev_name, ev_time, ev_attrs))
         parts.append(W.UNSET_STATUS if ph_status is None else W.status_field(*ph_status))

@@ -284,3 +284,41 @@ def test_the_exporters_send_our_encoding_not_the_sdks(protocol, monkeypatch, tmp
         stage.shutdown(5)
         got = receiver.wait_for_spans(stage.exported, timeout_seconds=10)
     assert drops.counts() == {} and len(got) == stage.exported > len(records)
+
+
+def test_phases_whose_own_attributes_are_only_their_device_timing_stay_on_the_fast_path(
+        tmp_path):
+    import random
+
+    from otel_train.records.span_rows import rows_from_record
+
+    records, _, factory = _records(tmp_path)
+    step = next(r for r in records if r[9] and not any(p[10] for p in r[9]))
+    host = {"train.device.synced": False, "train.device.timing": "host"}
+    sync = {"train.device.synced": True, "train.device.timing": "sync"}
+    timed = step[:9] + ([p[:10] + (host if n % 2 else sync,) + p[11:]
+                         for n, p in enumerate(step[9])], step[10])
+    with_device = step[:9] + ([p[:10] + ({"train.device.synced": False,
+                                          "train.device.timing": "events"}, 0.0125)
+                               for p in step[9]], step[10])
+    # A run whose spans each say their own timing has no such run constants.
+    constants = {k: v for k, v in factory.run_constants.items()
+                 if k not in ("train.device.synced", "train.device.timing")}
+    enc = _Encoder()
+    consts, keys, block = enc._constants(constants)
+    for n, rec in enumerate((timed, with_device)):
+        rows_encoded = []
+        fast = _Encoder()
+        fast.row = lambda *a: rows_encoded.append(a) or _Encoder.row(fast, *a)  # type: ignore
+        random.seed(n)
+        want = _fields([enc.row(r, consts, keys, block) for r in rows_from_record(rec)])
+        random.seed(n)
+        got = fast.record(rec, constants)
+        assert got == want, n
+        assert len(rows_encoded) <= 1  # the root at most: no phase went through its row
+    # With the timing among the run constants, the rows' rules (no duplicate attribute).
+    random.seed(7)
+    c2, k2, b2 = enc._constants(factory.run_constants)
+    want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(timed)])
+    random.seed(7)
+    assert _Encoder().record(timed, factory.run_constants) == want
