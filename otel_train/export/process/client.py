@@ -108,6 +108,8 @@ class ExportProcessClient(SpanProcessor):
             plan, resource, scope, run_constants, max_queued_spans, max_batch_size,
             interval_seconds), nice=nice, cpus=cpus)
         self.pid: int | None = self._process.pid
+        # Spans the child never confirmed, exported again here after it died.
+        self.resent_spans = 0
         if fallback is not None and getattr(plan, "protocol", None) == "grpc":
             import_for_exit_fallback()
 
@@ -167,6 +169,12 @@ class ExportProcessClient(SpanProcessor):
         """The tail sampler of this process's chain: it decides what the in-process stage
         exports should the child be given up (until then the child's sampler decides)."""
         self._fallback.sampler = sampler
+        # The child's sampler holds user spans back and leaves spans out: it settles spans
+        # out of the order they came, so what it did not confirm is no longer the last spans
+        # sent. Those are counted lost at its death rather than sent again.
+        if sampler is not None:
+            with self._io_lock:
+                self._outbox.unconfirmed.forget()
 
     @property
     def derives_metrics(self) -> bool:
@@ -309,6 +317,7 @@ class ExportProcessClient(SpanProcessor):
         """Apply the child's reports readable now; once the child is ready, hand it the
         chain's state this process reached (before any frame it is to feed itself)."""
         self._reports.take(self._process.reader.read_available())
+        self._outbox.unconfirmed.settled(self._reports.unaccounted(self._outbox.sent_spans))
         if self._lifecycle.state is _READY:
             state = self._metrics.hand_over()
             if state is not None:
@@ -340,20 +349,29 @@ class ExportProcessClient(SpanProcessor):
 
     # -- the child gone: this process exports (under the I/O lock) -------------------------
     def _child_died(self) -> None:
-        """The child exited unasked: count what it held, export in this process from now."""
+        """The child exited unasked: what it never confirmed is exported here again (the
+        batch in flight at its death may so reach the collector twice, never not at all);
+        what is no longer at hand to send again is counted; export here from now on."""
         code = self._process.proc.returncode
         self._read()
-        lost = self._reports.unaccounted(self._outbox.sent_spans)
+        unaccounted = self._reports.unaccounted(self._outbox.sent_spans)
+        resend, skip, lost = self._outbox.unconfirmed.take(unaccounted)
+        if not self._outbox.unconfirmed.enabled or not self._fallback.possible:
+            resend, skip, lost = [], 0, unaccounted
         self._drops.add("export_failed", lost)
-        self._outbox.sent_spans -= lost
+        self._outbox.sent_spans -= unaccounted
+        self.resent_spans += unaccounted - lost
         self._warn.warning("died", "otel-train: the exporter process exited (code %s); %d "
-                           "spans it held are lost (counted); exporting from the training "
-                           "process from now on", code, lost)
-        self._take_over()
+                           "spans it had not confirmed delivered are sent again from the "
+                           "training process, %d lost (counted); exporting from the training "
+                           "process from now on", code, unaccounted - lost, lost)
+        self._take_over(resend, skip)
 
-    def _take_over(self) -> None:
-        """Export from this process from now on, starting with what the child never got."""
-        take_over(self._lifecycle, self._process, self._outbox, self._metrics, self._fallback)
+    def _take_over(self, resend: list[tuple[Any, ...]] | None = None, skip: int = 0) -> None:
+        """Export from this process from now on, starting with what the child never
+        confirmed (``resend``, its first ``skip`` spans settled) and never got."""
+        take_over(self._lifecycle, self._process, self._outbox, self._metrics, self._fallback,
+                  resend or [], skip)
 
     # -- flush and shutdown ----------------------------------------------------------------
     def force_flush(self, timeout_millis: int = 30000) -> bool:
