@@ -247,9 +247,9 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             self._drops.add("export_failed", len(part))
         self._settled()
         self._warn.warning(
-            "export-failed", "otel-train: span export failed: %s; %d span(s) dropped "
+            "export-failed", "otel-train: span export to %s failed: %s; %d spans dropped "
             "(counted in otel_train_spans_dropped_total{reason=\"export_failed\"})",
-            why, len(part))
+            getattr(self._exporter, "where", "the collector"), why, len(part))
 
     def count_given_up(self, pending: PendingSend, part: list[Item], reason: str) -> None:
         """Count ``part`` dropped; if it turns out delivered after all, un-count it."""

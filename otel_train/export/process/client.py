@@ -130,6 +130,12 @@ class ExportProcessClient(SpanProcessor):
         return self._reports.exported
 
     @property
+    def delivered(self) -> int:
+        """Spans delivered: as the child last reported, and from here after a take-over."""
+        stage = self._fallback.stage
+        return self._reports.exported + (int(stage.exported) if stage is not None else 0)
+
+    @property
     def export_failures(self) -> int:
         """Failed export requests, as the child last reported."""
         return self._reports.export_failures
