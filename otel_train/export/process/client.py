@@ -14,7 +14,9 @@ Promises kept, each in its room:
 - bounded: frames the child has not read wait here up to ``max_queued_spans`` spans, the
   oldest dropped and counted beyond (outbox.py); no write ever blocks;
 - counted: the child's export and drop counts land in this process's ``DropCounter``
-  (reports.py); spans sent but never reported on (the child died) are counted too;
+  (reports.py), reported after each batch it sends; should it die, the frames it had not
+  confirmed (kept here until it does: ``outbox.Unconfirmed``) are exported from here again, so
+  delivered + dropped = emitted (the batch in flight at its death may arrive twice);
 - the same exit bounds: ``shutdown(timeout)`` hands the child what is left and its share of
   the time; past the deadline the child is killed and what it held is counted;
 - faults: the child ignores SIGINT/SIGTERM (launch.py) and exits when the pipe closes or the
@@ -99,6 +101,8 @@ class ExportProcessClient(SpanProcessor):
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
+        if fallback is None:  # nothing to send again with: keep no frame for it
+            self._outbox.unconfirmed.forget()
         self._metrics = DerivedMetricsLink(self._warn)
         self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn)
         # ``fallback`` makes the in-process export stage should the child not start or die.
@@ -361,9 +365,9 @@ class ExportProcessClient(SpanProcessor):
         code = self._process.proc.returncode
         self._read()
         unaccounted = self._reports.unaccounted(self._outbox.sent_spans)
+        # Frames kept since they went into the pipe (none kept in a sampled run, or with no
+        # fallback): those the child did not confirm, and what is no longer among them.
         resend, skip, lost = self._outbox.unconfirmed.take(unaccounted)
-        if not self._outbox.unconfirmed.enabled or not self._fallback.possible:
-            resend, skip, lost = [], 0, unaccounted
         self._drops.add("export_failed", lost)
         self._outbox.sent_spans -= unaccounted
         self.resent_spans += unaccounted - lost

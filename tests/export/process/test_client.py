@@ -838,6 +838,7 @@ class _KillingReceiver(GrpcOtlpReceiver):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(180)  # ~17 s on an idle 2-core VM; room for a loaded one
 def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_every_round(
         tmp_path: Path) -> None:
     # The child is killed (SIGKILL) while it streams batches to a real collector, 10 times
