@@ -12,7 +12,8 @@ The SDK's rules:
 - ``grpc``: ``http://host:port`` (plaintext), ``https://host:port`` (TLS), or ``host:port``
   alone; with a scheme, the exporter keeps only the URL's ``host:port``, and it uses TLS for
   any scheme other than ``http`` and for ``host:port`` alone, unless
-  ``OTEL_EXPORTER_OTLP_INSECURE=true``.
+  ``OTEL_EXPORTER_OTLP_INSECURE=true``; gRPC target names (``unix:/path``,
+  ``dns:///host:port``) go to the channel as given.
 
 Beyond what breaks, a hint for a port that belongs to the other protocol: 4317 is OTLP/gRPC's,
 4318 OTLP/HTTP's, and a collector's gRPC port rejects HTTP requests (and the other way round).
@@ -35,6 +36,8 @@ from otel_train.common.rate_limited_log import warn_once
 GRPC_PORT = 4317
 HTTP_PORT = 4318
 _SCHEMES = ("http", "https")
+# gRPC's own target names, which the SDK passes to the channel as they are.
+_GRPC_RESOLVERS = frozenset(("unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock"))
 
 
 def _example(protocol: str) -> str:
@@ -70,6 +73,8 @@ def endpoint_problem(endpoint: str, protocol: str) -> str | None:
         return "it is empty"
     if any(c.isspace() for c in text):
         return "it holds spaces"
+    if protocol == "grpc" and text.split(":", 1)[0].lower() in _GRPC_RESOLVERS:
+        return None  # a gRPC target name (unix:/path, dns:///host:port): passed on as given
     if "://" not in text:
         if protocol != "grpc":
             return f"it is not a URL: {protocol} sends to {_example(protocol)}"
@@ -80,7 +85,7 @@ def endpoint_problem(endpoint: str, protocol: str) -> str | None:
             return "it names no host"
         return _port_problem(port)
     scheme = urlsplit(text).scheme.lower()
-    if scheme not in _SCHEMES:
+    if scheme not in _SCHEMES and protocol != "grpc":  # (gRPC: a hint, it takes host:port)
         return (f"its scheme {scheme + '://'!r} is not http:// or https://: {protocol} sends "
                 f"to {_example(protocol)}")
     host, port = _host_port(text)
@@ -93,6 +98,8 @@ def endpoint_hint(endpoint: str, protocol: str, env: Mapping[str, str]) -> str |
     """A usable endpoint that most likely does not do what was meant: the other protocol's
     port, or a gRPC ``host:port`` that will use TLS. None when nothing stands out."""
     text = endpoint.strip()
+    if protocol == "grpc" and text.split(":", 1)[0].lower() in _GRPC_RESOLVERS:
+        return None
     _, port = _host_port(text)
     if protocol != "grpc" and port == str(GRPC_PORT):
         return (f"port {GRPC_PORT} is OTLP/gRPC's, and the protocol is {protocol}: a "
@@ -102,6 +109,10 @@ def endpoint_hint(endpoint: str, protocol: str, env: Mapping[str, str]) -> str |
         return (f"port {HTTP_PORT} is OTLP/HTTP's, and the protocol is grpc: a collector "
                 f"listens for it on {GRPC_PORT} (or set OTEL_EXPORTER_OTLP_PROTOCOL="
                 "http/protobuf)")
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    if protocol == "grpc" and scheme and scheme not in _SCHEMES:
+        return (f"the gRPC exporter keeps only host:port of a {scheme}:// URL and connects "
+                "with TLS, as for https://; write http:// for a plaintext collector")
     if (protocol == "grpc" and "://" not in text
             and env.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip().lower() != "true"):
         return ("without a scheme the gRPC exporter connects with TLS; write http://" + text

@@ -27,7 +27,7 @@ HTTP, GRPC = "http/protobuf", "grpc"
     ("not-a-url", GRPC, "it names no port: gRPC sends to http://host:4317 (plaintext), "
                         "https://host:4317 or host:port"),
     (":4317", GRPC, "it names no host"),
-    ("ftp://collector:4317", GRPC, "its scheme 'ftp://' is not http:// or https://"),
+    ("http://collector:4317x", GRPC, "its port '4317x' is not a number"),
 ])
 def test_an_endpoint_the_sdk_cannot_use_is_named_with_what_is_wrong(endpoint, protocol,
                                                                       problem):
@@ -39,7 +39,9 @@ def test_an_endpoint_the_sdk_cannot_use_is_named_with_what_is_wrong(endpoint, pr
     ("http://127.0.0.1:4318", HTTP), ("https://collector.example:443/otlp", HTTP),
     ("http://[::1]:4318", HTTP), ("http://collector", HTTP),
     ("http://127.0.0.1:4317", GRPC), ("https://collector:4317", GRPC),
-    ("collector:4317", GRPC), ("[::1]:4317", GRPC),
+    ("collector:4317", GRPC), ("[::1]:4317", GRPC), ("unix:///run/otel.sock", GRPC),
+    ("unix:/run/otel.sock", GRPC), ("dns:///collector:4317", GRPC),
+    ("grpc://collector:4317", GRPC),  # taken: only a hint (below)
 ])
 def test_an_endpoint_the_sdk_takes_has_no_problem(endpoint, protocol):
     assert endpoint_problem(endpoint, protocol) is None
@@ -54,7 +56,11 @@ def test_a_port_of_the_other_protocol_gets_a_hint_and_a_grpc_target_without_sche
     assert endpoint_hint("collector:4317", GRPC, {}).startswith(
         "without a scheme the gRPC exporter connects with TLS; write http://collector:4317")
     assert endpoint_hint("collector:4317", GRPC, {"OTEL_EXPORTER_OTLP_INSECURE": "true"}) is None
+    assert endpoint_hint("grpc://collector:4317", GRPC, {}) == (
+        "the gRPC exporter keeps only host:port of a grpc:// URL and connects with TLS, as for "
+        "https://; write http:// for a plaintext collector")
     assert endpoint_hint("http://127.0.0.1:4318", HTTP, {}) is None
+    assert endpoint_hint("unix:///run/otel.sock", GRPC, {}) is None
     assert endpoint_hint("http://127.0.0.1:4317", GRPC, {}) is None
 
 
