@@ -354,12 +354,14 @@ def _signed_pct(row: Row, digits: int = 1) -> str:
 
 
 def _delta_text(seconds: float) -> str:
-    """'+4 us', '-1.20 ms': a phase's change in time."""
+    """'+4 us', '-1.20 ms', '+310 ns': a phase's change in time."""
     sign = "+" if seconds >= 0 else "-"
     seconds = abs(seconds)
     if seconds >= 1e-3:
         return f"{sign}{seconds * 1e3:.2f} ms"
-    return f"{sign}{seconds * 1e6:.0f} us"
+    if seconds >= 1e-6:
+        return f"{sign}{seconds * 1e6:.0f} us"
+    return f"{sign}{seconds * 1e9:.0f} ns"
 
 
 def throughput_note(result: Comparison) -> str | None:

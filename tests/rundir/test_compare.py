@@ -61,9 +61,13 @@ def test_the_verdict_names_forward_when_forward_is_20_percent_slower(runs, capsy
     print(out)
     last = out.splitlines()[-1]
     # ~17% by the sleeps' count; a loaded machine's sleep overshoot moves it (20.8% seen).
+    # A phase of a few us (data) can come out slower beyond noise on a loaded machine: the
+    # table says so, and so does the verdict, as under 1% of the step.
     assert re.fullmatch(r"verdict: B is (1\d|2[0-4])\.\d% slower per step \[95% CI [\d.]+, "
                         r"[\d.]+\]; "
-                        r"forward \+(1[2-9]|2[0-8])%, others within noise", last), last
+                        r"forward \+(1[2-9]|2[0-8])%"
+                        r"(, \w+ [+-][\d.]+% \([+-][\d.]+ [mun]?s, under 1% of the step\))*"
+                        r", others within noise", last), last
     forward = next(line for line in out.splitlines() if line.strip().startswith("forward"))
     assert forward.rstrip().endswith("slower")
 
