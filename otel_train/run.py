@@ -53,6 +53,7 @@ from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.recording.hot_path_cost import calibrate_hot_path
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
+from otel_train.common.drop_words import run_dropped_summary
 from otel_train.common.identity import RunIdentity, resolve_identity
 from otel_train.common.options import RunOptions
 from otel_train.recording.collectives import CollectiveLog
@@ -353,10 +354,12 @@ class Run:
         except Exception:
             pass
         process_hooks.untrack(self)
-        dropped = self.drops.total
-        if dropped:
-            _log.warning("otel-train: %d span(s) were dropped during this run: %s",
-                         dropped, self.drops.counts())
+        # How many spans did not arrive, why and where they were going, in words.
+        telemetry = self._telemetry
+        dropped = run_dropped_summary(self.drops.counts(), getattr(telemetry, "export_plan", None),
+                                      getattr(telemetry, "export", None))
+        if dropped is not None:
+            _log.warning("%s", dropped)
         if self._writes_report():
             # After everything is exported: the report reads the files it just flushed.
             from otel_train.rundir.report import write_report_at_shutdown

@@ -100,6 +100,8 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"otel-train compare: {exc}", file=sys.stderr)
         return 2
     print(format_comparison(result, args.format))
+    if result.same_run is not None and args.format != "text":  # text says it in its lines
+        print(f"otel-train compare: A and B are one run ({result.same_run})", file=sys.stderr)
     if args.fail_if_slower is None:
         return 0
     failed = failures(result, args.fail_if_slower, args.per_phase)

@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
 
 from otel_train.common.options import RunOptions
+from otel_train.common.otlp_endpoint import warn_endpoint
 from otel_train.common.rate_limited_log import warn_once
 
 _DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -159,7 +160,13 @@ def plan_export(options: RunOptions, status_dir: Path, rank: int, world_size: in
     if kind in (None, "auto"):
         kind = "otlp" if endpoint else "jsonl"
     if kind == "otlp":
-        return ExportPlan("otlp", _protocol(options, env), endpoint or None,
+        protocol = _protocol(options, env)
+        if endpoint:  # checked, said once, never fatal (otlp_endpoint.py)
+            source = ("otlp_endpoint" if options.otlp_endpoint else
+                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" if specific
+                      else "OTEL_EXPORTER_OTLP_ENDPOINT")
+            warn_endpoint(source, endpoint, protocol, env)
+        return ExportPlan("otlp", protocol, endpoint or None,
                           timeout_seconds=_timeout(env), endpoint_is_signal_specific=specific,
                           max_request_bytes=getattr(options, "export_max_request_bytes",
                                                     DEFAULT_MAX_REQUEST_BYTES),

@@ -199,7 +199,8 @@ class SingleAttemptSender:
                      parts: list[list[Any]]) -> None:
         """RETRY: not delivered; it goes back to the front of the queue, unless the collector
         is up and keeps refusing it."""
-        self._back_off(pending.detail, pending.unreachable)
+        self._back_off(pending.detail, pending.unreachable,
+                       held=len(part) + sum(map(len, parts)))
         self._tries = 0 if self._collector_down else self._tries + 1
         if self._tries >= _MAX_TRIES_WHILE_REACHABLE:
             self._tries = 0
@@ -221,16 +222,21 @@ class SingleAttemptSender:
             if time.monotonic() >= end:
                 return None
 
-    def _back_off(self, detail: str, unreachable: bool = False) -> None:
+    def _back_off(self, detail: str, unreachable: bool = False, held: int = 0) -> None:
+        """Wait longer before the next try, probe the collector, and say why (``held``:
+        spans of this send, not yet back in the queue)."""
         self._backoff_seconds = min(_BACKOFF_MAX_SECONDS,
                                     max(_BACKOFF_INITIAL_SECONDS, self._backoff_seconds * 2))
         self._failed_at = now = time.monotonic()
         self.retry_at = now + self._backoff_seconds * random.uniform(0.8, 1.2)
         probe = getattr(self._exporter, "probe", None)
-        self._seen_down = probe is not None and probe(_PROBE_TIMEOUT_SECONDS) is False
+        probed = probe(_PROBE_TIMEOUT_SECONDS) if probe is not None else None
+        self._seen_down = probed is False
         self._collector_down = self._seen_down or (unreachable and probe is not None)
         self._stage.warn(
-            "export-retry", "otel-train: span export did not go through (%s); %d span(s) "
-            "kept queued, retrying in %.1f s%s", detail or "no detail", self._stage.queued,
-            self._backoff_seconds,
-            " or as soon as the collector accepts connections" if self._collector_down else "")
+            "export-retry", "otel-train: span export to %s failed: %s; %d spans kept queued, "
+            "will retry in %.1f s%s", getattr(self._exporter, "where", "the collector"),
+            detail or "no detail given", self._stage.queued + held, self._backoff_seconds,
+            # (no host to probe: a malformed endpoint has no collector to come back)
+            " or as soon as the collector accepts connections"
+            if self._collector_down and probed is not None else "")

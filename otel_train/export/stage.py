@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from opentelemetry.context import Context
@@ -99,6 +99,10 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         self._warn = RateLimitedLogger(_log)
         self.exported = 0
         self.export_failures = 0
+        # Called on the export thread right after each send is accounted for (delivered or
+        # counted failed), before the next: the exporter process reports its counts there,
+        # so that no batch the collector confirmed goes unreported should it be killed.
+        self.on_settled: Callable[[], None] | None = None
         self._abandoned = False  # set when shutdown gave up on a stuck (plain) exporter
         self._thread: threading.Thread | None = threading.Thread(
             target=self._run, name="otel-train-export", daemon=True)
@@ -120,10 +124,11 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         self._items = self._exporter.span_items(factory)
 
     def on_records(self, records: Sequence[tuple[Any, ...]],
-                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+                   rows: Sequence[tuple[Any, ...]] = (), skip: int = 0) -> None:
         """Queue the spans of span records (steps) and of span rows (user spans), in order;
         one that cannot be made or encoded is counted (``build_error``), never the batch.
-        An unsampled record or row (it fed the metrics only) is never exported."""
+        An unsampled record or row (it fed the metrics only) is never exported. The first
+        ``skip`` spans are left out (delivered already, by an exporter process that died)."""
         items = self._items
         if items is None:
             self._bad(RuntimeError("use_rows() was not called"),
@@ -143,6 +148,8 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
                     out.append(items.from_row(row))
             except Exception as exc:
                 self._bad(exc)
+        if skip:
+            del out[:skip]
         if out:
             self._enqueue_all(out)
 
@@ -219,20 +226,30 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         """A rate-limited warning."""
         self._warn.warning(key, message, *args)
 
+    def _settled(self) -> None:
+        hook = self.on_settled
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                _log.debug("on_settled failed", exc_info=True)
+
     def count_exported(self, n: int) -> None:
         """``n`` spans were delivered."""
         with self._lock:
             self.exported += n
+        self._settled()
 
     def count_failed(self, part: list[Item], why: str) -> None:
         """``part`` will never be delivered: counted as ``export_failed``, warned."""
         with self._lock:
             self.export_failures += 1
             self._drops.add("export_failed", len(part))
+        self._settled()
         self._warn.warning(
-            "export-failed", "otel-train: span export failed: %s; %d span(s) dropped "
+            "export-failed", "otel-train: span export to %s failed: %s; %d spans dropped "
             "(counted in otel_train_spans_dropped_total{reason=\"export_failed\"})",
-            why, len(part))
+            getattr(self._exporter, "where", "the collector"), why, len(part))
 
     def count_given_up(self, pending: PendingSend, part: list[Item], reason: str) -> None:
         """Count ``part`` dropped; if it turns out delivered after all, un-count it."""
@@ -240,6 +257,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         with self._lock:
             self.export_failures += 1
             self._drops.add(reason, n)
+        self._settled()
 
         def late(outcome: ExportOutcome) -> None:
             if outcome is ExportOutcome.SENT:
@@ -333,6 +351,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             elif not abandoned:
                 self.export_failures += 1
                 self._drops.add("export_failed", len(batch))
+        self._settled()
         if abandoned:
             self._close_exporter()  # shutdown left that to us, so as not to cancel it
             return False

@@ -72,12 +72,19 @@ class RunSide:
     overhead_ratio: float | None
     tokens_per_second: float | None
     samples_per_second: float | None
+    run_id: str | None = None
+
+    @property
+    def mean_step_seconds(self) -> float:
+        """The steady steps' mean time: what throughput divides by, per step."""
+        return sum(s.seconds for s in self.steady) / len(self.steady) if self.steady else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the steps themselves left out)."""
-        return {"path": self.path, "ranks": self.ranks, "steps": self.steps,
-                "steady_steps": len(self.steady), "excluded": self.excluded,
-                "monitoring_overhead_ratio": self.overhead_ratio,
+        return {"path": self.path, "run_id": self.run_id, "ranks": self.ranks,
+                "steps": self.steps, "steady_steps": len(self.steady),
+                "excluded": self.excluded, "monitoring_overhead_ratio": self.overhead_ratio,
+                "mean_step_seconds": self.mean_step_seconds,
                 "tokens_per_second": self.tokens_per_second,
                 "samples_per_second": self.samples_per_second}
 
@@ -124,6 +131,9 @@ class Comparison:
     only_b: list[str]
     per_rank: list[tuple[int, Row]] = field(default_factory=list)
     verdict: str = ""
+    # Why A and B are one run ('the same directory', 'the same run id x', 'identical
+    # steps'), None when they are two: a run compared with itself says nothing.
+    same_run: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: ``otel-train compare --format json``."""
@@ -136,6 +146,7 @@ class Comparison:
                 "phases": [r.as_dict() for r in self.phases],
                 "phases_only_in_a": self.only_a, "phases_only_in_b": self.only_b,
                 "per_rank": [dict(r.as_dict(), rank=rank) for rank, r in self.per_rank],
+                "same_run": self.same_run, "throughput_note": throughput_note(self),
                 "verdict": self.verdict}
 
 
@@ -195,7 +206,32 @@ def run_side(label: str, run: RunSteps, settings: CompareSettings) -> RunSide:
     return RunSide(label, str(run.run_dir), ranks, len(steps), steady, excluded,
                    _wall_intervals(run, steps, steady),
                    monitor / training if training > 0 else None,
-                   _rate(steady, "tokens"), _rate(steady, "samples"))
+                   _rate(steady, "tokens"), _rate(steady, "samples"), _run_id(run))
+
+
+def _run_id(run: RunSteps) -> str | None:
+    """The run id its costs files name (the same in every rank's)."""
+    for costs in run.costs:
+        if isinstance(costs.get("run_id"), str) and costs["run_id"]:
+            return str(costs["run_id"])
+    return None
+
+
+def same_run(run_a: RunSteps, run_b: RunSteps) -> str | None:
+    """Why A and B are one run, or None: the same directory, the same run id, or the very
+    same steps (a copy of one run's directory)."""
+    try:
+        if run_a.run_dir.resolve() == run_b.run_dir.resolve():
+            return "the same directory"
+    except OSError:
+        pass
+    id_a, id_b = _run_id(run_a), _run_id(run_b)
+    if id_a is not None and id_a == id_b:
+        return f"the same run id {id_a}"
+    key = [(s.rank, s.step, s.start_ns, s.seconds) for s in run_a.steps]
+    if key and key == [(s.rank, s.step, s.start_ns, s.seconds) for s in run_b.steps]:
+        return "identical steps: one run's spans in both"
+    return None
 
 
 def _no_steps(label: str, run: RunSteps, rank: int | None) -> str:
@@ -258,6 +294,7 @@ def compare_runs(run_a: RunSteps, run_b: RunSteps, settings: CompareSettings) ->
             rb = [s.seconds for s in b.steady if s.rank == rank]
             if ra and rb:
                 result.per_rank.append((rank, compare_values(STEP_ROW, ra, rb, settings, rng)))
+    result.same_run = same_run(run_a, run_b)
     result.verdict = verdict(result)
     return result
 
@@ -272,7 +309,14 @@ def _phase_names(steady: list[StepTimes]) -> list[str]:
 
 
 def verdict(result: Comparison) -> str:
-    """'B is 19.8% slower per step [95% CI 18.1, 21.4]; forward +31%, others within noise'."""
+    """'B is 19.8% slower per step [95% CI 18.1, 21.4]; forward +31%, others within noise'.
+
+    Every row the table marks slower or faster is named: a phase that moved by at least
+    ``phase_floor`` of the step by its change, largest first; one that moved less with how
+    little that is; ``wall per step`` when it says other than the step. 'every phase within
+    noise' only when the table says so of every phase. A run compared with itself says so
+    first.
+    """
     step = result.step
     if step.ratio is None or step.low is None or step.high is None:
         head = "no ratio for the step (A's median step is 0)"
@@ -283,15 +327,68 @@ def verdict(result: Comparison) -> str:
             head = f"B is {abs(pct):.1f}% {step.status} per step {ci}"
         else:
             head = f"B and A take the same time per step within noise ({pct:+.1f}% {ci})"
-    changed = sorted((r for r in result.phases if r.status in ("slower", "faster")
-                      and _moves_step(result, r)), key=lambda r: -abs(r.b_median - r.a_median))
+    if result.same_run is not None:
+        head = (f"A and B are one run ({result.same_run}): a run compared with itself shows "
+                f"no change; {head}")
+    wall = result.wall
+    if wall is not None and wall.status in ("slower", "faster") and wall.status != step.status:
+        head += f"; {WALL_ROW} {_signed_pct(wall)} {wall.status} (between steps too)"
+    changed = [r for r in result.phases if r.status in ("slower", "faster")]
     if not result.phases:
         return head + "; no phase in both runs"
     if not changed:
         return head + "; every phase within noise"
-    listed = ", ".join(f"{r.name} {((r.ratio or 1.0) - 1) * 100:+.0f}%" for r in changed)
+    large = sorted((r for r in changed if _moves_step(result, r)),
+                   key=lambda r: -abs(r.b_median - r.a_median))
+    small = [r for r in changed if not _moves_step(result, r)]
+    floor = result.settings.phase_floor * 100
+    listed = [f"{r.name} {_signed_pct(r, 0)}" for r in large] + [
+        f"{r.name} {_signed_pct(r)} ({_delta_text(r.b_median - r.a_median)}, under "
+        f"{floor:g}% of the step)" for r in small]
     rest = len(result.phases) - len(changed)
-    return head + "; " + listed + (", others within noise" if rest else "")
+    return head + "; " + ", ".join(listed) + (", others within noise" if rest else "")
+
+
+def _signed_pct(row: Row, digits: int = 1) -> str:
+    return f"{((row.ratio or 1.0) - 1) * 100:+.{digits}f}%"
+
+
+def _delta_text(seconds: float) -> str:
+    """'+4 us', '-1.20 ms', '+310 ns': a phase's change in time."""
+    sign = "+" if seconds >= 0 else "-"
+    seconds = abs(seconds)
+    if seconds >= 1e-3:
+        return f"{sign}{seconds * 1e3:.2f} ms"
+    if seconds >= 1e-6:
+        return f"{sign}{seconds * 1e6:.0f} us"
+    return f"{sign}{seconds * 1e9:.0f} ns"
+
+
+def throughput_note(result: Comparison) -> str | None:
+    """Why throughput and the step row point different ways, when they do; None when they
+    agree (or there is no throughput).
+
+    Throughput is units over the steady steps' summed time, so it follows their mean step
+    and the units per step; the step row is a median. A tail of slow steps that moved, or
+    steps that carry more tokens, turn one without the other.
+    """
+    a, b, step = result.a, result.b, result.step
+    for what, attr in (("tokens", "tokens_per_second"), ("samples", "samples_per_second")):
+        ra, rb = getattr(a, attr), getattr(b, attr)
+        if not ra or rb is None or step.ratio is None:
+            continue
+        rate_ratio = rb / ra
+        if (rate_ratio - 1.0) * (step.ratio - 1.0) <= 0:
+            return None  # B faster by one, not slower by the other: they agree
+        mean_ratio = (b.mean_step_seconds / a.mean_step_seconds
+                      if a.mean_step_seconds > 0 else float("nan"))
+        per_step_ratio = rate_ratio * mean_ratio
+        return (f"throughput ({what}/s, B/A {rate_ratio:.3f}) and the step median (B/A "
+                f"{step.ratio:.3f}) point different ways: throughput is {what} over the "
+                f"steady steps' summed time, so it follows their mean (B/A {mean_ratio:.3f}) "
+                f"and the {what} per step (B/A {per_step_ratio:.3f}); the step row is the "
+                "median, which a tail of slow steps does not move")
+    return None
 
 
 def _moves_step(result: Comparison, row: Row) -> bool:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import json
 
-from otel_train.rundir.compare import Comparison, Row, RunSide, excluded_text
+from otel_train.rundir.compare import (
+    Comparison,
+    Row,
+    RunSide,
+    excluded_text,
+    throughput_note,
+)
 
 FORMATS = ("text", "json", "markdown")
 
@@ -56,6 +62,8 @@ def _extras(result: Comparison) -> list[str]:
     """Phases in one run only, overhead, throughput, per rank: one line each."""
     a, b = result.a, result.b
     lines = []
+    if result.same_run is not None:
+        lines.append(f"warning: A and B are one run ({result.same_run}): compare two runs")
     if result.only_a:
         lines.append(f"phases in A only (not compared): {', '.join(result.only_a)}")
     if result.only_b:
@@ -67,8 +75,12 @@ def _extras(result: Comparison) -> list[str]:
         if ra is None and rb is None:
             continue
         ratio = f" (B/A {rb / ra:.3f})" if ra and rb is not None else ""
-        lines.append(f"throughput, {what} per second of steady steps: A {_rate_text(ra)}, "
+        lines.append(f"throughput, {what} per second of steady steps (their {what} over their "
+                     f"summed time, evaluation steps left out): A {_rate_text(ra)}, "
                      f"B {_rate_text(rb)}{ratio}")
+    note = throughput_note(result)
+    if note is not None:
+        lines.append(note)
     if result.per_rank:
         parts = [f"rank {rank} {row.change_text()}" for rank, row in result.per_rank]
         lines.append("step per rank (B vs A): " + "; ".join(parts))

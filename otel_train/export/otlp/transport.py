@@ -41,8 +41,13 @@ from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES
+from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES, redact_url
 from otel_train.export.otlp.encoding import OtlpSpanFields, _Encoder
+from otel_train.export.otlp.failure_words import (
+    grpc_error_words,
+    http_error_words,
+    http_status_words,
+)
 from otel_train.export.otlp.http_sender import ReusedSenderThreads, use_lean_http_transport
 from otel_train.export.span_items import SpanItems, SpanRowItems
 from otel_train.records.span_rows import RowSpanFactory
@@ -147,6 +152,7 @@ class _SingleAttemptBase:
         self._closed = False
         self._factory: RowSpanFactory | None = None
         self._sends_bytes = True  # every send carries the encoded body (else SDK spans)
+        self.where = f"{host}:{port}" if host else "the collector"  # for warnings
 
     def scrub(self, text: str) -> str:
         """``text`` with every known credential replaced by ``***``."""
@@ -201,6 +207,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
         host, port = _split_host_port(target, 4317)
         super().__init__(sdk, float(getattr(sdk, "_timeout", 10.0) or 10.0),
                          max_request_bytes, host, port, secrets)
+        self.where = self.scrub(redact_url(str(sdk_kwargs.get("endpoint") or target)))
         self._lock = threading.Lock()
         self._call: Any = None
         self._bind_call()
@@ -251,7 +258,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             except grpc.RpcError as exc:
                 self._finish(pending, exc)
             except Exception as exc:  # e.g. the channel was closed under us by shutdown
-                pending.finish(ExportOutcome.RETRY, repr(exc))
+                pending.finish(ExportOutcome.RETRY, grpc_error_words(None, str(exc)))
             else:
                 pending.finish(ExportOutcome.SENT)
             return pending
@@ -259,7 +266,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             future = call.future(body, timeout=timeout, metadata=metadata)
         except Exception as exc:  # e.g. the channel was closed under us by shutdown
             pending = PendingSend()
-            pending.finish(ExportOutcome.RETRY, repr(exc))
+            pending.finish(ExportOutcome.RETRY, grpc_error_words(None, str(exc)))
             return pending
         pending = PendingSend(cancel=future.cancel)
 
@@ -290,7 +297,8 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             match = _LIMIT_RE.search(details)
             if match:
                 pending.limit_bytes = int(match.group(1))
-        pending.finish(outcome, self.scrub(f"{getattr(code, 'name', code)}: {details}"))
+        pending.finish(outcome, self.scrub(grpc_error_words(getattr(code, "name", None),
+                                                            details)))
 
     def shutdown(self) -> None:
         """Close the channel (cancels what is still in flight on it)."""
@@ -355,6 +363,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
             port = None
         timeout = float(getattr(client, "_timeout", 10.0) or 10.0)
         super().__init__(sdk, timeout, max_request_bytes, parts.hostname, port, secrets)
+        self.where = self.scrub(redact_url(url))
         self._client = client
         # The SDK client's private single-request path (1.40+); otherwise its retrying export.
         self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
@@ -399,7 +408,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
                 result, "status_code", None) is None
             pending.finish(outcome, self.scrub(detail))
         except Exception as exc:
-            pending.finish(ExportOutcome.RETRY, self.scrub(repr(exc)))
+            pending.finish(ExportOutcome.RETRY, self.scrub(http_error_words(exc)))
 
     def shutdown(self) -> None:
         """Close the HTTP session."""
@@ -420,7 +429,7 @@ def _http_outcome(result: Any) -> tuple[ExportOutcome, str]:
     if status is not None:
         if 200 <= status < 300:
             return ExportOutcome.SENT, ""
-        detail = f"HTTP {status}"
+        detail = http_status_words(status)
         if status == 413:
             return ExportOutcome.TOO_LARGE, detail
         if status in _HTTP_RETRYABLE:
@@ -430,9 +439,10 @@ def _http_outcome(result: Any) -> tuple[ExportOutcome, str]:
     error = getattr(error, "reason", None) or error  # urllib3 wraps the cause in MaxRetryError
     name = type(error).__name__
     if name in ("ReadTimeout", "ReadTimeoutError"):  # requests / urllib3
-        return ExportOutcome.UNKNOWN, name  # sent, no answer in time: may have arrived
+        # Sent, no answer in time: it may have arrived.
+        return ExportOutcome.UNKNOWN, http_error_words(error)
     # Refused, reset, DNS or TLS failure: nothing was accepted (the SDK retries these too).
-    return ExportOutcome.RETRY, name
+    return ExportOutcome.RETRY, http_error_words(error)
 
 
 def _split_host_port(target: str, default_port: int) -> tuple[str | None, int | None]:

@@ -7,9 +7,10 @@ resource, scope, run constants and bounds); then frames of span records and user
 ``BoundedBatchSpanProcessor`` with the planned exporter: for OTLP each record is encoded
 straight to its Span messages as it arrives (``_Encoder.record``, the bytes its rows would
 give), for the span file its rows (span_rows.py) are, exactly as the training process would.
-It reports its export and drop counts every ``STATS_INTERVAL_SECONDS`` and its log records as
-they come (reports.py reads them), and leaves when told to stop, when the pipe closes, or
-when the training process is gone.
+It reports its export and drop counts right after each batch's outcome (before the next
+batch), every ``STATS_INTERVAL_SECONDS`` besides, and its log records as they come (reports.py
+reads them), and leaves when told to stop, when the pipe closes, or when the training process
+is gone.
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class _Child:
         # The OTLP exporters encode each record straight to its spans' bytes, the span file
         # its rows: no ReadableSpan is made here, the costliest object of the span path.
         self.export.use_rows(factory)
+        # Each batch's outcome is reported as soon as it is known, blocking: should this
+        # process be killed, the training process knows every span the collector confirmed.
+        self.export.on_settled = lambda: self.stats(block=True)
+        self._stats_lock = threading.Lock()  # the export and watch threads both report
         self.parent_pid = config["parent_pid"]
         self._last_counts: Any = None  # the counts last sent
         self._done = threading.Event()
@@ -179,12 +184,15 @@ class _Child:
         # Spans the tail sampler left out were taken, not lost: the training process counts
         # them as accounted for.
         sampled_out = self.sampler.sampled_out_spans if self.sampler is not None else 0
-        now = (self.export.exported, self.export.export_failures, self.drops.counts(),
-               sampled_out)
-        if kind == "stats" and now == self._last_counts:
-            return
-        self._last_counts = now
-        self.send((kind, *now), block)
+        # Taken and sent under one lock: counts reach the training process in the order
+        # they were taken, never a later one overtaken by an earlier.
+        with self._stats_lock:
+            now = (self.export.exported, self.export.export_failures, self.drops.counts(),
+                   sampled_out)
+            if kind == "stats" and now == self._last_counts:
+                return
+            self._last_counts = now
+            self.send((kind, *now), block)
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
               parent_cost_ns: int, fed: bool = False) -> None:

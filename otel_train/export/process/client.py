@@ -14,7 +14,9 @@ Promises kept, each in its room:
 - bounded: frames the child has not read wait here up to ``max_queued_spans`` spans, the
   oldest dropped and counted beyond (outbox.py); no write ever blocks;
 - counted: the child's export and drop counts land in this process's ``DropCounter``
-  (reports.py); spans sent but never reported on (the child died) are counted too;
+  (reports.py), reported after each batch it sends; should it die, the frames it had not
+  confirmed (kept here until it does: ``outbox.Unconfirmed``) are exported from here again, so
+  delivered + dropped = emitted (the batch in flight at its death may arrive twice);
 - the same exit bounds: ``shutdown(timeout)`` hands the child what is left and its share of
   the time; past the deadline the child is killed and what it held is counted;
 - faults: the child ignores SIGINT/SIGTERM (launch.py) and exits when the pipe closes or the
@@ -99,6 +101,8 @@ class ExportProcessClient(SpanProcessor):
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
+        if fallback is None:  # nothing to send again with: keep no frame for it
+            self._outbox.unconfirmed.forget()
         self._metrics = DerivedMetricsLink(self._warn)
         self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn)
         # ``fallback`` makes the in-process export stage should the child not start or die.
@@ -108,6 +112,8 @@ class ExportProcessClient(SpanProcessor):
             plan, resource, scope, run_constants, max_queued_spans, max_batch_size,
             interval_seconds), nice=nice, cpus=cpus)
         self.pid: int | None = self._process.pid
+        # Spans the child never confirmed, exported again here after it died.
+        self.resent_spans = 0
         if fallback is not None and getattr(plan, "protocol", None) == "grpc":
             import_for_exit_fallback()
 
@@ -126,6 +132,12 @@ class ExportProcessClient(SpanProcessor):
     def exported(self) -> int:
         """Spans exported, as the child last reported."""
         return self._reports.exported
+
+    @property
+    def delivered(self) -> int:
+        """Spans delivered: as the child last reported, and from here after a take-over."""
+        stage = self._fallback.stage
+        return self._reports.exported + (int(stage.exported) if stage is not None else 0)
 
     @property
     def export_failures(self) -> int:
@@ -167,6 +179,12 @@ class ExportProcessClient(SpanProcessor):
         """The tail sampler of this process's chain: it decides what the in-process stage
         exports should the child be given up (until then the child's sampler decides)."""
         self._fallback.sampler = sampler
+        # The child's sampler holds user spans back and leaves spans out: it settles spans
+        # out of the order they came, so what it did not confirm is no longer the last spans
+        # sent. Those are counted lost at its death rather than sent again.
+        if sampler is not None:
+            with self._io_lock:
+                self._outbox.unconfirmed.forget()
 
     @property
     def derives_metrics(self) -> bool:
@@ -309,6 +327,7 @@ class ExportProcessClient(SpanProcessor):
         """Apply the child's reports readable now; once the child is ready, hand it the
         chain's state this process reached (before any frame it is to feed itself)."""
         self._reports.take(self._process.reader.read_available())
+        self._outbox.unconfirmed.settled(self._reports.unaccounted(self._outbox.sent_spans))
         if self._lifecycle.state is _READY:
             state = self._metrics.hand_over()
             if state is not None:
@@ -340,20 +359,29 @@ class ExportProcessClient(SpanProcessor):
 
     # -- the child gone: this process exports (under the I/O lock) -------------------------
     def _child_died(self) -> None:
-        """The child exited unasked: count what it held, export in this process from now."""
+        """The child exited unasked: what it never confirmed is exported here again (the
+        batch in flight at its death may so reach the collector twice, never not at all);
+        what is no longer at hand to send again is counted; export here from now on."""
         code = self._process.proc.returncode
         self._read()
-        lost = self._reports.unaccounted(self._outbox.sent_spans)
+        unaccounted = self._reports.unaccounted(self._outbox.sent_spans)
+        # Frames kept since they went into the pipe (none kept in a sampled run, or with no
+        # fallback): those the child did not confirm, and what is no longer among them.
+        resend, skip, lost = self._outbox.unconfirmed.take(unaccounted)
         self._drops.add("export_failed", lost)
-        self._outbox.sent_spans -= lost
+        self._outbox.sent_spans -= unaccounted
+        self.resent_spans += unaccounted - lost
         self._warn.warning("died", "otel-train: the exporter process exited (code %s); %d "
-                           "spans it held are lost (counted); exporting from the training "
-                           "process from now on", code, lost)
-        self._take_over()
+                           "spans it had not confirmed delivered are sent again from the "
+                           "training process, %d lost (counted); exporting from the training "
+                           "process from now on", code, unaccounted - lost, lost)
+        self._take_over(resend, skip)
 
-    def _take_over(self) -> None:
-        """Export from this process from now on, starting with what the child never got."""
-        take_over(self._lifecycle, self._process, self._outbox, self._metrics, self._fallback)
+    def _take_over(self, resend: list[tuple[Any, ...]] | None = None, skip: int = 0) -> None:
+        """Export from this process from now on, starting with what the child never
+        confirmed (``resend``, its first ``skip`` spans settled) and never got."""
+        take_over(self._lifecycle, self._process, self._outbox, self._metrics, self._fallback,
+                  resend or [], skip)
 
     # -- flush and shutdown ----------------------------------------------------------------
     def force_flush(self, timeout_millis: int = 30000) -> bool:

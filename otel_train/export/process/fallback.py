@@ -60,14 +60,16 @@ class FallbackExport:
                          "%r; the spans the exporter process did not take are lost "
                          "(counted)", exc)
 
-    def send(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
-        """Export a frame's records and rows here (the caller feeds the metrics)."""
+    def send(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
+             skip: int = 0) -> None:
+        """Export a frame's records and rows here (the caller feeds the metrics), but its
+        first ``skip`` spans (the child settled them before it died)."""
         if self.sampler is not None:
             recs, rows = self.sampler.filter_frame(list(recs), list(rows))  # never raises
         if self.stage is None:
-            self.count_lost(sum(record_span_count(r) for r in recs) + len(rows))
+            self.count_lost(sum(record_span_count(r) for r in recs) + len(rows) - skip)
         else:
-            self.stage.on_records(recs, rows)  # as the child would (export/stage.py)
+            self.stage.on_records(recs, rows, skip)  # as the child would (export/stage.py)
 
     def count_lost(self, spans: int) -> None:
         """Count spans neither the child nor this process will export."""
@@ -90,8 +92,11 @@ class FallbackExport:
 
 
 def take_over(lifecycle: ClientLifecycle, process: ExporterProcess, outbox: Outbox,
-              metrics: DerivedMetricsLink, fallback: FallbackExport) -> None:
-    """Move to TAKEN_OVER and export here what the child never got (under the I/O lock).
+              metrics: DerivedMetricsLink, fallback: FallbackExport,
+              resend: list[tuple[Any, ...]] | None = None, skip: int = 0) -> None:
+    """Move to TAKEN_OVER and export here what the child never got (under the I/O lock),
+    after the frames it got and never confirmed (``resend``: the first ``skip`` spans of the
+    first of them it settled; their steps fed the child's metrics already, or never will).
 
     The derived metrics are fed here from now on; the steps of frames the child never read
     are fed now, unless this process fed them already: the child could not run the chain,
@@ -104,8 +109,10 @@ def take_over(lifecycle: ClientLifecycle, process: ExporterProcess, outbox: Outb
     metrics.fed_here = metrics.attached
     process.close_pipes()
     fallback.start()
+    for i, (recs, rows, _) in enumerate(resend or ()):
+        fallback.send(recs, rows, skip if i == 0 else 0)
     left, cut = outbox.take_unsent()
-    fallback.count_lost(cut)  # a frame half in the dead pipe
+    fallback.count_lost(cut)  # a frame that could not be read back
     feed_left = metrics.fed_here and not fed  # the child never saw these steps
     for recs, rows, fed_when_queued in left:
         if feed_left and recs and not fed_when_queued:

@@ -58,7 +58,7 @@ def test_frames_go_whole_into_the_pipe_and_count_as_sent(pipe: tuple[int, int]) 
     assert [marshal.loads(f)[1] for f in frames] == [[("rec", 1)], [("rec", 2)]]
 
 
-def test_a_full_pipe_keeps_the_rest_and_a_frame_cut_half_way_is_never_dropped(
+def test_a_full_pipe_keeps_the_rest_and_a_frame_cut_half_way_is_never_dropped_nor_lost(
         pipe: tuple[int, int]) -> None:
     r, w = pipe
     drops = DropCounter()
@@ -70,8 +70,10 @@ def test_a_full_pipe_keeps_the_rest_and_a_frame_cut_half_way_is_never_dropped(
     outbox.queue(_spans(3), 6)  # over the bound: the half-written frame is not the victim
     assert drops.counts() == {"export_queue_full": 6}
     left, cut = outbox.take_unsent()
-    assert cut == 6  # the half-written frame: lost with the pipe at a take-over
-    assert [recs for recs, _, _ in left] == [[("rec", 3)]]
+    # The half-written frame never reached the exporter process whole: it is handed back
+    # to be exported from here at a take-over, before the frames after it.
+    assert cut == 0
+    assert [recs for recs, _, _ in left] == [[("rec", "x" * 200_000)], [("rec", 3)]]
 
 
 def test_an_unsent_frame_says_whether_its_records_were_fed_here_when_it_was_queued() -> None:
@@ -80,3 +82,34 @@ def test_an_unsent_frame_says_whether_its_records_were_fed_here_when_it_was_queu
     outbox.queue(marshal.dumps(("spans", [("rec", 2)], [], 0, False)), 1)
     left, _ = outbox.take_unsent()
     assert [(recs, fed) for recs, _, fed in left] == [([("rec", 1)], True), ([("rec", 2)], False)]
+
+
+def test_frames_the_child_has_not_settled_are_handed_back_and_settled_ones_let_go(
+        pipe: tuple[int, int]) -> None:
+    _, w = pipe
+    outbox = _outbox(100, DropCounter())
+    for i, spans in enumerate((3, 5, 4)):
+        outbox.queue(_spans(i), spans)
+    assert outbox.write_to(w) is True and outbox.sent_spans == 12
+    outbox.unconfirmed.settled(9)  # the first 3 spans settled: the first frame goes
+    assert outbox.unconfirmed.spans == 9
+    # The child settles in order: of the last 6 spans unaccounted for, the second frame's
+    # first 3 were settled too (skip them), the third frame is wholly unsettled.
+    frames, skip, missing = outbox.unconfirmed.take(6)
+    assert [recs for recs, _, _ in frames] == [[("rec", 1)], [("rec", 2)]]
+    assert (skip, missing) == (3, 0) and outbox.unconfirmed.spans == 0
+
+
+def test_past_its_bound_the_oldest_unconfirmed_frame_is_let_go_and_counted_missing(
+        pipe: tuple[int, int]) -> None:
+    _, w = pipe
+    outbox = _outbox(5, DropCounter())  # unconfirmed frames kept up to 10 spans
+    for i in range(3):
+        outbox.queue(_spans(i), 4)
+        assert outbox.write_to(w) is True
+    frames, skip, missing = outbox.unconfirmed.take(12)
+    assert [recs for recs, _, _ in frames] == [[("rec", 1)], [("rec", 2)]]
+    assert (skip, missing) == (0, 4)
+    outbox.unconfirmed.forget()  # a sampled run: nothing is kept from now on
+    outbox.queue(_spans(9), 4)
+    assert outbox.write_to(w) is True and outbox.unconfirmed.take(4) == ([], 0, 4)
