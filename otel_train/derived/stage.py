@@ -94,9 +94,7 @@ class DerivedMetricsStage:
             options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
             slow_operation_seconds=options.slow_operation_seconds,
             stacks=self._stall_stacks(), run_id=identity.run_id)
-        self.metrics.progress = self.watchdog.progress
-        self.metrics.phase_progress = self.watchdog.phase_progress
-        self.metrics.drops = drops
+        self._wire_metrics(drops)
         chain: list[StepViewProcessor] = self.chain.processors
         self.goodput = self.chain.goodput
         if self.goodput is not None:
@@ -129,6 +127,12 @@ class DerivedMetricsStage:
         # The exporter process that feeds the chain (run_in_exporter_process), or None.
         self.remote: Any = None
         self.state_loads = 0  # states loaded from the exporter process
+
+    def _wire_metrics(self, drops: DropCounter) -> None:
+        """What the Prometheus families read besides the chain: progress and drops."""
+        self.metrics.progress = self.watchdog.progress
+        self.metrics.phase_progress = self.watchdog.phase_progress
+        self.metrics.drops = drops
 
     def _stall_stacks(self) -> StallStacks | None:
         """The stall stacks files (made on the thread that starts the run: the training one)."""
