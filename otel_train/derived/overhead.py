@@ -107,6 +107,7 @@ def _ratio(part: float, whole: float) -> float:
 class OverheadSpanProcessor(StepViewProcessor):
     """Monitoring time / training time: recent window, cumulative, steady, per operation."""
 
+    view_by_view = True  # the console reads its figures as of each step
     state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
                     "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
                     "_between_ns", "_ops")
@@ -239,6 +240,16 @@ class OverheadSpanProcessor(StepViewProcessor):
                 cost, k = op[_TOTAL], float(self.steps)
             total += cost / (k * s)
         return total
+
+    def evidence(self) -> tuple[int, float, list[tuple[str, int]]]:
+        """What a verdict needs to know it has enough to go on: (steps, training seconds,
+        the operations seen only once with their step, within the last
+        ``recent_window_steps`` steps)."""
+        with self._lock:
+            last = self._last_step
+            once = [(name, op[_FIRST_STEP]) for name, op in self._ops.items()
+                    if op[_CALLS] == 1 and 0 <= last - op[_FIRST_STEP] < self._window]
+            return self.steps, max(0, self._wall_ns - self._monitor_ns) / 1e9, once
 
     def snapshot(self) -> OverheadSnapshot:
         """All figures, copied under the lock."""
