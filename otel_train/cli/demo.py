@@ -235,7 +235,12 @@ def _write_report(status_dir: Path, wanted: bool,
 def _print_end(run: Any, costs: dict[str, Any], report: Path | None, serving: bool) -> None:
     """The costs table, then what to do next with this run (the demo's last lines)."""
     run_dir = run.status_dir
-    lines = [str(costs), "", "next steps:"]
+    table = costs
+    if run.options.console and costs.get("envelope"):
+        # With the console on, the run says its goodput itself as it shuts down (one line):
+        # the table leaves its copy out, so goodput is said once.
+        table = type(costs)({k: v for k, v in costs.items() if k != "envelope"})
+    lines = [str(table), "", "next steps:"]
     if report is not None:
         lines.append(f"  open the report        {report}")
     else:

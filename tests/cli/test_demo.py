@@ -138,3 +138,31 @@ def test_a_planted_slowdown_makes_the_phase_slower_by_its_share():
 def test_a_bad_planted_slowdown_is_refused_before_training(spec, capsys):
     assert main(["demo", "--plant-slowdown", spec, "--quiet", "--prometheus-port", "none"]) == 2
     assert "--plant-slowdown" in capsys.readouterr().err
+
+
+def test_the_demo_says_its_goodput_once(tmp_path, capsys):
+    assert main(["demo", "--steps", "6", "--eval-every", "5", "--prometheus-port", "none",
+                 "--status-dir", str(tmp_path), "--no-report"]) == 0
+    out, err = capsys.readouterr()
+    assert len(re.findall(r"goodput [\d.]+%", out + err)) == 1, out + err
+    assert "otel-train: goodput " in err  # the run's own line, as it shuts down
+
+
+def test_a_serving_demo_says_its_goodput_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--steps", "4", "--eval-every", "2",
+         "--prometheus-port", "0", "--status-dir", str(tmp_path), "--no-report", "--serve"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = _lines_until(proc, "serving ", timeout_seconds=180)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    text = "\n".join(lines) + out + err
+    assert len(re.findall(r"goodput [\d.]+%", text)) == 1, text
