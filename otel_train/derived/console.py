@@ -170,7 +170,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if (view.name in self.eval_operations or self._first_calls
                 or view.duration_ns >= self.breakdown_min_share * self._last_step_ns):
             first = " (first call)" if self._first_calls else ""
-            self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
+            # Two loaders validated one after the other are two lines: each names its own.
+            loader = f" (loader {view.loader!r})" if view.loader else ""
+            self._write(f"⏱️  monitor {view.name!r}{loader} after step {view.step}: "
                         f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
         if self._ordered_log is not None:
             self._ordered_log.release(view.step)
@@ -253,11 +255,21 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         for ph in view.top_level_phases():
             shares[ph[P_NAME]] = shares.get(ph[P_NAME], 0) + ph[P_DURATION]
         shares[OTHER] = _other_ns(view)
+        operations = dict(view.operations)
         for name, limit in self.red_flags.items():
             share = shares.get(name, 0) / total
             if share > limit:
                 why = _WHY.get(name, "over its threshold")
-                flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
+                flag = f"{name} {share:.1%} of this step (> {limit:.0%}): {why}"
+                if name in operations and self.overhead is not None:
+                    # A share of this one step, not of the run: the verdict's figure is a
+                    # share of training time. Both are said, so they do not read as a
+                    # contradiction.
+                    cost = self.overhead.snapshot().operations.get(name)
+                    if cost is not None:
+                        flag += (f"; over the run so far {name} is {cost.share:.1%} of "
+                                 "training time, the measure the monitoring verdict uses")
+                flags.append(flag)
         if view.slow:
             flags.append("slow step (training time far above its baseline)")
         if self.budget is not None and self.budget.judging:

@@ -242,7 +242,7 @@ def test_red_flags_are_named_when_a_share_crosses_its_threshold() -> None:
         feed(shared, step_spans(step, [("forward", "train", 0, 20),
                                        ("inference", "monitor", 20, 960)], 1000))
     text = out.getvalue()
-    assert "🚩 inference 94.0% of the step (> 90%)" in text
+    assert "🚩 inference 94.0% of this step (> 90%)" in text
     assert ("🚩 monitoring budget critical: 1566.7% steady state share of training time "
             "(budget 5%, critical 10%)") in text
     shared, out = pipeline(log_every=1000)
@@ -250,7 +250,7 @@ def test_red_flags_are_named_when_a_share_crosses_its_threshold() -> None:
                             100))
     text = out.getvalue()
     assert "🚩 val_loss 40.0%" not in text
-    assert "🚩 other 40.0% of the step (> 20%)" in text
+    assert "🚩 other 40.0% of this step (> 20%)" in text
 
 
 def test_monitoring_between_steps_prints_one_line() -> None:
@@ -258,6 +258,32 @@ def test_monitoring_between_steps_prints_one_line() -> None:
     shared.on_end(monitor_span("checkpoint", after_step=41, duration_ms=1234))
     assert out.getvalue().startswith(
         "⏱️  monitor 'checkpoint' after step 41: 1.234s (first call)")
+
+
+def test_validations_of_two_loaders_between_steps_each_name_their_loader() -> None:
+    # The Lightning example: val_loss of loader 'clean', then of 'noisy', after step 9.
+    shared, out = pipeline()
+    for loader in ("clean", "noisy"):
+        span = monitor_span("val_loss", after_step=9, duration_ms=120)
+        span._attributes = {**span.attributes, "train.dataloader": loader}
+        shared.on_end(span)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("⏱️  monitor 'val_loss' (loader 'clean') after step 9: 0.120s")
+    assert lines[1].startswith("⏱️  monitor 'val_loss' (loader 'noisy') after step 9: 0.120s")
+
+
+def test_a_monitoring_phase_large_in_its_step_is_said_beside_its_share_of_the_run() -> None:
+    # multi_dataloader's shape: a validation pass that is 69% of its step every 100 steps,
+    # a few percent of the run's training time (3 x 45 ms over 201 x 20 ms: 3.4%): the red
+    # flag says both.
+    shared, out = pipeline(log_every=1000)
+    for i in range(201):
+        val = 45.0 if i % 100 == 0 else 0.0
+        feed(shared, train_step(i, step_ms=20 + val, monitor_ms=val, monitor="val_loss"))
+    flag = [ln for ln in out.getvalue().splitlines() if "🚩 val_loss" in ln][-1]
+    assert flag == ("   🚩 val_loss 69.2% of this step (> 50%): validation set too large or "
+                    "inefficient; over the run so far val_loss is 3.4% of training time, the "
+                    "measure the monitoring verdict uses")
 
 
 def test_log_every_must_be_positive() -> None:
