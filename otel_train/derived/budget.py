@@ -12,10 +12,11 @@ logged when the status gets worse, and when one monitoring call runs longer than
 No verdict without evidence (``BudgetSpanProcessor.evidence_gap``): before a share is said,
 the run needs ``min_steps`` (10) steps, ``MIN_VERDICT_TRAINING_SECONDS`` (0.1 s) of training
 time (so one scheduler stall of a loaded machine, ~10 ms, moves the figure by a tenth of
-itself at most), and a second call of every operation seen within the last
+itself at most), and a call at a second step of every operation seen within the last
 ``recent_window_steps`` steps: until an operation runs again, its cost per call after the
 first and its interval are unknown, and its one call over a few steps would read as a share
-of hundreds of percent. Before that the console says "not enough steps yet" and why.
+of hundreds of percent (two validations after one step, one per loader, are two calls but
+no interval yet). Before that the console says "not enough steps yet" and why.
 
 The status does not flip on noise: it rises as soon as the steady figure crosses a
 threshold, and falls back only once the figure is ``STATUS_HYSTERESIS`` (10%) of the
@@ -325,7 +326,10 @@ def advise(snapshot: OverheadSnapshot, budget: float) -> list[OperationAdvice]:
         if op.calls < 2 or op.last_step == op.first_step:
             out.append(_one_off_advice(op, snapshot, budget, min_k))
             continue
-        k = (op.last_step - op.first_step) / (op.calls - 1)
+        k = op.steps_per_call
+        if k is None:  # every call at one step, long ago: a one-off
+            out.append(_one_off_advice(op, snapshot, budget, min_k))
+            continue
         if k < 0:  # step indices went backwards (a restarted count): the run's mean
             k = max(1.0, snapshot.steps / op.calls)
         pattern = PATTERN_IRREGULAR if op.calls >= 3 and k != int(k) else PATTERN_PERIODIC
@@ -508,10 +512,13 @@ class BudgetSpanProcessor(StepViewProcessor):
             return (f"not enough steps yet (a verdict needs {self._min_training_seconds:g} s "
                     "of training time)")
         if once:
-            name, step = min(once, key=lambda item: item[1])
+            name, step, calls = min(once, key=lambda item: item[1])
             more = f" and {len(once) - 1} more" if len(once) > 1 else ""
-            return (f"not enough steps yet ({name!r}{more} ran once, at step {step}: its "
-                    "steady cost needs a second call)")
+            if calls == 1:
+                return (f"not enough steps yet ({name!r}{more} ran once, at step {step}: its "
+                        "steady cost needs a second call)")
+            return (f"not enough steps yet ({name!r}{more} ran {calls} times, all at step "
+                    f"{step}: its interval needs a call at another step)")
         return None
 
     @property

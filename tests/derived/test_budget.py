@@ -367,3 +367,23 @@ def test_hysteresis_is_one_tenth_of_each_threshold() -> None:
     assert held_status(0.2, None, 0.05, 0.10) == "critical"
     with pytest.raises(ValueError, match="hysteresis"):
         BudgetSpanProcessor(OverheadSpanProcessor(), hysteresis=1.0)
+
+
+def test_two_validations_after_one_step_are_no_interval_yet() -> None:
+    # The Lightning example: val_loss of loader 'clean' then of 'noisy' after step 9 (two
+    # calls at one step), 10 ms steps: no verdict (it read 555%) until the next validation;
+    # then two calls every 10 steps: 2 x 25 ms / (10 x 10 ms) = 50%.
+    shared, ov, budget = make()
+    for i in range(20):
+        feed(shared, train_step(i, step_ms=10))
+        if i in (9, 19):
+            for _ in range(2):
+                ov.on_end(monitor_span("val_loss", after_step=i, duration_ms=25))
+        if i == 9:
+            assert budget.evidence_gap() == (
+                "not enough steps yet ('val_loss' ran 2 times, all at step 9: its interval "
+                "needs a call at another step)")
+    assert budget.evidence_gap() is None
+    assert ov.steady_ratio() == pytest.approx(2 * 25 / (10 * 10))
+    (adv,) = budget.advice()
+    assert adv.interval_steps == 5 and adv.projected_share == pytest.approx(0.5)

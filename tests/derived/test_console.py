@@ -131,7 +131,7 @@ def test_start_run_with_an_explicit_log_every_prints_every_tenth_fast_step(
     err = capsys.readouterr().err
     # a step the machine made slow gets its line too ("🚩 slow step"): not a routine one
     printed = [int(m.group(1)) for m in re.finditer(r"⏱️  step (\d+)[^\n]*", err)
-               if "slow step" not in m.group(0)]
+               if "slow step" not in m.group(0) or int(m.group(1)) % 10 == 0]
     assert printed == [0, 10, 20, 30, 40, 50]
 
 
