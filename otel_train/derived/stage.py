@@ -267,12 +267,14 @@ class DerivedMetricsStage:
             snapshot = self.overhead.snapshot()
             slow_steps = self.slow.slow_steps
             slow_ops = dict(self.budget.slow_operations)
+            evidence_gap = self.budget.evidence_gap()  # the console's rule, for the table
             envelope = self.goodput.envelope() if self.goodput is not None else None
         data = build_costs(snapshot, self.options.budget, self.options.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
                            run_id=self.identity.run_id)
         if data["rank"] is None:
             data["rank"] = self.identity.rank
+        data["verdict_evidence"] = evidence_gap
         data["dropped_spans"] = self.drops.counts()
         if envelope is not None:
             data["envelope"] = envelope
