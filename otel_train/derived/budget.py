@@ -12,11 +12,12 @@ logged when the status gets worse, and when one monitoring call runs longer than
 No verdict without evidence (``BudgetSpanProcessor.evidence_gap``): before a share is said,
 the run needs ``min_steps`` (10) steps, ``MIN_VERDICT_TRAINING_SECONDS`` (0.1 s) of training
 time (so one scheduler stall of a loaded machine, ~10 ms, moves the figure by a tenth of
-itself at most), and a call at a second step of every operation seen within the last
-``recent_window_steps`` steps: until an operation runs again, its cost per call after the
-first and its interval are unknown, and its one call over a few steps would read as a share
-of hundreds of percent (two validations after one step, one per loader, are two calls but
-no interval yet). Before that the console says "not enough steps yet" and why.
+itself at most), and, while the run is younger than ``recent_window_steps`` (100) steps, a
+call at a second step of every operation: until an operation runs again, its cost per call
+after the first and its interval are unknown, and its one call over a few steps would read
+as a share of hundreds of percent (two validations after one step, one per loader, are two
+calls but no interval yet). Once the run is over (the final costs), an operation seen at
+one step only is a one-off and counts as one. Before that the console says "not enough steps yet" and why.
 
 The status does not flip on noise: it rises as soon as the steady figure crosses a
 threshold, and falls back only once the figure is ``STATUS_HYSTERESIS`` (10%) of the
@@ -503,9 +504,14 @@ class BudgetSpanProcessor(StepViewProcessor):
         one or two steps would read as a share of hundreds of percent."""
         return self.evidence_gap() is None
 
-    def evidence_gap(self) -> str | None:
-        """What the verdict still waits for, in words (None: it has enough to go on)."""
+    def evidence_gap(self, run_over: bool = False) -> str | None:
+        """What the verdict still waits for, in words (None: it has enough to go on).
+
+        ``run_over``: the run has ended, no operation will run again: one seen at one step
+        only is a one-off, not an operation waiting for its second call."""
         steps, training_seconds, once = self.overhead.evidence()
+        if run_over:
+            once = []
         if steps < self._min_steps:
             return f"not enough steps yet (a verdict needs {self._min_steps})"
         if training_seconds < self._min_training_seconds:

@@ -261,12 +261,14 @@ class OverheadSpanProcessor(StepViewProcessor):
 
     def evidence(self) -> tuple[int, float, list[tuple[str, int, int]]]:
         """What a verdict needs to know it has enough to go on: (steps, training seconds,
-        the operations whose calls all came at one step, with that step and their calls,
-        within the last ``recent_window_steps`` steps)."""
+        and, while the run is younger than ``recent_window_steps`` steps, the operations
+        whose calls all came at one step, with that step and their calls).
+
+        Only a young run's: an operation's one call spread over the few steps so far reads
+        as hundreds of percent; after that many steps, it is a one-off's true share."""
         with self._lock:
-            last = self._last_step
-            once = [(name, op[_FIRST_STEP], op[_CALLS]) for name, op in self._ops.items()
-                    if op[_CALL_STEPS] == 1 and 0 <= last - op[_FIRST_STEP] < self._window]
+            once = ([(name, op[_FIRST_STEP], op[_CALLS]) for name, op in self._ops.items()
+                     if op[_CALL_STEPS] == 1] if self.steps < self._window else [])
             return self.steps, max(0, self._wall_ns - self._monitor_ns) / 1e9, once
 
     def snapshot(self) -> OverheadSnapshot:

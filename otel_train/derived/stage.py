@@ -113,6 +113,7 @@ class DerivedMetricsStage:
         self.targets_paths = (
             self.status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
             self.status_dir / f"prometheus_targets-rank{identity.rank}.json")
+        self._run_over = False  # set at shutdown, before the final costs
         self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
                                             options.costs_interval_seconds)
         self.prometheus_url: str | None = None
@@ -267,7 +268,9 @@ class DerivedMetricsStage:
             snapshot = self.overhead.snapshot()
             slow_steps = self.slow.slow_steps
             slow_ops = dict(self.budget.slow_operations)
-            evidence_gap = self.budget.evidence_gap()  # the console's rule, for the table
+            # The console's rule, for the table; once the run is over, an operation seen at
+            # one step only is a one-off (a final evaluation), not waiting for a second call.
+            evidence_gap = self.budget.evidence_gap(run_over=self._run_over)
             envelope = self.goodput.envelope() if self.goodput is not None else None
         data = build_costs(snapshot, self.options.budget, self.options.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
@@ -314,6 +317,7 @@ class DerivedMetricsStage:
             self.metrics.stop_server(left(1.0))
             return
         self._started = False
+        self._run_over = True  # the final costs: no operation will run again
         self.costs_writer.stop(left(0.3))  # joins, then the final write
         if self.options.console and self.goodput is not None:
             print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",

@@ -387,3 +387,16 @@ def test_two_validations_after_one_step_are_no_interval_yet() -> None:
     assert ov.steady_ratio() == pytest.approx(2 * 25 / (10 * 10))
     (adv,) = budget.advice()
     assert adv.interval_steps == 5 and adv.projected_share == pytest.approx(0.5)
+
+
+def test_an_operation_seen_once_waits_only_in_a_young_run_and_never_once_it_is_over() -> None:
+    shared, ov, budget = make()
+    for i in range(40):  # a short run of 10 ms steps, a final evaluation after the loop
+        feed(shared, train_step(i, step_ms=10))
+    ov.on_end(monitor_span("final_eval", after_step=39, duration_ms=30))
+    assert budget.evidence_gap() == ("not enough steps yet ('final_eval' ran once, at step "
+                                     "39: its steady cost needs a second call)")
+    assert budget.evidence_gap(run_over=True) is None  # the final costs: a one-off
+    for i in range(40, 100):  # a run of 100 steps: a one-off's share is its true share
+        feed(shared, train_step(i, step_ms=10))
+    assert budget.evidence_gap() is None
