@@ -166,3 +166,32 @@ def test_a_serving_demo_says_its_goodput_once(tmp_path):
     assert proc.returncode == 0, err
     text = "\n".join(lines) + out + err
     assert len(re.findall(r"goodput [\d.]+%", text)) == 1, text
+
+
+def test_the_demos_console_is_calm_and_says_no_share_before_it_means_something(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--prometheus-port", "none",
+         "--no-report", "--status-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    explained = re.findall(r"^otel-train: slow step \d+:", err, re.M)
+    summed_up = re.findall(r"^otel-train: \d+ more slow steps? ", err, re.M)
+    costs = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    print(f"demo: {costs['slow_steps']} slow steps, {len(explained)} explained, "
+          f"{len(summed_up)} summary line(s), {len(err.splitlines())} console lines in "
+          f"{seconds:.0f} s")
+    assert len(explained) <= 3  # the first few; then summed up (a 1 s run: once at its end)
+    assert len(summed_up) <= 1 + seconds / 30  # one per 30 s of steps at most, one at the end
+    # The first verdicts wait for evidence; none says a share of a few steps (hundreds of %).
+    verdicts = re.findall(r"\| monitoring (verdict: [^\n]*|[A-Z]+: [\d.]+%)", err)
+    assert verdicts[0].startswith("verdict: not enough steps yet")
+    shares = [float(v.split(": ")[1].rstrip("%")) for v in verdicts if not
+              v.startswith("verdict")]
+    assert shares and max(shares) < 100.0, shares
+    # Why a figure disagrees with the verdict is said once per kind, not on every line.
+    assert err.count("so the verdict stands") <= 3
