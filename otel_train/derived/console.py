@@ -155,7 +155,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if view.operations and self.is_material(view):
             self._write(self.format_breakdown(view), view)
         elif view.slow_explained or (view.step % self.log_every == 0
-                           and view.end_ns >= self._next_fast_ns):
+                                     and view.end_ns >= self._next_fast_ns):
             # Formatting a line costs ~40 us of the GIL the training thread needs: a fast
             # loop gets one routine line per interval, not one per log_every steps.
             self._next_fast_ns = view.end_ns + self._min_interval_ns

@@ -27,8 +27,8 @@ are summed up, one line once ``explain_window_steps`` (100) steps and
 slow-step line, and one at shutdown for the rest. A lone slow step, as long after the one
 before it, with none waiting to be summed up, is explained in full again::
 
-    otel-train: 12 more slow steps since step 140 (the worst: step 188, 4.1x the median
-      0.003 s of training)                                          (one line)
+    otel-train: 12 more slow steps since step 140 (the worst: step 188, 0.012 s of
+      training, 4.1x the median 0.003 s)                            (one line)
 
 The first summary says once where the rest is (the counter, the report). With the
 console off (``explain=False``) the library stays quiet: the first slow step gets one line,

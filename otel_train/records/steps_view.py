@@ -317,14 +317,15 @@ class SharedStepSpanProcessor(SpanProcessor):
         self.on_end = self._assembler.add  # type: ignore[method-assign]
         self._on_step = [(p, p.on_step) for p in self.processors]
         self._on_operation = [(p, p.on_operation) for p in self.processors]
-        # on_views: runs of consecutive ``view_by_view`` processors, each other one alone.
-        self._groups: list[list[StepViewProcessor]] = []
+        # on_views: runs of consecutive ``view_by_view`` processors, each other one alone;
+        # each member with its bound handlers.
+        self._groups: list[list[tuple[StepViewProcessor, Any, Any]]] = []
         for proc in self.processors:
-            if (proc.view_by_view and self._groups and len(self._groups[-1]) >= 1
-                    and self._groups[-1][-1].view_by_view):
-                self._groups[-1].append(proc)
+            member = (proc, proc.on_step, proc.on_operation)
+            if proc.view_by_view and self._groups and self._groups[-1][-1][0].view_by_view:
+                self._groups[-1].append(member)
             else:
-                self._groups.append([proc])
+                self._groups.append([member])
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
@@ -351,8 +352,7 @@ class SharedStepSpanProcessor(SpanProcessor):
             self._assembler.views += len(views)
             for group in self._groups:
                 if len(group) == 1:
-                    proc = group[0]
-                    on_step, on_operation = proc.on_step, proc.on_operation
+                    proc, on_step, on_operation = group[0]
                     for view in views:
                         try:
                             if view.is_step:
@@ -363,12 +363,12 @@ class SharedStepSpanProcessor(SpanProcessor):
                             self._failed(proc, view, exc)
                     continue
                 for view in views:
-                    for proc in group:
+                    for proc, on_step, on_operation in group:
                         try:
                             if view.is_step:
-                                proc.on_step(view)
+                                on_step(view)
                             elif not view.envelope or proc.takes_envelope:
-                                proc.on_operation(view)
+                                on_operation(view)
                         except Exception as exc:  # one processor's bug must not starve others
                             self._failed(proc, view, exc)
 
