@@ -17,7 +17,8 @@ call at a second step of every operation: until an operation runs again, its cos
 after the first and its interval are unknown, and its one call over a few steps would read
 as a share of hundreds of percent (two validations after one step, one per loader, are two
 calls but no interval yet). Once the run is over (the final costs), an operation seen at
-one step only is a one-off and counts as one. Before that the console says "not enough steps yet" and why.
+one step only is a one-off and counts as one. Until the verdict has its evidence, the
+console says "not enough steps yet" and why.
 
 The status does not flip on noise: it rises as soon as the steady figure crosses a
 threshold, and falls back only once the figure is ``STATUS_HYSTERESIS`` (10%) of the
@@ -75,8 +76,9 @@ STATUS_CRITICAL = "critical"
 _SEVERITY = {STATUS_OK: 0, STATUS_WARNING: 1, STATUS_CRITICAL: 2}
 
 
-# A verdict waits for this much training time (and ``min_steps`` steps, and a second call
-# of each recent operation): a share of less is timer and scheduler noise.
+# A verdict waits for this much training time (and ``min_steps`` steps, and, in a young
+# run, a call at a second step of each operation): a share of less is timer and scheduler
+# noise.
 MIN_VERDICT_TRAINING_SECONDS = 0.1
 # A status falls back only once its figure is this share of the threshold below it.
 STATUS_HYSTERESIS = 0.10
