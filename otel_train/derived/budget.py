@@ -426,11 +426,14 @@ class BudgetSpanProcessor(StepViewProcessor):
                     "of training time)")
         if once:
             name, step, calls = min(once, key=lambda item: item[1])
-            more = f" and {len(once) - 1} more" if len(once) > 1 else ""
+            if len(once) > 1:  # several, the first seen named with its step
+                names = " and ".join(repr(n) for n, _, _ in sorted(once, key=lambda x: x[1]))
+                return (f"not enough steps yet ({names} ran at one step each, the first at "
+                        f"step {step}: their steady cost needs a call at a second step)")
             if calls == 1:
-                return (f"not enough steps yet ({name!r}{more} ran once, at step {step}: its "
+                return (f"not enough steps yet ({name!r} ran once, at step {step}: its "
                         "steady cost needs a second call)")
-            return (f"not enough steps yet ({name!r}{more} ran {calls} times, all at step "
+            return (f"not enough steps yet ({name!r} ran {calls} times, all at step "
                     f"{step}: its interval needs a call at another step)")
         return None
 

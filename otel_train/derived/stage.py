@@ -319,12 +319,13 @@ class DerivedMetricsStage:
         self._started = False
         self._run_over = True  # the final costs: no operation will run again
         self.costs_writer.stop(left(0.3))  # joins, then the final write
-        if self.options.console and self.goodput is not None:
-            print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
-                  file=sys.stderr, flush=True)
         self.watchdog.stop(left(0.3))
         self.gpu_sampler.stop(left(0.3))
-        self.shared.shutdown()
+        self.shared.shutdown()  # the processors' last lines (the slow steps not yet said)
+        if self.options.console and self.goodput is not None:
+            # The run's last console line, after everything said about its steps.
+            print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
+                  file=sys.stderr, flush=True)
         if self.prometheus_url is not None:
             for path in self.targets_paths:
                 try:

@@ -400,3 +400,17 @@ def test_an_operation_seen_once_waits_only_in_a_young_run_and_never_once_it_is_o
     for i in range(40, 100):  # a run of 100 steps: a one-off's share is its true share
         feed(shared, train_step(i, step_ms=10))
     assert budget.evidence_gap() is None
+
+
+def test_several_operations_waiting_for_their_second_call_are_named_together() -> None:
+    # The demo's step 10: inference and val_loss both ran once, at step 0.
+    shared, ov, budget = make()
+    for i in range(20):
+        monitor_ms = 15.0 if i == 0 else 0.0
+        spans = train_step(i, step_ms=12 + 2 * monitor_ms, monitor_ms=monitor_ms)
+        feed(shared, spans)
+        if i == 0:
+            ov.on_end(monitor_span("val_loss", after_step=0, duration_ms=15))
+    assert budget.evidence_gap() == (
+        "not enough steps yet ('inference' and 'val_loss' ran at one step each, the first at "
+        "step 0: their steady cost needs a call at a second step)")
