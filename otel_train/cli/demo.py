@@ -3,8 +3,8 @@
 A character-level transformer (two blocks, 64-wide) learns a small built-in text. Every step is
 a ``train.step`` trace (data, forward, backward, optimizer); every ``eval_every`` steps the
 run generates a sample (``inference``) and computes a validation loss over a named validation
-loader (``val_loss``): the monitoring whose cost the run reports against its budget, as in
-the field notes (inference + validation loss every N steps).
+loader (``val_loss``): the monitoring whose cost the run reports against its budget, as a
+hand-timed training loop runs it (inference + validation loss every N steps).
 
 It ends with the costs table and the next steps (the report, the metrics, a Perfetto trace,
 a collector); ``--serve`` keeps the metrics endpoint up after training until Ctrl-C.

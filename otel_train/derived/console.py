@@ -15,7 +15,7 @@
 - Full breakdown, only on steps whose monitoring is material: at least
   ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations
   the user marks as evaluation). A 0.3 ms collector every 50 steps gets no breakdown. Each
-  top-level phase with its share of the step, the notes' summary (training, monitoring,
+  top-level phase with its share of the step, the summary line (training, monitoring,
   other/overhead), the budget status, and red flags when a share crosses its threshold
   (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%: validation
   set too large? time in no phase > 20%: overhead around the phases)::
