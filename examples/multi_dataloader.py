@@ -1,4 +1,4 @@
-"""Several named dataloaders interleaved in one loop (field notes, seed 003).
+"""Several named dataloaders interleaved in one loop.
 
 Two training sources, ``main`` and ``aux`` (aux with slow preprocessing and longer
 sequences), are drawn by a weighted schedule; every step's spans carry its source as

@@ -1,13 +1,13 @@
-"""An RL-style loop with the user's own phases (field notes, seed 002).
+"""An RL-style loop with the user's own phases, as an RL trainer times them.
 
 Each step samples a problem, then: ``generation`` (sample a 'program' from the policy),
 ``test_generation`` (sample test inputs), ``log_probs`` (score the sample under the
 policy), ``execution`` (run the program on the tests: the reward) and ``training`` (a
 REINFORCE update). These names are the spans of each ``train.step`` trace, so the slow-step
-breakdown the field notes printed by hand ("Generation: 45.2s, Test gen: 12.1s, ...") is the
-trace itself. Steps whose generation is empty are skipped (``train.skipped``), as in the
-notes; a reward log every ``--log-every`` steps is monitoring. ``--device`` (auto: the
-accelerator when present) chooses where the policy runs.
+breakdown such a loop prints by hand ("Generation: 45.2s, Test gen: 12.1s, ...") is the
+trace itself. Steps whose generation is empty are skipped (``train.skipped``), as a
+hand-written loop does; a reward log every ``--log-every`` steps is monitoring. ``--device``
+(auto: the accelerator when present) chooses where the policy runs.
 
 Usage::
 

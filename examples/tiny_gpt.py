@@ -1,16 +1,18 @@
-"""A plain training loop on a tiny GPT (field notes, seed 004), traced with the explicit API.
+"""A plain training loop on a tiny GPT, traced with the explicit API.
 
 Each step is a ``train.step`` trace with ``data``, ``forward``, ``backward`` and
-``optimizer`` phases; every ``--eval-every`` steps the step also runs the monitoring the
-field notes warn about: ``inference`` (sampling text) and ``val_loss`` (a validation pass,
-its fetches as ``data`` spans of loader ``val``). Runs in seconds on a CPU; ``--device``
+``optimizer`` phases; every ``--eval-every`` steps the step also runs the monitoring that
+most often eats a run's time: ``inference`` (sampling text) and ``val_loss`` (a validation
+pass, its fetches as ``data`` spans of loader ``val``). Runs in seconds on a CPU; ``--device``
 (auto: the accelerator when present) chooses where, and the start-up line says which.
 
 Usage::
 
     python examples/tiny_gpt.py --steps 50 --eval-every 10
     python examples/tiny_gpt.py --device cpu
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 python examples/tiny_gpt.py
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python examples/tiny_gpt.py   # OTLP/HTTP
+    OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \\
+        python examples/tiny_gpt.py                                                 # OTLP/gRPC
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ span, via ``TorchTrainingInstrumentor`` (entry point ``opentelemetry_instrumento
 
 Usage::
 
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \\
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\
         opentelemetry-instrument python examples/zero_code.py --steps 20
     OTEL_TRAIN_EXPORTER=jsonl opentelemetry-instrument python examples/zero_code.py
     opentelemetry-instrument python examples/zero_code.py --device cpu

@@ -128,3 +128,26 @@ def test_every_example_refuses_cuda_where_there_is_none_naming_device(tmp_path,
 def test_every_example_documents_how_to_run_it(name: str) -> None:
     text = (EXAMPLES / name).read_text()
     assert "Usage::" in text and "--steps" in text
+
+
+_EXAMPLE_NAMES = ["tiny_gpt.py", "hf_trainer.py", "lightning_trainer.py", "multi_dataloader.py",
+                  "rl_custom_phases.py", "distributed.py", "zero_code.py"]
+
+
+@pytest.mark.parametrize("name", _EXAMPLE_NAMES)
+def test_an_examples_endpoint_is_the_port_of_the_protocol_it_runs_with(name: str) -> None:
+    # The default protocol is http/protobuf (port 4318); 4317 is the gRPC port and must come
+    # with OTEL_EXPORTER_OTLP_PROTOCOL=grpc on the same command.
+    text = (EXAMPLES / name).read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if ":4317" in line:
+            assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in line, line
+        if ":4318" in line:
+            assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" not in line, line
+
+
+@pytest.mark.parametrize("name", _EXAMPLE_NAMES)
+def test_an_examples_docstring_speaks_to_its_reader_not_of_the_projects_notes(name: str) -> None:
+    text = (EXAMPLES / name).read_text()
+    for word in ("field notes", "seed 00", "the notes"):
+        assert word not in text, f"{name}: {word!r}"

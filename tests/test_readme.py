@@ -119,3 +119,16 @@ def test_the_quick_start_runs_and_exports_its_steps(tmp_path) -> None:
         "data", "forward", "backward", "optimizer"]
     assert not monitor_roots(spans)
     assert "val_loss" in proc.stdout  # the costs table printed at the end
+
+
+def test_the_readmes_cost_ratios_and_shares_agree_and_name_their_estimator() -> None:
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    medians = re.findall(r"\*\*(\d\.\d+)x\*\*", text)
+    assert medians == ["1.044", "1.006"]
+    assert "Those ratios are the median pair's" in text
+    geometric = re.search(r"geometric mean ratio, (\d\.\d+)x and (\d\.\d+)x", text)
+    shares = re.search(r"(\d\.\d)% \[[\d., ]+\] and (\d\.\d)% \[[\d., ]+\], and the run "
+                       r"reports", text)
+    assert geometric and shares
+    for ratio, share in zip(geometric.groups(), shares.groups()):
+        assert abs(100 * (1 - 1 / float(ratio)) - float(share)) < 0.06, (ratio, share)

@@ -3,8 +3,8 @@
 A character-level transformer (two blocks, 64-wide) learns a small built-in text. Every step is
 a ``train.step`` trace (data, forward, backward, optimizer); every ``eval_every`` steps the
 run generates a sample (``inference``) and computes a validation loss over a named validation
-loader (``val_loss``): the monitoring whose cost the run reports against its budget, as in
-the field notes (inference + validation loss every N steps).
+loader (``val_loss``): the monitoring whose cost the run reports against its budget, as a
+hand-timed training loop runs it (inference + validation loss every N steps).
 
 ``--device auto`` (the default) trains on the accelerator when one is present, else on the
 CPU; ``--device cpu`` / ``--device cuda`` choose (``cuda`` where none is present is refused
@@ -259,7 +259,12 @@ def _write_report(status_dir: Path, wanted: bool,
 def _print_end(run: Any, costs: dict[str, Any], report: Path | None, serving: bool) -> None:
     """The costs table, then what to do next with this run (the demo's last lines)."""
     run_dir = run.status_dir
-    lines = [str(costs), "", "next steps:"]
+    table = costs
+    if run.options.console and costs.get("envelope"):
+        # With the console on, the run says its goodput itself as it shuts down (one line):
+        # the table leaves its copy out, so goodput is said once.
+        table = type(costs)({k: v for k, v in costs.items() if k != "envelope"})
+    lines = [str(table), "", "next steps:"]
     if report is not None:
         lines.append(f"  open the report        {report}")
     else:

@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="otel-train", description=(
         "Every PyTorch training step as an OpenTelemetry trace; monitoring overhead as "
         "Prometheus metrics."))
-    sub = ap.add_subparsers(dest="command", required=True)
+    # Not required: ``otel-train`` alone prints the commands (main), not a usage error.
+    sub = ap.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     demo = sub.add_parser("demo", help="train a tiny GPT with otel-train (on the "
                           "accelerator when present; --device cpu for the CPU)")
     add_arguments(demo)
@@ -188,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``otel-train`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # `otel-train` alone: what it can do
+        parser.print_help()
+        return 0
     return int(args.func(args))
 
 

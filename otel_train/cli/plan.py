@@ -8,7 +8,7 @@ metrics run, sampling, and why; then the device timing ``device_sync`` resolves 
 
 Usage::
 
-    otel-train plan --exporter otlp --otlp-endpoint http://collector:4317 --sample-ratio 0.1
+    otel-train plan --exporter otlp --otlp-endpoint http://collector:4318 --sample-ratio 0.1
 """
 
 from __future__ import annotations
@@ -68,13 +68,24 @@ def print_plan(args: argparse.Namespace) -> int:
         return 2
     identity = resolve_identity(options.run_id, options.rank, options.world_size,
                                 options.local_rank)
-    status_dir = Path(options.status_dir or Path("otel-train-runs") / identity.run_id)
+    # A run id drawn here would not be the run's (each run draws its own as it starts):
+    # the paths show where it goes instead.
+    drawn = identity.run_id_source == "generated"
+    run_dir = Path("otel-train-runs") / (RUN_ID_PLACEHOLDER if drawn else identity.run_id)
+    status_dir = Path(options.status_dir or run_dir)
     mode, provider = current_provider_mode()
     environment, _ = gather_environment(options, mode, provider, status_dir, identity.rank,
                                         identity.world_size, local_rank=identity.local_rank)
-    print(plan_pipeline(options, environment).describe())
+    text = plan_pipeline(options, environment).describe()
+    if RUN_ID_PLACEHOLDER in text:
+        text += (f"\n{RUN_ID_PLACEHOLDER}: drawn as the run starts (date-time-random, "
+                 "20261128-073742-f7ee7a); --run-id or OTEL_TRAIN_RUN_ID sets it")
+    print(text)
     print(f"timing: {device_timing_line(options)}")
     return 0
+
+
+RUN_ID_PLACEHOLDER = "<run id>"
 
 
 def device_timing_line(options: Any) -> str:

@@ -6,10 +6,24 @@ first call of each operation and the warm-up steps replaced by their steady figu
 ``critical`` (0.10). So a validation pass that costs 96 ms once (warm-up) and 3.6 ms
 afterwards is judged on 3.6 ms, while the cumulative ratio still counts the 96 ms (an
 operation seen once counts at that one call: nothing better is known yet). A warning is
-logged when the status gets worse, not before ``min_steps`` steps and leaving out operations
-seen only once (so one evaluation at step 0 or a slow first call does not cry wolf), and
-when one monitoring call runs longer than ``slow_operation_seconds`` (30 s); both are
-rate-limited.
+logged when the status gets worse, and when one monitoring call runs longer than
+``slow_operation_seconds`` (30 s); both are rate-limited.
+
+No verdict without evidence (``BudgetSpanProcessor.evidence_gap``): before a share is said,
+the run needs ``min_steps`` (10) steps, ``MIN_VERDICT_TRAINING_SECONDS`` (0.1 s) of training
+time (so one scheduler stall of a loaded machine, ~10 ms, moves the figure by a tenth of
+itself at most), and, while the run is younger than ``recent_window_steps`` (100) steps, a
+call at a second step of every operation: until an operation runs again, its cost per call
+after the first and its interval are unknown, and its one call over a few steps would read
+as a share of hundreds of percent (two validations after one step, one per loader, are two
+calls but no interval yet). Once the run is over (the final costs), an operation seen at
+one step only is a one-off and counts as one. Until the verdict has its evidence, the
+console says "not enough steps yet" and why.
+
+The status does not flip on noise: it rises as soon as the steady figure crosses a
+threshold, and falls back only once the figure is ``STATUS_HYSTERESIS`` (10%) of the
+threshold below it (a WARNING at 5% clears under 4.5%, a CRITICAL at 10% under 9%); a
+status held that way says so ("held until under 4.5%").
 
 One verdict, one figure: ``BudgetVerdict`` says the status with the steady-state figure that
 drives it first, then the recent and cumulative figures, and, when one of those sits on the
@@ -22,11 +36,7 @@ budget warnings all say it that way::
     against 0.100 s after) count there, not in the steady state. The steady state is what
     a long run converges to, so the verdict stands.                         (one line)
 
-The advisor does the "estimate the cost before enabling it" arithmetic for the user: from each
-operation's steady cost per call ``c``, its interval ``k`` (steps between calls) and the
-steady training time per step ``s``, its projected overhead is ``c / (k*s)`` and the
-smallest interval that keeps it within budget ``b`` alone is ``ceil(c / (b*s))``: a 180 s
-snapshot on 3.5 s steps needs ``180 / (0.05 x 3.5)`` = 1029 steps between calls.
+The advisor (``advisor.py``, its names re-exported here) projects each operation's cost.
 
 Usage::
 
@@ -40,16 +50,18 @@ Usage::
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from otel_train.derived.overhead import (
-    OperationCost,
-    OverheadSnapshot,
-    OverheadSpanProcessor,
+from otel_train.derived.advisor import (  # noqa: F401 - re-exported: budget's names
+    PATTERN_IRREGULAR,
+    PATTERN_ONCE,
+    PATTERN_PERIODIC,
+    OperationAdvice,
+    advise,
 )
+from otel_train.derived.overhead import OverheadSnapshot, OverheadSpanProcessor
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.steps_view import StepView, StepViewProcessor
@@ -62,6 +74,14 @@ STATUS_CRITICAL = "critical"
 _SEVERITY = {STATUS_OK: 0, STATUS_WARNING: 1, STATUS_CRITICAL: 2}
 
 
+# A verdict waits for this much training time (and ``min_steps`` steps, and, in a young
+# run, a call at a second step of each operation): a share of less is timer and scheduler
+# noise.
+MIN_VERDICT_TRAINING_SECONDS = 0.1
+# A status falls back only once its figure is this share of the threshold below it.
+STATUS_HYSTERESIS = 0.10
+
+
 def budget_status(ratio: float, budget: float, critical: float) -> str:
     """ok / warning / critical for an overhead ratio."""
     if ratio > critical:
@@ -69,6 +89,23 @@ def budget_status(ratio: float, budget: float, critical: float) -> str:
     if ratio > budget:
         return STATUS_WARNING
     return STATUS_OK
+
+
+def held_status(ratio: float, held: str | None, budget: float, critical: float,
+                hysteresis: float = STATUS_HYSTERESIS) -> str:
+    """The status with hysteresis: up at once, down only ``hysteresis`` under a threshold.
+
+    ``held`` is the status so far (None: none yet). A CRITICAL run at 9.5% stays CRITICAL
+    (the 10% level less 10% of it is 9%); at 8% it is a WARNING; under 4.5% it is OK.
+    """
+    plain = budget_status(ratio, budget, critical)
+    if held is None or _SEVERITY[plain] >= _SEVERITY[held]:
+        return plain
+    if held == STATUS_CRITICAL and ratio > critical * (1.0 - hysteresis):
+        return STATUS_CRITICAL
+    if ratio > budget * (1.0 - hysteresis):
+        return STATUS_WARNING
+    return plain
 
 
 # Warm-up steps this much slower than the steady ones explain a total below steady state.
@@ -132,16 +169,21 @@ class BudgetVerdict:
     budget: float
     critical: float
     label: str = "steady state"  # the driving figure's name
+    # A status the figure alone no longer reaches, held by hysteresis (``held_status``).
+    held: str | None = None
+    hysteresis: float = STATUS_HYSTERESIS
 
     @property
     def status(self) -> str:
-        """ok / warning / critical, from the driving figure alone."""
-        return budget_status(self.steady, self.budget, self.critical)
+        """ok / warning / critical: from the driving figure, or the status it holds."""
+        return self.held or budget_status(self.steady, self.budget, self.critical)
 
     def disagreeing(self) -> list[str]:
         """The other figures on the other side of the threshold the status turns on."""
         status = self.status
         limit = self.critical if status == STATUS_CRITICAL else self.budget
+        if self.held is not None:  # held: the level it holds until
+            limit *= 1.0 - self.hysteresis
         out = []
         for label, value in (("recent", self.recent), ("total", self.total)):
             if value is None:
@@ -151,15 +193,21 @@ class BudgetVerdict:
         return out
 
     def describe(self, digits: int = 1, context: VerdictContext | None = None,
-                 all_figures: bool = True, of_training_time: bool = False) -> str:
+                 all_figures: bool = True, of_training_time: bool = False,
+                 explain: bool = True) -> str:
         """``STATUS: X% steady state (threshold); recent Y%, total Z%[. Why]``.
 
         ``all_figures=False`` leaves out a figure that reads the same as the driving one,
-        unless it disagrees with the verdict; ``of_training_time`` says what X% is of.
+        unless it disagrees with the verdict; ``of_training_time`` says what X% is of;
+        ``explain=False`` leaves out why a disagreeing figure does not move the verdict
+        (the console says it once, not on every line).
         """
         pct = f"{{:.{digits}%}}".format
         status = self.status
-        if status == STATUS_CRITICAL:
+        if self.held is not None:
+            threshold = self.critical if status == STATUS_CRITICAL else self.budget
+            limit = f"held until under {_percent(threshold * (1.0 - self.hysteresis))}"
+        elif status == STATUS_CRITICAL:
             limit = f"over the {_percent(self.critical)} critical level"
         elif status == STATUS_WARNING:
             limit = f"over the {_percent(self.budget)} budget"
@@ -175,7 +223,7 @@ class BudgetVerdict:
                                             or pct(value) != pct(self.steady))]
         if others:
             text += "; " + ", ".join(others)
-        if wrong:
+        if wrong and explain:
             text += ". " + self.why(wrong, context or VerdictContext())
         return text
 
@@ -240,112 +288,15 @@ def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> 
 _STATUS_CHECK_EVERY_STEPS = 8
 
 
-# How an operation's calls fall: the advisor speaks of each in its own terms.
-PATTERN_ONCE = "once"  # one call, or every call at one step (after the loop): no period
-PATTERN_PERIODIC = "periodic"  # calls spread at a whole number of steps apart on average
-PATTERN_IRREGULAR = "irregular"  # 3+ calls whose mean interval is no whole number of steps
-
-
-@dataclass(frozen=True)
-class OperationAdvice:
-    """The advisor's projection for one monitoring operation."""
-
-    operation: str
-    mean_seconds: float
-    interval_steps: float | None  # measured steps between calls (None: no period)
-    projected_share: float  # at the measured interval (one-off: its share so far), 0..1
-    min_interval_steps: int | None  # smallest interval within budget (None: unknown)
-    within_budget: bool
-    advice: str
-    calls: int = 0
-    pattern: str = PATTERN_PERIODIC  # once | periodic | irregular
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
-def advise(snapshot: OverheadSnapshot, budget: float,
-           intervals_in_force: Mapping[str, int] | None = None) -> list[OperationAdvice]:
-    """Project each operation's overhead and the smallest interval within ``budget``.
-
-    A one-off operation (a final evaluation after the loop) is told as what it cost once,
-    ``final_eval: once, 1.2 s = 0.4% of training``; a periodic one at its interval: the one
-    in force for an operation governed with ``step.due`` (``intervals_in_force``), else the
-    measured one.
-    """
-    s = snapshot.steady_train_seconds_per_step
-    out: list[OperationAdvice] = []
-    governed = intervals_in_force or {}
-    for op in sorted(snapshot.operations.values(), key=lambda o: -o.total_seconds):
-        c = op.steady_mean_seconds
-        min_k = max(1, math.ceil(c / (budget * s) - 1e-9)) if s > 0 else None
-        if op.name in governed and op.calls:
-            k = float(governed[op.name])  # governing: the projection at the interval in force
-        elif op.calls < 2 or op.last_step == op.first_step:
-            out.append(_one_off_advice(op, snapshot, budget, min_k))
-            continue
-        else:
-            k = (op.last_step - op.first_step) / (op.calls - 1)
-        if k < 0:  # step indices went backwards (a restarted count): the run's mean
-            k = max(1.0, snapshot.steps / op.calls)
-        pattern = PATTERN_IRREGULAR if op.calls >= 3 and k != int(k) else PATTERN_PERIODIC
-        projected = c / (k * s) if s > 0 else op.share
-        within = projected <= budget
-        first = ""
-        if op.first_seconds > 2 * c and op.first_seconds - c > 1e-3:
-            first = f" (first call {op.first_seconds:.3g} s: warm-up, left out)"
-        if op.name in governed:
-            every = f" every {k:g} steps (governed)"
-        elif op.calls == 2:
-            every = f", 2 calls {k:g} steps apart"
-        elif pattern == PATTERN_IRREGULAR:
-            every = (f", {op.calls} calls at irregular steps {op.first_step}..{op.last_step} "
-                     f"(every {k:.3g} steps on average)")
-        else:
-            every = f" every {k:g} steps"
-        if min_k is None:
-            text = (f"{op.name}: {c:.3g} s per call{every}; not enough steps yet to project "
-                    "its cost")
-        elif within:
-            text = (f"{op.name}: {c:.3g} s per call{first}{every} -> {projected:.1%} of "
-                    f"training time; within the {budget:.0%} budget at every >= {min_k} steps")
-        else:
-            text = (f"{op.name}: {c:.3g} s per call{first}{every} -> {projected:.1%} of "
-                    f"training time, over the {budget:.0%} budget: run it every >= {min_k} "
-                    "steps, or make it cheaper (smaller sample, offline)")
-        out.append(OperationAdvice(op.name, c, k, projected, min_k, within, text, op.calls,
-                                   pattern))
-    return out
-
-
-def _one_off_advice(op: OperationCost, snapshot: OverheadSnapshot, budget: float,
-                    min_k: int | None) -> OperationAdvice:
-    """An operation with no period between its calls: what it cost, as a share of training."""
-    if op.calls == 1:
-        what = f"{op.name}: once, {op.total_seconds:.3g} s"
-    else:
-        what = f"{op.name}: {op.calls} calls at step {op.first_step}, {op.total_seconds:.3g} s"
-    if snapshot.training_seconds <= 0:
-        text = f"{what}; no training time yet to compare it with"
-        within = True
-    else:
-        within = op.share <= budget
-        text = f"{what} = {op.share:.1%} of training"
-        if not within:
-            text += (f", over the {budget:.0%} budget on its own: make it cheaper (smaller "
-                     "sample) or run it offline")
-    return OperationAdvice(op.name, op.steady_mean_seconds, None, op.share, min_k, within,
-                           text, op.calls, PATTERN_ONCE)
-
-
 class BudgetSpanProcessor(StepViewProcessor):
     """Budget status and warnings; reads the figures of an ``OverheadSpanProcessor``.
 
     Add it after the overhead processor (it reads the ratio the step just updated).
     """
 
-    state_fields = ("_unchecked", "_worst_warned", "slow_operations", "warnings_logged")
+    view_by_view = True  # the console reads its figures as of each step
+    state_fields = ("_unchecked", "_worst_warned", "slow_operations", "warnings_logged",
+                    "_status")
 
     def __init__(
         self,
@@ -357,11 +308,20 @@ class BudgetSpanProcessor(StepViewProcessor):
         warn_interval_seconds: float = 300.0,
         logger: logging.Logger | StepOrderedLog | None = None,
         world_size: int = 1,
+        min_training_seconds: float = MIN_VERDICT_TRAINING_SECONDS,
+        hysteresis: float = STATUS_HYSTERESIS,
     ) -> None:
         super().__init__()
         self.world_size = world_size  # > 1: warnings name their rank
         if not 0.0 < budget < critical < 1.0:
             raise ValueError("budget and critical must satisfy 0 < budget < critical < 1")
+        if not min_training_seconds >= 0:
+            raise ValueError("min_training_seconds must be >= 0")
+        if not 0.0 <= hysteresis < 1.0:
+            raise ValueError("hysteresis must be >= 0 and < 1")
+        self._min_training_seconds = min_training_seconds
+        self.hysteresis = hysteresis
+        self._status: str | None = None  # the status so far, hysteresis applied
         if not slow_operation_seconds > 0:
             raise ValueError("slow_operation_seconds must be > 0")
         self.overhead = overhead
@@ -420,20 +380,20 @@ class BudgetSpanProcessor(StepViewProcessor):
     def _check_status(self) -> None:
         self._unchecked = 0
         ov = self.overhead
-        if ov.steps < self._min_steps:
+        # An operation seen once may be warming up: no verdict before its second call (one
+        # call over slow_operation_seconds warns on its own, above).
+        if self.evidence_gap() is not None:
             return
-        # An operation seen once may be warming up: the warning waits for its second call
-        # (one call over slow_operation_seconds warns on its own, above).
-        settled = budget_status(ov.steady_ratio(settled_only=True), self.budget, self.critical)
-        if _SEVERITY[settled] <= _SEVERITY[self._worst_warned]:
-            if settled == STATUS_OK:
+        status = self._status = held_status(ov.steady_ratio(), self._status, self.budget,
+                                            self.critical, self.hysteresis)
+        if _SEVERITY[status] <= _SEVERITY[self._worst_warned]:
+            if status == STATUS_OK:
                 self._worst_warned = STATUS_OK  # recovered: a later breach warns again
             return
-        # Said with the figure the console and the costs table show (every operation): at
-        # least as severe as the settled one that decided to warn.
+        # Said with the figure the console and the costs table show.
         snap = ov.snapshot()
-        verdict = snapshot_verdict(snap, self.budget, self.critical)
-        self._worst_warned = max(settled, verdict.status, key=_SEVERITY.__getitem__)
+        verdict = self._verdict(snap.steady_ratio, snap.recent_ratio, snap.cumulative_ratio)
+        self._worst_warned = status
         if self._warn.warning(
                 f"status-{self._worst_warned}",
                 "otel-train: %smonitoring %s [monitoring excluded from training time; see "
@@ -447,9 +407,35 @@ class BudgetSpanProcessor(StepViewProcessor):
 
     @property
     def judging(self) -> bool:
-        """Enough steps for a verdict (``min_steps``): before, a first call's cost over one
-        or two steps would read as a share of hundreds of percent."""
-        return self.overhead.steps >= self._min_steps
+        """Evidence enough for a verdict (``evidence_gap``): before, a first call's cost over
+        one or two steps would read as a share of hundreds of percent."""
+        return self.evidence_gap() is None
+
+    def evidence_gap(self, run_over: bool = False) -> str | None:
+        """What the verdict still waits for, in words (None: it has enough to go on).
+
+        ``run_over``: the run has ended, no operation will run again: one seen at one step
+        only is a one-off, not an operation waiting for its second call."""
+        steps, training_seconds, once = self.overhead.evidence()
+        if run_over:
+            once = []
+        if steps < self._min_steps:
+            return f"not enough steps yet (a verdict needs {self._min_steps})"
+        if training_seconds < self._min_training_seconds:
+            return (f"not enough steps yet (a verdict needs {self._min_training_seconds:g} s "
+                    "of training time)")
+        if once:
+            name, step, calls = min(once, key=lambda item: item[1])
+            if len(once) > 1:  # several, the first seen named with its step
+                names = " and ".join(repr(n) for n, _, _ in sorted(once, key=lambda x: x[1]))
+                return (f"not enough steps yet ({names} ran at one step each, the first at "
+                        f"step {step}: their steady cost needs a call at a second step)")
+            if calls == 1:
+                return (f"not enough steps yet ({name!r} ran once, at step {step}: its "
+                        "steady cost needs a second call)")
+            return (f"not enough steps yet ({name!r} ran {calls} times, all at step "
+                    f"{step}: its interval needs a call at another step)")
+        return None
 
     @property
     def min_steps(self) -> int:
@@ -457,14 +443,19 @@ class BudgetSpanProcessor(StepViewProcessor):
         return self._min_steps
 
     def status(self) -> str:
-        """ok / warning / critical from the steady-state ratio."""
-        return budget_status(self.overhead.steady_ratio(), self.budget, self.critical)
+        """ok / warning / critical from the steady-state ratio, hysteresis applied."""
+        return self.verdict().status
 
     def verdict(self) -> BudgetVerdict:
         """The status with its driving figure and the recent and cumulative ones."""
         recent, total = self.overhead.ratios()
-        return BudgetVerdict(self.overhead.steady_ratio(), recent, total, self.budget,
-                             self.critical)
+        return self._verdict(self.overhead.steady_ratio(), recent, total)
+
+    def _verdict(self, steady: float, recent: float, total: float) -> BudgetVerdict:
+        status = held_status(steady, self._status, self.budget, self.critical, self.hysteresis)
+        held = status if status != budget_status(steady, self.budget, self.critical) else None
+        return BudgetVerdict(steady, recent, total, self.budget, self.critical, held=held,
+                             hysteresis=self.hysteresis)
 
     def advice(self) -> list[OperationAdvice]:
         """The advisor's projections for every operation seen so far."""

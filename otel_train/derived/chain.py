@@ -1,10 +1,12 @@
 """The chain of derived-metrics processors, built the same way in either process.
 
 Each step's view goes, in order, to: slow steps (marks ``train.slow`` first, so everything
-after sees it), GPU step attributes, overhead, budget, Prometheus histograms and counters,
-and the console report. From span records (a frame in the exporter process, a drain in
-the training process: ``SharedStepSpanProcessor.on_views``), each processor takes the whole
-frame in turn, in that order. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain
+after sees it), GPU step attributes, Prometheus histograms and counters, device, comm,
+goodput, then overhead, budget, throughput and the console report. From span records (a
+frame in the exporter process, a drain in the training process:
+``SharedStepSpanProcessor.on_views``), each processor takes the whole frame in turn, in that
+order, except the last four, which take it view by view together, so a console line reads
+the figures as of its own step. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain
 in the training process; with the exporter process (export_process.py) and
 ``metrics_in_export_process`` on, the exporter process builds it too from the same
 ``chain_settings`` and feeds it, and the training process's chain becomes a copy: it loads
@@ -123,13 +125,15 @@ class StepChain:
         self.console: ConsoleReportSpanProcessor | None = None
         self.throughput = ThroughputSpanProcessor(s["rank"], window, **s.get("throughput", {}))
         self.metrics.registry.register(ThroughputCollector(self.throughput))
-        self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.overhead,
-                                                    self.budget, self.metrics, self.device,
-                                                    self.comm, self.throughput]
         # The job envelope and goodput (goodput.py); absent from settings built by hand.
         self.goodput = (GoodputSpanProcessor(s["envelope"]) if s.get("envelope") else None)
+        self.processors: list[StepViewProcessor] = [self.slow, self.gpu_steps, self.metrics,
+                                                    self.device, self.comm]
         if self.goodput is not None:
             self.processors.append(self.goodput)
+        # Last, fed view by view as a group (``view_by_view``): the console's line of a step
+        # reads the overhead, the budget and the throughput as of that step.
+        self.processors += [self.overhead, self.budget, self.throughput]
         if s["console"]:
             self.console = ConsoleReportSpanProcessor(
                 s["log_every"], self.overhead, self.budget, stream=console_stream,

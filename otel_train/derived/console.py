@@ -2,10 +2,12 @@
 
 - Fast log, every ``log_every`` steps; with ``log_every`` left at its default, at most
   once per ``min_interval_seconds`` too (1 s; ``fast_log_min_interval_seconds``: an explicit
-  ``log_every`` is honoured as given; slow steps always get their line). One line with the
-  step time and its phases, then the budget verdict with the figure that drives it first
-  (the steady state, ``BudgetVerdict``); recent and total follow where they read
-  differently, with the reason when one of them is on the other side of the threshold::
+  ``log_every`` is honoured as given; the slow steps explained in full get their line). One
+  line with the step time and its phases, then the budget verdict with the figure that
+  drives it first (the steady state, ``BudgetVerdict``); recent and total follow where they
+  read differently. Why one of them is on the other side of the threshold is said once per
+  kind of disagreement, not on every line; before the verdict has evidence enough
+  (``BudgetSpanProcessor.evidence_gap``) the line says what it waits for::
 
       ⏱️  step 120: 0.123s (data[train] 0.010s, forward 0.045s, ..., other 0.002s)
           | monitoring OK: 1.1% steady state (budget 5%); recent 0.8%, total 1.2%
@@ -13,7 +15,7 @@
 - Full breakdown, only on steps whose monitoring is material: at least
   ``breakdown_min_share`` (5%) of the step, or one of ``eval_operations`` (the operations
   the user marks as evaluation). A 0.3 ms collector every 50 steps gets no breakdown. Each
-  top-level phase with its share of the step, the notes' summary (training, monitoring,
+  top-level phase with its share of the step, the summary line (training, monitoring,
   other/overhead), the budget status, and red flags when a share crosses its threshold
   (``DEFAULT_RED_FLAGS``: inference > 90% of the step: hanging? val_loss > 50%: validation
   set too large? time in no phase > 20%: overhead around the phases)::
@@ -93,8 +95,9 @@ def fast_log_min_interval_seconds(options: RunOptions) -> float:
 class ConsoleReportSpanProcessor(StepViewProcessor):
     """Prints the fast log and the full timing breakdown; reads overhead and budget."""
 
+    view_by_view = True  # the console reads its figures as of each step
     state_fields = ("_next_fast_ns", "_steps_seen", "_seen_operations", "_last_step_ns",
-                    "lines_written")
+                    "lines_written", "_explained")
 
     def __init__(
         self,
@@ -135,6 +138,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self._stream = stream
         self.red_flags = dict(DEFAULT_RED_FLAGS if red_flags is None else red_flags)
         self.lines_written = 0
+        self._explained: set[tuple[str, tuple[str, ...]]] = set()  # disagreements explained
         # The slow-step and budget warnings, released once this step's lines are written.
         self._ordered_log = ordered_log
         self.throughput: ThroughputSpanProcessor | None = None  # set by the chain
@@ -150,8 +154,8 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
             self._write(oom, view)
         if view.operations and self.is_material(view):
             self._write(self.format_breakdown(view), view)
-        elif view.slow or (view.step % self.log_every == 0
-                           and view.end_ns >= self._next_fast_ns):
+        elif view.slow_explained or (view.step % self.log_every == 0
+                                     and view.end_ns >= self._next_fast_ns):
             # Formatting a line costs ~40 us of the GIL the training thread needs: a fast
             # loop gets one routine line per interval, not one per log_every steps.
             self._next_fast_ns = view.end_ns + self._min_interval_ns
@@ -166,7 +170,9 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if (view.name in self.eval_operations or self._first_calls
                 or view.duration_ns >= self.breakdown_min_share * self._last_step_ns):
             first = " (first call)" if self._first_calls else ""
-            self._write(f"⏱️  monitor {view.name!r} after step {view.step}: "
+            # Two loaders validated one after the other are two lines: each names its own.
+            loader = f" (loader {view.loader!r})" if view.loader else ""
+            self._write(f"⏱️  monitor {view.name!r}{loader} after step {view.step}: "
                         f"{view.duration_ns / 1e9:.3f}s{first}{self._overhead_suffix()}", view)
         if self._ordered_log is not None:
             self._ordered_log.release(view.step)
@@ -249,17 +255,28 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         for ph in view.top_level_phases():
             shares[ph[P_NAME]] = shares.get(ph[P_NAME], 0) + ph[P_DURATION]
         shares[OTHER] = _other_ns(view)
+        operations = dict(view.operations)
         for name, limit in self.red_flags.items():
             share = shares.get(name, 0) / total
             if share > limit:
                 why = _WHY.get(name, "over its threshold")
-                flags.append(f"{name} {share:.1%} of the step (> {limit:.0%}): {why}")
+                flag = f"{name} {share:.1%} of this step (> {limit:.0%}): {why}"
+                if name in operations and self.overhead is not None:
+                    # A share of this one step, not of the run: the verdict's figure is a
+                    # share of training time. Both are said, so they do not read as a
+                    # contradiction.
+                    cost = self.overhead.snapshot().operations.get(name)
+                    if cost is not None:
+                        flag += (f"; over the run so far {name} is {cost.share:.1%} of "
+                                 "training time, the measure the monitoring verdict uses")
+                flags.append(flag)
         if view.slow:
             flags.append("slow step (training time far above its baseline)")
         if self.budget is not None and self.budget.judging:
             verdict = self.budget.verdict()
             if verdict.status != "ok":
-                flags.append(f"monitoring budget {verdict.status}: {verdict.steady:.1%} "
+                held = " (held until it falls back)" if verdict.held else ""
+                flags.append(f"monitoring budget {verdict.status}{held}: {verdict.steady:.1%} "
                              f"{verdict.label} share of training time (budget "
                              f"{self.budget.budget:.0%}, critical {self.budget.critical:.0%})")
         return flags
@@ -271,18 +288,25 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         if overhead is None:
             return ""
         if self.budget is not None:
-            if not self.budget.judging:
-                return (f" | monitoring verdict from step {self.budget.min_steps} on "
-                        f"({overhead.steps} step(s) so far)")
+            gap = self.budget.evidence_gap()
+            if gap is not None:
+                return f" | monitoring verdict: {gap}"
             verdict = self.budget.verdict()
         else:  # no budget to judge by: the figures alone
             recent, cumulative = overhead.ratios()
             return (f" | monitoring {overhead.steady_ratio():.1%} steady state; recent "
                     f"{recent:.1%}, total {cumulative:.1%}")
-        # The reasons need the whole snapshot: taken only when a figure disagrees.
-        context = (VerdictContext.of_snapshot(overhead.snapshot())
-                   if verdict.disagreeing() else None)
-        return " | monitoring " + verdict.describe(context=context, all_figures=False)
+        # Why a figure disagrees with the verdict is said once per kind of disagreement
+        # (which figures, which status), not on every line; the reasons need the whole
+        # snapshot, taken only then.
+        wrong = verdict.disagreeing()
+        key = (verdict.status, tuple(wrong)) if wrong else None
+        explain = key is not None and key not in self._explained
+        if explain:
+            self._explained.add(key)
+        context = VerdictContext.of_snapshot(overhead.snapshot()) if explain else None
+        return " | monitoring " + verdict.describe(context=context, all_figures=False,
+                                                   explain=explain)
 
     def _write(self, text: str, view: StepView | None = None) -> None:
         if self.world_size > 1 and view is not None:

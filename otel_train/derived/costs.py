@@ -5,6 +5,9 @@ The report (schema ``otel-train/monitoring-costs/v1``) speaks the language of ha
 percent, everything counted) and ``budget_status`` at the top, and per operation under
 ``operations.<name>``: ``calls``, ``total_time``, ``mean_time``, ``max_time`` (seconds),
 ``percentage`` (of training time) and ``first_seconds`` (the first call, often warm-up).
+``verdict_evidence`` says what a verdict still waits for (the console's minimum-evidence
+rule, ``BudgetSpanProcessor.evidence_gap``), null once it has enough; the table then says
+no status, only the figures so far.
 Beside them: the same figures as ratios 0..1 (``total_share``, ``share``), the steady-state
 figure the budget status and the advisor use (``steady_share``: first calls and warm-up
 steps replaced by their steady figures), the recent window, the share of wall time, the
@@ -136,8 +139,7 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
     head = (f"run {data.get('run_id') or '?'} rank {data.get('rank', '?')}: "
             f"{data.get('steps', 0)} steps, {_secs(data.get('training_time_seconds'))} "
             f"training time, updated {data.get('updated_at', '?')}")
-    lines = [head, "monitoring " + costs_verdict(data).describe(
-        digits=2, context=VerdictContext.of_costs(data), of_training_time=True)]
+    lines = [head, "monitoring " + verdict_text(data)]
     warm = data.get("warmup") or {}
     if warm.get("steps"):
         lines.append(f"warm-up: first {warm['steps']} steps, "
@@ -241,6 +243,20 @@ def _device_work_text(device: Mapping[str, Any] | None) -> str:
             f"({us('monitoring_sync_wait_us_per_step')} per step, training work queued before "
             "monitoring and its own kernels) and the device idle after each sync until the "
             "next launch")
+
+
+def verdict_text(data: Mapping[str, Any]) -> str:
+    """The verdict line of a costs report, as the console words it (``STATUS: X% ...``);
+    while the run lacks the evidence for one (``verdict_evidence``, the console's rule), what
+    it waits for and the figures so far, with no status."""
+    verdict = costs_verdict(data)
+    gap = data.get("verdict_evidence")
+    if gap:
+        total = "" if verdict.total is None else f", total {verdict.total:.2%}"
+        return (f"verdict: {gap}; so far {verdict.steady:.2%} of training time in "
+                f"{verdict.label}{total}")
+    return verdict.describe(digits=2, context=VerdictContext.of_costs(data),
+                            of_training_time=True)
 
 
 def costs_verdict(data: Mapping[str, Any]) -> BudgetVerdict:

@@ -43,8 +43,9 @@ from typing import Any
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
-# _ops entries: [calls, total_ns, max_ns, first_step, last_step, first_call_ns]
-_CALLS, _TOTAL, _MAX, _FIRST_STEP, _LAST_STEP, _FIRST_NS = range(6)
+# _ops entries: [calls, total_ns, max_ns, first_step, last_step, first_call_ns, call_steps]
+# (call_steps: the steps with a call; two validations after one step are two calls there)
+_CALLS, _TOTAL, _MAX, _FIRST_STEP, _LAST_STEP, _FIRST_NS, _CALL_STEPS = range(7)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ class OperationCost:
     first_step: int
     last_step: int
     first_seconds: float = 0.0  # the first call (often warm-up: compilation, caches)
+    call_steps: int = 0  # steps with a call (0: not known, taken as one call per step)
+
+    @property
+    def steps_per_call(self) -> float | None:
+        """Measured steps between calls: the span of steps with a call over the calls that
+        fall in it, two calls after one step counting as two (None before two steps had a
+        call)."""
+        steps = self.call_steps or self.calls
+        if steps < 2:
+            return None
+        return (self.last_step - self.first_step) / (steps - 1) * steps / self.calls
 
     @property
     def mean_seconds(self) -> float:
@@ -107,6 +119,7 @@ def _ratio(part: float, whole: float) -> float:
 class OverheadSpanProcessor(StepViewProcessor):
     """Monitoring time / training time: recent window, cumulative, steady, per operation."""
 
+    view_by_view = True  # the console reads its figures as of each step
     state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
                     "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
                     "_between_ns", "_ops")
@@ -177,12 +190,14 @@ class OverheadSpanProcessor(StepViewProcessor):
         for name, dur in view.operations:
             op = ops.get(name)
             if op is None:
-                ops[name] = [1, dur, dur, step, step, dur]
+                ops[name] = [1, dur, dur, step, step, dur, 1]
             else:
                 op[_CALLS] += 1
                 op[_TOTAL] += dur
                 if dur > op[_MAX]:
                     op[_MAX] = dur
+                if step != op[_LAST_STEP]:
+                    op[_CALL_STEPS] += 1
                 op[_LAST_STEP] = step
 
     # -- reading ------------------------------------------------------------------------
@@ -229,7 +244,11 @@ class OverheadSpanProcessor(StepViewProcessor):
             calls = op[_CALLS]
             if calls >= 2:
                 cost = (op[_TOTAL] - op[_FIRST_NS]) / (calls - 1)
-                every = (op[_LAST_STEP] - op[_FIRST_STEP]) / (calls - 1)
+                # Steps per call: the steps with a call span (last - first) in (steps - 1)
+                # intervals, each step holding calls / steps of the calls.
+                steps_n = op[_CALL_STEPS]
+                every = ((op[_LAST_STEP] - op[_FIRST_STEP]) / (steps_n - 1) * steps_n / calls
+                         if steps_n >= 2 else 0.0)
                 k = max(every, (last - op[_FIRST_STEP] + 1) / calls)
                 if k <= 0:  # step indices went backwards (a restarted count)
                     k = self.steps / calls
@@ -239,6 +258,18 @@ class OverheadSpanProcessor(StepViewProcessor):
                 cost, k = op[_TOTAL], float(self.steps)
             total += cost / (k * s)
         return total
+
+    def evidence(self) -> tuple[int, float, list[tuple[str, int, int]]]:
+        """What a verdict needs to know it has enough to go on: (steps, training seconds,
+        and, while the run is younger than ``recent_window_steps`` steps, the operations
+        whose calls all came at one step, with that step and their calls).
+
+        Only a young run's: an operation's one call spread over the few steps so far reads
+        as hundreds of percent; after that many steps, it is a one-off's true share."""
+        with self._lock:
+            once = ([(name, op[_FIRST_STEP], op[_CALLS]) for name, op in self._ops.items()
+                     if op[_CALL_STEPS] == 1] if self.steps < self._window else [])
+            return self.steps, max(0, self._wall_ns - self._monitor_ns) / 1e9, once
 
     def snapshot(self) -> OverheadSnapshot:
         """All figures, copied under the lock."""
@@ -250,7 +281,7 @@ class OverheadSpanProcessor(StepViewProcessor):
             ops = {
                 name: OperationCost(name, op[_CALLS], op[_TOTAL] / 1e9, op[_MAX] / 1e9,
                                     _ratio(op[_TOTAL], train), op[_FIRST_STEP],
-                                    op[_LAST_STEP], op[_FIRST_NS] / 1e9)
+                                    op[_LAST_STEP], op[_FIRST_NS] / 1e9, op[_CALL_STEPS])
                 for name, op in self._ops.items()
             }
             return OverheadSnapshot(

@@ -21,10 +21,18 @@ default) flags any training time above it, after warm-up.
 
 A slow step is counted (``otel_train_slow_steps_total``), its root span gets ``train.slow =
 True`` (exporters run after us and see it), and a warning prints its phase breakdown, as
-hand-timed loops print it ("Generation: 45.2s, Test gen: 12.1s, ..."). Explanations are
-limited by count: at most ``max_explanations``
-per ``explain_window_steps`` steps (5 per 100), so the second slow step of a burst is
-explained too; the ones left out are counted and said in the next explanation. With the
+hand-timed loops print it ("Generation: 45.2s, Test gen: 12.1s, ..."). The console reads in
+a calm rhythm: the first ``max_explanations`` (3) slow steps of the run are explained with
+their breakdown, so the second one of a burst is explained too; after them, the slow steps
+are summed up, one line once ``explain_window_steps`` (100) steps and
+``SUMMARY_MIN_INTERVAL_SECONDS`` (30 s, by the steps' end times) have passed since the last
+slow-step line, and one at shutdown for the rest. A lone slow step, as long after the one
+before it, with none waiting to be summed up, is explained in full again::
+
+    otel-train: 12 more slow steps since step 140 (the worst: step 188, 0.012 s of
+      training, 4.1x the median 0.003 s)                            (one line)
+
+The first summary says once where the rest is (the counter, the report). With the
 console off (``explain=False``) the library stays quiet: the first slow step gets one line,
 then one line per ``QUIET_SUMMARY_INTERVAL_SECONDS`` of steps at most, and one at shutdown
 ("N slow steps (the slowest: step K, X s), see otel_train_slow_steps_total ...")::
@@ -69,6 +77,9 @@ MIN_SLOW_STEP_EXCESS_SECONDS = 0.001
 # With the console off: at most one slow-step summary line per this many seconds of steps
 # (by the steps' end times, so replays give the same lines), and one at shutdown.
 QUIET_SUMMARY_INTERVAL_SECONDS = 900.0
+# With the console on, after the first explanations: a summary line at most once per this
+# many seconds of steps (and ``explain_window_steps`` steps), and one at shutdown.
+SUMMARY_MIN_INTERVAL_SECONDS = 30.0
 
 
 class _Baseline:
@@ -117,9 +128,9 @@ def _median(ordered: list[Any]) -> float:
 class SlowStepSpanProcessor(StepViewProcessor):
     """Flags steps whose training time is far above their loader's robust baseline."""
 
-    state_fields = ("steps_seen", "slow_steps", "unexplained", "_unexplained_pending",
-                    "last_slow", "_explained", "slowest", "_slow_steps_said",
-                    "_next_summary_ns")
+    state_fields = ("steps_seen", "slow_steps", "unexplained", "_pending", "last_slow",
+                    "_explained", "slowest", "_slow_steps_said", "_next_summary_ns",
+                    "_next_summary_ordinal", "_summaries", "_last_slow")
 
     def __init__(
         self,
@@ -129,7 +140,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         min_history: int = 5,
         warmup_steps: int = 5,
         mad_multiplier: float = 6.0,
-        max_explanations: int = 5,
+        max_explanations: int = 3,
         explain_window_steps: int = 100,
         logger: logging.Logger | StepOrderedLog | None = None,
         world_size: int = 1,
@@ -159,7 +170,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self._baselines: dict[Any, _Baseline] = {}
         self._max_explanations = max_explanations
         self._explain_window = explain_window_steps
-        self._explained: deque[int] = deque()  # ordinals of the steps explained lately
+        self._explained = 0  # slow steps explained with their breakdown
         self._log = logger or _log
         # A StepOrderedLog (the console is on) is told which step each warning is about.
         self._log_at = getattr(self._log, "at", None)
@@ -167,8 +178,13 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.explain = explain  # False (console off): summary lines only
         self.steps_seen = 0
         self.slow_steps = 0
-        self.unexplained = 0  # slow steps over the explanation limit (counted, not printed)
-        self._unexplained_pending = 0
+        self.unexplained = 0  # slow steps over the explanation limit (counted, summed up)
+        # Slow steps not yet in a line: [count, first step, worst step, worst ratio, its
+        # median ns, worst training ns] (count 0: none).
+        self._pending: list[Any] = [0, None, None, 0.0, 0.0, 0]
+        self._next_summary_ordinal = 0  # no summary before this step ordinal ...
+        self._summaries = 0  # summary lines said
+        self._last_slow = [0, 0]  # the last slow step: [ordinal, end ns]
         self.last_slow: str | None = None  # the last breakdown text (for tests and reports)
         # The run's slowest slow step: [step, rank, training ns, median ns or 0].
         self.slowest: list[Any] | None = None
@@ -197,6 +213,14 @@ class SlowStepSpanProcessor(StepViewProcessor):
         base.add(train, self._window_steps)
         if slow:
             self._flag(view, train, median, ordinal)
+        elif (self._pending[0] and ordinal >= self._next_summary_ordinal
+              and view.end_ns >= self._next_summary_ns):
+            # Slow steps wait to be summed up and their interval is over: said now, so a
+            # lone slow step later is explained in full again.
+            if self._log_at is not None:
+                self._log_at(view.step)
+            self._said_at(view, ordinal)
+            self._say_summary()
 
     def _flag(self, view: StepView, train_ns: int, median: float | None, ordinal: int) -> None:
         self.slow_steps += 1
@@ -213,23 +237,59 @@ class SlowStepSpanProcessor(StepViewProcessor):
 
     def _explain(self, view: StepView, train_ns: int, median: float | None,
                  ordinal: int) -> None:
-        explained = self._explained
-        while explained and explained[0] <= ordinal - self._explain_window:
-            explained.popleft()
-        if len(explained) >= self._max_explanations:
-            self.unexplained += 1
-            self._unexplained_pending += 1
+        due = ordinal >= self._next_summary_ordinal and view.end_ns >= self._next_summary_ns
+        last_ordinal, last_end_ns = self._last_slow
+        self._last_slow = [ordinal, view.end_ns]
+        lone = (not self._pending[0] and ordinal - last_ordinal >= self._explain_window
+                and view.end_ns - last_end_ns >= SUMMARY_MIN_INTERVAL_SECONDS * 1e9)
+        # The first few, and a lone one after a quiet spell, are explained in full.
+        if self._explained < self._max_explanations or lone:
+            self._explained += 1
+            view.slow_explained = True  # the console prints this step's line too
+            text = format_slow_step(view, median, train_ns,
+                                    rank=view.rank if self.world_size > 1 else None)
+            self._said_at(view, ordinal)
+            self.last_slow = text
+            self._log.warning("%s", text)  # logging reports a failing handler itself
             return
-        explained.append(ordinal)
-        text = format_slow_step(view, median, train_ns,
-                                rank=view.rank if self.world_size > 1 else None)
-        if self._unexplained_pending:
-            text += (f"\n  ({self._unexplained_pending} more slow step(s) before this one were "
-                     f"counted but not explained: at most {self._max_explanations} "
-                     f"explanations per {self._explain_window} steps)")
-            self._unexplained_pending = 0
+        self.unexplained += 1
+        pending = self._pending
+        ratio = train_ns / median if median else 0.0
+        if pending[0] == 0:
+            pending[1] = view.step
+        pending[0] += 1
+        if pending[2] is None or train_ns > pending[5]:
+            pending[2:6] = [view.step, ratio, median or 0.0, train_ns]
+        if due:
+            self._said_at(view, ordinal)
+            self._say_summary()
+
+    def _said_at(self, view: StepView, ordinal: int) -> None:
+        """A slow-step line was said at this step: the next summary waits its interval."""
+        self._next_summary_ordinal = ordinal + self._explain_window
+        self._next_summary_ns = view.end_ns + int(SUMMARY_MIN_INTERVAL_SECONDS * 1e9)
+
+    def _say_summary(self) -> None:
+        count, first, worst, ratio, median_ns, train_ns = self._pending
+        if not count:
+            return
+        self._pending = [0, None, None, 0.0, 0.0, 0]
+        figures = f"{_seconds(train_ns / 1e9)} of training"
+        if median_ns:
+            figures += f", {_times(ratio)} the median {_seconds(median_ns / 1e9)}"
+        if count == 1:
+            text = f"otel-train: 1 more slow step: step {worst} ({figures})"
+        else:
+            text = (f"otel-train: {count} more slow steps since step {first} (the worst: "
+                    f"step {worst}, {figures})")
+        if self._summaries == 0:
+            # Said once: why these are no longer explained one by one, and where they are.
+            text += (f"; after the first {self._max_explanations}, slow steps are summed up "
+                     f"like this: each is counted in {A.METRIC_SLOW_STEPS}, and "
+                     "`otel-train report` shows their phases")
+        self._summaries += 1
         self.last_slow = text
-        self._log.warning("%s", text)  # logging reports a failing handler itself
+        self._log.warning("%s", text)
 
     def _say_quietly(self, view: StepView, train_ns: int, median: float | None) -> None:
         """Console off: the first slow step in one line, then a summary per interval."""
@@ -259,9 +319,14 @@ class SlowStepSpanProcessor(StepViewProcessor):
                 "for their phases")
 
     def shutdown(self) -> None:
-        """Console off: the run's slow steps not yet said, in one line."""
+        """The run's slow steps not yet said, in one line."""
         with self._lock:
-            if self.explain or self.slow_steps <= self._slow_steps_said:
+            if self.explain:
+                if self._log_at is not None:
+                    self._log_at(None)
+                self._say_summary()
+                return
+            if self.slow_steps <= self._slow_steps_said:
                 return
             self._slow_steps_said = self.slow_steps
             self.last_slow = self.summary()

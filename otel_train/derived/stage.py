@@ -120,6 +120,7 @@ class DerivedMetricsStage:
         self.targets_paths = (
             self.status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
             self.status_dir / f"prometheus_targets-rank{identity.rank}.json")
+        self._run_over = False  # set at shutdown, before the final costs
         self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
                                             options.costs_interval_seconds)
         self.prometheus_url: str | None = None
@@ -282,6 +283,9 @@ class DerivedMetricsStage:
             snapshot = self.overhead.snapshot()
             slow_steps = self.slow.slow_steps
             slow_ops = dict(self.budget.slow_operations)
+            # The console's rule, for the table; once the run is over, an operation seen at
+            # one step only is a one-off (a final evaluation), not waiting for a second call.
+            evidence_gap = self.budget.evidence_gap(run_over=self._run_over)
             envelope = self.goodput.envelope() if self.goodput is not None else None
         data = build_costs(snapshot, self.options.budget, self.options.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
@@ -289,6 +293,7 @@ class DerivedMetricsStage:
                            governing=self.schedule.describe())
         if data["rank"] is None:
             data["rank"] = self.identity.rank
+        data["verdict_evidence"] = evidence_gap
         data["dropped_spans"] = self.drops.counts()
         data["dropped_attributes"] = self.attribute_drops.counts()
         if envelope is not None:
@@ -331,13 +336,15 @@ class DerivedMetricsStage:
         self._started = False
         if self.governor is not None:
             self.governor.stop(left(0.1))  # its last changes said before the final costs
+        self._run_over = True  # the final costs: no operation will run again
         self.costs_writer.stop(left(0.3))  # joins, then the final write
-        if self.options.console and self.goodput is not None:
-            print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
-                  file=sys.stderr, flush=True)
         self.watchdog.stop(left(0.3))
         self.gpu_sampler.stop(left(0.3))
-        self.shared.shutdown()
+        self.shared.shutdown()  # the processors' last lines (the slow steps not yet said)
+        if self.options.console and self.goodput is not None:
+            # The run's last console line, after everything said about its steps.
+            print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
+                  file=sys.stderr, flush=True)
         if self.prometheus_url is not None:
             for path in self.targets_paths:
                 try:

@@ -86,6 +86,7 @@ def _ratio(part: float | None, whole: float) -> float | None:
 class ThroughputSpanProcessor(StepViewProcessor):
     """Tokens, samples, FLOPs per step; rates and MFU over the recent window."""
 
+    view_by_view = True  # the console reads its figures as of each step
     state_fields = ("rank", "_window", "_tokens_total", "_samples_total", "_flops",
                     "_counted_tokens", "_peak", "_dtype")
 

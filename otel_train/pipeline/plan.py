@@ -94,7 +94,7 @@ class PipelinePlan:
     def describe(self) -> str:
         """The plan as lines for a person: the decisions, then why."""
         lines = [f"route: {self.route}", f"export: {self.export.describe()}",
-                 f"provider: {self.provider_mode}",
+                 f"tracer provider: {_PROVIDER_WORDS.get(self.provider_mode, self.provider_mode)}",
                  f"derived metrics: {self.metrics_where or 'off'}",
                  f"tail sampling: {'on' if self.tail_sampler else 'off'}",
                  f"metrics over OTLP: {'on' if self.otlp_metrics else 'off'}",
@@ -245,14 +245,25 @@ def _metrics_where(options: RunOptions, env: PipelineEnvironment, route: str,
     return THERE
 
 
+# The provider modes as ``otel-train plan`` says them to a person.
+_PROVIDER_WORDS = {
+    MODE_OURS: "otel-train's, installed as the global tracer provider",
+    MODE_APP: "the application's OpenTelemetry SDK provider",
+    MODE_FOREIGN: "another provider the application installed (left alone)",
+    MODE_DISABLED: "none: the run is disabled",
+}
+
+
 def _user_spans(mode: str, route: str, joins_app: bool) -> str:
+    """What happens to the spans a script opens with the OpenTelemetry API, in words."""
     if mode == MODE_APP:
         return "the application's provider handles them"
     if mode == MODE_FOREIGN:
-        return "left to the foreign provider the application installed"
+        return "left to the other provider the application installed"
     if route == ROUTE_NONE:
-        return "nest under their phase; not exported"
-    return f"nest under their phase; made rows as they end, then the {route} route"
+        return "nested under the phase they are opened in; not exported"
+    return (f"nested under the phase they are opened in, exported with the steps "
+            f"({route})")
 
 
 def process_failed(options: RunOptions, environment: PipelineEnvironment,

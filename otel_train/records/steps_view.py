@@ -48,7 +48,7 @@ class StepView:
 
     __slots__ = ("is_step", "name", "trace_id", "root_span_id", "step", "rank", "loader",
                  "start_ns", "end_ns", "duration_ns", "phases", "operations", "monitor_ns",
-                 "span", "slow", "envelope", "events")
+                 "span", "slow", "slow_explained", "envelope", "events")
 
     def __init__(self, is_step: bool, name: str, span: ReadableSpan, ctx: Any, attrs: Any,
                  start_ns: int, end_ns: int, phases: list[tuple[Any, ...]]) -> None:
@@ -69,6 +69,7 @@ class StepView:
         self.monitor_ns = 0
         self.span = span
         self.slow = False
+        self.slow_explained = False  # a slow step whose breakdown is printed (slow_steps.py)
         # The job's envelope (train.startup): neither training nor monitoring; only the
         # processors that say ``takes_envelope`` see it (derived/goodput.py).
         self.envelope = False
@@ -243,6 +244,11 @@ class StepViewProcessor(SpanProcessor):
     state_fields: tuple[str, ...] = ()
     # Whether ``on_operation`` also gets the job envelope's views (train.startup).
     takes_envelope = False
+    # Whether, in a frame, this processor takes each view right after the processors before
+    # it took that view (consecutive ones form a group fed view by view): what reads others'
+    # figures *as of its step* (the console's verdict of step 10 is step 10's, not the
+    # frame's end).
+    view_by_view = False
 
     def __init__(self) -> None:
         self._lock: threading.RLock = threading.RLock()
@@ -311,6 +317,15 @@ class SharedStepSpanProcessor(SpanProcessor):
         self.on_end = self._assembler.add  # type: ignore[method-assign]
         self._on_step = [(p, p.on_step) for p in self.processors]
         self._on_operation = [(p, p.on_operation) for p in self.processors]
+        # on_views: runs of consecutive ``view_by_view`` processors, each other one alone;
+        # each member with its bound handlers.
+        self._groups: list[list[tuple[StepViewProcessor, Any, Any]]] = []
+        for proc in self.processors:
+            member = (proc, proc.on_step, proc.on_operation)
+            if proc.view_by_view and self._groups and self._groups[-1][-1][0].view_by_view:
+                self._groups[-1].append(member)
+            else:
+                self._groups.append([member])
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
@@ -329,21 +344,33 @@ class SharedStepSpanProcessor(SpanProcessor):
         caches through the frame, for less CPU than view by view
         (benchmarks/bench_processors.py prints both). A processor
         sees what the ones before it made of the whole frame: ``train.slow`` is marked on
-        every view first, and the budget and the console read the overhead as of the
-        frame's end (the frame's lines and warnings come out together either way).
+        every view first. Consecutive processors that say ``view_by_view`` (the overhead,
+        the budget, the throughput and the console) take the frame as a group, view by view,
+        so the console's line of a step reads the figures as of that step.
         """
         with self.lock:
             self._assembler.views += len(views)
-            for proc in self.processors:
-                on_step, on_operation = proc.on_step, proc.on_operation
+            for group in self._groups:
+                if len(group) == 1:
+                    proc, on_step, on_operation = group[0]
+                    for view in views:
+                        try:
+                            if view.is_step:
+                                on_step(view)
+                            elif not view.envelope or proc.takes_envelope:
+                                on_operation(view)
+                        except Exception as exc:  # one processor's bug must not starve others
+                            self._failed(proc, view, exc)
+                    continue
                 for view in views:
-                    try:
-                        if view.is_step:
-                            on_step(view)
-                        elif not view.envelope or proc.takes_envelope:
-                            on_operation(view)
-                    except Exception as exc:  # one processor's bug must not starve the others
-                        self._failed(proc, view, exc)
+                    for proc, on_step, on_operation in group:
+                        try:
+                            if view.is_step:
+                                on_step(view)
+                            elif not view.envelope or proc.takes_envelope:
+                                on_operation(view)
+                        except Exception as exc:  # one processor's bug must not starve others
+                            self._failed(proc, view, exc)
 
     def _failed(self, proc: StepViewProcessor, view: StepView, exc: Exception) -> None:
         self.errors += 1

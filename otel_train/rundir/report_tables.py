@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from otel_train.derived.budget import VerdictContext
 from otel_train.derived.costs import costs_verdict
+from otel_train.derived.costs import verdict_text as costs_verdict_text
 from otel_train.rundir.report_data import RunData
 from otel_train.rundir.report_governing import governing_html
 
@@ -55,8 +55,7 @@ def html_table(headers: list[str], rows: list[list[Cell]], cls: str,
 
 def verdict_text(costs: Mapping[str, Any]) -> str:
     """The budget verdict of one costs report, worded as the console words it."""
-    return costs_verdict(costs).describe(digits=2, context=VerdictContext.of_costs(costs),
-                                         of_training_time=True)
+    return costs_verdict_text(costs)
 
 
 def summary_table(data: RunData) -> str:
@@ -65,7 +64,8 @@ def summary_table(data: RunData) -> str:
     files = ", ".join(p.name for p in data.files) or "none"
     if data.costs:
         costs = data.costs[0]
-        status = html.escape(costs_verdict(costs).status)
+        status = ("pending" if costs.get("verdict_evidence")
+                  else html.escape(costs_verdict(costs).status))
         monitoring = (f"<span class='verdict status-{status}' id='summary-verdict'>"
                       f"{html.escape(verdict_text(costs))}</span>")
     else:
@@ -96,7 +96,8 @@ def costs_section(data: RunData) -> str:
     out = []
     for c in data.costs:
         rank = html.escape(str(c.get("rank", "?")))
-        status = html.escape(costs_verdict(c).status)
+        status = ("pending" if c.get("verdict_evidence")
+                  else html.escape(costs_verdict(c).status))
         out.append(f"<h3>{html.escape(c['_file'])} (rank {rank}), over {c.get('steps', 0)} steps"
                    f"</h3><p class='verdict status-{status}'>monitoring "
                    f"{html.escape(verdict_text(c))}</p>")

@@ -72,8 +72,12 @@ def throughput_section(page: Any, buckets: list[Any], ranks: int) -> str:
     mfu = f", MFU {sum(b.mfu_sum for b in counted) / mfu_n:.1%}" if mfu_n else ""
     per_run = f" ({_si(rate * ranks)} {unit}/s for the run's {ranks} ranks)" if ranks > 1 \
         else ""
+    # Whole steps, as the console's rate counts them: the monitoring inside a step is in its
+    # time. The job's time by part (goodput) counts that monitoring apart, as evaluation.
     figure = (f"<p class='figure' id='throughput-figure'><b>{_si(rate)} {unit}/s</b> per rank"
-              f"{per_run}{mfu}: {_si(total)} {unit} in {seconds:.1f} s of steps.</p>")
+              f"{per_run}{mfu}: {_si(total)} {unit} in {seconds:.1f} s of steps (whole "
+              "steps, the monitoring inside them included; the job's time by part counts "
+              "that monitoring apart, as evaluation).</p>")
     return figure + page.chart("fig-throughput", throughput_figure(buckets, unit)) + (
         "<p class='note'>Each point: the counted steps' "
         f"{unit} over their time, per rank; MFU (dotted) is the steps' own "

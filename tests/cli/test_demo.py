@@ -180,3 +180,58 @@ def test_the_demos_batches_are_moved_to_its_device_as_part_of_the_fetch():
     assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 8)
     cx, cy = next(_batches(data, 8, 4, seed=0, device=torch.device("cpu")))
     assert cx.device.type == "cpu" and torch.equal(cy[:, :-1], cx[:, 1:])
+def test_the_demo_says_its_goodput_once(tmp_path, capsys):
+    assert main(["demo", "--steps", "6", "--eval-every", "5", "--prometheus-port", "none",
+                 "--status-dir", str(tmp_path), "--no-report"]) == 0
+    out, err = capsys.readouterr()
+    assert len(re.findall(r"goodput [\d.]+%", out + err)) == 1, out + err
+    assert "otel-train: goodput " in err  # the run's own line, as it shuts down
+
+
+def test_a_serving_demo_says_its_goodput_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--steps", "4", "--eval-every", "2",
+         "--prometheus-port", "0", "--status-dir", str(tmp_path), "--no-report", "--serve"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = _lines_until(proc, "serving ", timeout_seconds=180)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    text = "\n".join(lines) + out + err
+    assert len(re.findall(r"goodput [\d.]+%", text)) == 1, text
+
+
+def test_the_demos_console_is_calm_and_says_no_share_before_it_means_something(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--prometheus-port", "none",
+         "--no-report", "--status-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    explained = re.findall(r"^otel-train: slow step \d+:", err, re.M)
+    summed_up = re.findall(r"^otel-train: \d+ more slow steps? ", err, re.M)
+    costs = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    print(f"demo: {costs['slow_steps']} slow steps, {len(explained)} explained, "
+          f"{len(summed_up)} summary line(s), {len(err.splitlines())} console lines in "
+          f"{seconds:.0f} s")
+    assert len(explained) <= 3  # the first few; then summed up (a 1 s run: once at its end)
+    assert len(summed_up) <= 1 + seconds / 30  # one per 30 s of steps at most, one at the end
+    # The first verdicts wait for evidence; none says a share of a few steps (hundreds of %).
+    verdicts = re.findall(r"\| monitoring (verdict: [^\n]*|[A-Z]+: [\d.]+%)", err)
+    assert verdicts[0].startswith("verdict: not enough steps yet")
+    shares = [float(v.split(": ")[1].rstrip("%")) for v in verdicts if not
+              v.startswith("verdict")]
+    assert shares and max(shares) < 100.0, shares
+    # Why a figure disagrees with the verdict is said once per kind, not on every line.
+    assert err.count("so the verdict stands") <= 3

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from train_helpers import clean_env, start_in_process_run  # noqa: F401
 
-from otel_train.cli.main import build_parser
+from otel_train.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,3 +66,13 @@ def test_the_command_exits_non_zero_on_a_directory_with_nothing_to_read(tmp_path
     assert done.returncode == 1
     assert f"no span files (spans*.jsonl*) in {tmp_path}" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_alone_prints_the_list_of_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "usage: otel-train" in out and "commands:" in out
+    for command in ("demo", "plan", "costs", "report", "export", "stalls", "compare",
+                    "version"):
+        assert re.search(rf"^\s+{command}\s+\S", out, re.M), command
+    assert "required" not in out

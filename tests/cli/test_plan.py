@@ -61,3 +61,18 @@ def test_the_plan_timing_line_on_an_accelerator_names_monitor_sync_and_why(monke
     assert line.endswith("; monitoring synchronized at its start and end")
     line = device_timing_line(RunOptions.resolve(device_sync="sync"))
     assert line.startswith("cuda: sync (device_sync=sync): synchronized at every phase boundary")
+def test_the_plan_speaks_in_words_a_user_reads_and_names_no_run_dir_that_will_not_exist():
+    done = _plan()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for internal in ("provider: ours", "made rows", "rows as they end"):
+        assert internal not in out, internal
+    assert "tracer provider: otel-train's, installed as the global tracer provider" in out
+    assert ("user spans: nested under the phase they are opened in, exported with the steps "
+            "(exporter process)") in out
+    # The run draws its id as it starts: the plan shows where its files go, not a made-up id.
+    assert "export: span file otel-train-runs/<run id>/spans.jsonl.gz" in out
+    assert out.splitlines()[-2].endswith("--run-id or OTEL_TRAIN_RUN_ID sets it")  # timing last
+    named = _plan("--run-id", "nightly-7")
+    assert "export: span file otel-train-runs/nightly-7/spans.jsonl.gz" in named.stdout
+    assert "<run id>" not in named.stdout

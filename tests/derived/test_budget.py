@@ -14,6 +14,7 @@ from otel_train.derived.budget import (
     VerdictContext,
     advise,
     budget_status,
+    held_status,
 )
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.records.steps_view import SharedStepSpanProcessor
@@ -295,3 +296,121 @@ def test_two_calls_are_told_as_their_distance_apart() -> None:
     assert adv.pattern == "periodic" and adv.interval_steps == 150
     assert "val_loss: 3 s per call, 2 calls 150 steps apart -> 0.6% of training time" in (
         adv.advice)
+
+
+def test_a_first_call_over_a_few_fast_steps_is_not_enough_evidence_for_a_share() -> None:
+    # The demo's start on a loaded machine: step 0 runs inference for the first time
+    # (150 ms), then 12 ms steps. At step 10 its one call over ten steps reads as a share of
+    # 104%; the verdict waits for its second call (step 50).
+    shared, ov, budget = make()
+    gaps, statuses, raw = {}, {}, {}
+    for i in range(60):
+        monitor_ms = 150.0 if i % 50 == 0 else 0.0
+        feed(shared, train_step(i, step_ms=12 + monitor_ms, monitor_ms=monitor_ms))
+        gaps[i], statuses[i], raw[i] = budget.evidence_gap(), budget.judging, ov.steady_ratio()
+    assert raw[10] > 1.0  # the raw figure exists all along ...
+    assert gaps[5] == "not enough steps yet (a verdict needs 10)"
+    assert gaps[10] == ("not enough steps yet ('inference' ran once, at step 0: its steady "
+                        "cost needs a second call)")
+    assert not any(statuses[i] for i in range(50))  # ... and is said from step 50 on only
+    assert gaps[50] is None and statuses[59]
+    assert budget.verdict().steady == pytest.approx(150.0 / (50 * 12), rel=0.01)  # 25%
+
+
+def test_no_verdict_before_a_tenth_of_a_second_of_training() -> None:
+    # 100 steps of 0.5 ms with 0.1 ms of monitoring in each: 50 ms of training, a share made
+    # of timer and scheduler noise; the verdict comes at 0.1 s of training (step 200).
+    shared, ov, budget = make()
+    judged_from = None
+    for i in range(300):
+        feed(shared, train_step(i, step_ms=0.6, monitor_ms=0.1))
+        if judged_from is None and budget.judging:
+            judged_from = i
+    assert judged_from is not None and 195 <= judged_from <= 200
+    assert budget.evidence_gap() is None
+
+
+def test_the_status_holds_until_its_figure_is_clearly_back_under_the_threshold(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # val_loss in every 100 ms step. 10.6 ms per call: CRITICAL. Then calls of 8.6 ms bring
+    # the steady figure (the mean cost per call) to ~9.6%: noise around the 10% level, the
+    # status holds; calls of 6 ms bring it under 9%: WARNING, said as one change.
+    shared, ov, budget = make(min_steps=1)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i, cost in enumerate([10.6] * 30 + [8.6] * 30 + [6.0] * 60):
+            feed(shared, train_step(i, step_ms=100 + cost, monitor_ms=cost,
+                                    monitor="val_loss"))
+            verdict = budget.verdict()
+            seen.append((i, round(verdict.steady, 4), verdict.status))
+    at = {i: (steady, status) for i, steady, status in seen}
+    assert at[59][1] == "critical" and 0.09 < at[59][0] <= 0.10  # held: noise
+    assert budget.verdict().status == "warning"
+    changes = [seen[0][2]] + [b[2] for a, b in zip(seen, seen[1:]) if a[2] != b[2]]
+    assert changes == ["critical", "warning"]  # no flapping back and forth
+    first_warning = next(i for i, _, status in seen if status == "warning")
+    assert seen[first_warning][1] <= 0.09
+    held = BudgetVerdict(0.095, 0.095, 0.095, 0.05, 0.10, held="critical")
+    assert held.describe() == ("CRITICAL: 9.5% steady state (held until under 9%); "
+                               "recent 9.5%, total 9.5%")
+    assert [r.getMessage()[:40] for r in caplog.records] == [
+        "otel-train: monitoring CRITICAL: 10.6% o"]  # a better status is not a warning
+
+
+def test_hysteresis_is_one_tenth_of_each_threshold() -> None:
+    assert held_status(0.095, "critical", 0.05, 0.10) == "critical"
+    assert held_status(0.085, "critical", 0.05, 0.10) == "warning"
+    assert held_status(0.046, "critical", 0.05, 0.10) == "warning"
+    assert held_status(0.044, "critical", 0.05, 0.10) == "ok"
+    assert held_status(0.046, "warning", 0.05, 0.10) == "warning"
+    assert held_status(0.051, "ok", 0.05, 0.10) == "warning"  # up at once
+    assert held_status(0.2, None, 0.05, 0.10) == "critical"
+    with pytest.raises(ValueError, match="hysteresis"):
+        BudgetSpanProcessor(OverheadSpanProcessor(), hysteresis=1.0)
+
+
+def test_two_validations_after_one_step_are_no_interval_yet() -> None:
+    # The Lightning example: val_loss of loader 'clean' then of 'noisy' after step 9 (two
+    # calls at one step), 10 ms steps: no verdict (it read 555%) until the next validation;
+    # then two calls every 10 steps: 2 x 25 ms / (10 x 10 ms) = 50%.
+    shared, ov, budget = make()
+    for i in range(20):
+        feed(shared, train_step(i, step_ms=10))
+        if i in (9, 19):
+            for _ in range(2):
+                ov.on_end(monitor_span("val_loss", after_step=i, duration_ms=25))
+        if i == 9:
+            assert budget.evidence_gap() == (
+                "not enough steps yet ('val_loss' ran 2 times, all at step 9: its interval "
+                "needs a call at another step)")
+    assert budget.evidence_gap() is None
+    assert ov.steady_ratio() == pytest.approx(2 * 25 / (10 * 10))
+    (adv,) = budget.advice()
+    assert adv.interval_steps == 5 and adv.projected_share == pytest.approx(0.5)
+
+
+def test_an_operation_seen_once_waits_only_in_a_young_run_and_never_once_it_is_over() -> None:
+    shared, ov, budget = make()
+    for i in range(40):  # a short run of 10 ms steps, a final evaluation after the loop
+        feed(shared, train_step(i, step_ms=10))
+    ov.on_end(monitor_span("final_eval", after_step=39, duration_ms=30))
+    assert budget.evidence_gap() == ("not enough steps yet ('final_eval' ran once, at step "
+                                     "39: its steady cost needs a second call)")
+    assert budget.evidence_gap(run_over=True) is None  # the final costs: a one-off
+    for i in range(40, 100):  # a run of 100 steps: a one-off's share is its true share
+        feed(shared, train_step(i, step_ms=10))
+    assert budget.evidence_gap() is None
+
+
+def test_several_operations_waiting_for_their_second_call_are_named_together() -> None:
+    # The demo's step 10: inference and val_loss both ran once, at step 0.
+    shared, ov, budget = make()
+    for i in range(20):
+        monitor_ms = 15.0 if i == 0 else 0.0
+        spans = train_step(i, step_ms=12 + 2 * monitor_ms, monitor_ms=monitor_ms)
+        feed(shared, spans)
+        if i == 0:
+            ov.on_end(monitor_span("val_loss", after_step=0, duration_ms=15))
+    assert budget.evidence_gap() == (
+        "not enough steps yet ('inference' and 'val_loss' ran at one step each, the first at "
+        "step 0: their steady cost needs a call at a second step)")

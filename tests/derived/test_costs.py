@@ -243,3 +243,28 @@ def test_a_final_evaluation_after_the_loop_is_told_as_once_not_at_an_interval(
     assert line in str(data).splitlines()  # the table's advisor line, as it reads
     assert advice["live_inference"]["pattern"] == "periodic"
     assert "every 200 steps" in advice["live_inference"]["advice"]
+
+
+def test_a_run_too_short_for_a_verdict_says_so_in_its_costs_as_the_console_does(
+        tmp_path: Path) -> None:
+    import time
+
+    import otel_train
+
+    run = otel_train.start_run(exporter="none", prometheus_port=None, report=False,
+                               status_dir=str(tmp_path), console=False)
+    for step in run.steps(range(6)):
+        with step.phase("forward"):
+            time.sleep(0.002)
+        if step.index == 0:
+            with step.monitor("inference"):
+                time.sleep(0.02)  # a first call over a few 2 ms steps: hundreds of percent
+    costs = run.costs()
+    run.shutdown(timeout=10)
+    assert costs["verdict_evidence"] == "not enough steps yet (a verdict needs 10)"
+    line = str(costs).splitlines()[1]
+    assert line.startswith("monitoring verdict: not enough steps yet (a verdict needs 10); so "
+                           "far ") and "of training time in steady state, total " in line
+    assert not any(word in line for word in ("OK", "WARNING", "CRITICAL"))
+    written = json.loads((tmp_path / "monitoring_costs.json").read_text())
+    assert written["verdict_evidence"] == costs["verdict_evidence"]

@@ -154,22 +154,48 @@ def test_the_slow_step_warning_shows_the_phase_breakdown(
     assert [ln.split()[0] for ln in lines[1:]] == ["generation", "test_gen", "inference", "other"]
 
 
-def test_explanations_are_limited_by_count_per_window_not_by_time(
+def test_the_first_slow_steps_are_explained_then_summed_up_in_a_calm_rhythm(
         caplog: pytest.LogCaptureFixture) -> None:
-    slow = SlowStepSpanProcessor(absolute_seconds=0.05, warmup_steps=0, max_explanations=3,
+    # The demo shape: 10 ms steps, slow ones (50-90 ms) now and then, for 5000
+    # steps (50 s): 3 explained, then one summary per 30 s of steps, the rest at shutdown.
+    slow = SlowStepSpanProcessor(absolute_seconds=0.04, warmup_steps=0, max_explanations=3,
                                  explain_window_steps=100)
+    slow_at = {25, 59, 70, 95, 140, 188, 261, 294, 299, *range(1000, 5000, 250)}
     with caplog.at_level(logging.WARNING, logger="otel_train"):
-        for i in range(20):  # a burst: 20 slow steps in a row, all within a second
-            feed(slow, train_step(i, step_ms=100))
-        for i in range(20, 100):
-            feed(slow, train_step(i, step_ms=10))
-        feed(slow, train_step(100, step_ms=100))  # a new window: explained again
-    assert slow.slow_steps == 21
-    explained = [r.getMessage() for r in caplog.records if "slow step" in r.getMessage()]
-    assert [t.split(":")[1].strip() for t in explained] == [
-        "slow step 0", "slow step 1", "slow step 2", "slow step 100"]
-    assert slow.unexplained == 17
-    assert "17 more slow step(s) before this one were counted but not explained" in explained[-1]
+        for i in range(5000):
+            ms = (90 if i == 188 else 50) if i in slow_at else 10
+            feed(slow, paced_step(i, ms, every_ms=10.0))
+        slow.shutdown()
+    lines = [r.getMessage() for r in caplog.records]
+    assert slow.slow_steps == len(slow_at) == 25
+    heads = [ln.splitlines()[0] for ln in lines]
+    assert [h.split(":")[1].strip() for h in heads[:3]] == [
+        "slow step 25", "slow step 59", "slow step 70"]  # explained, with their breakdown
+    assert all("backward" not in ln for ln in lines[3:])  # then one line each
+    # 30 s (of steps) after the third explanation (step 70 ends at 0.75 s): step 3075 sums
+    # up the 15 slow steps since step 95 in one line.
+    assert heads[3].startswith("otel-train: 15 more slow steps since step 95 (the worst: "
+                               "step 188, 0.090 s of training, 9.0x the median 0.010 s); ")
+    assert "counted in otel_train_slow_steps_total" in heads[3]  # where they are: said once
+    # The rest at shutdown, without the explanation again.
+    assert heads[4] == ("otel-train: 7 more slow steps since step 3250 (the worst: step 3250, "
+                        "0.050 s of training, 5.0x the median 0.010 s)")
+    assert len(lines) == 5 and slow.unexplained == 22
+
+
+def test_a_lone_slow_step_after_a_quiet_spell_is_explained_in_full(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slow = SlowStepSpanProcessor(absolute_seconds=0.05, warmup_steps=0, max_explanations=1)
+    with caplog.at_level(logging.WARNING, logger="otel_train"):
+        for i in range(4000):  # 10 ms steps; slow ones at 10 and 11, then alone at 3500
+            feed(slow, paced_step(i, 100 if i in (10, 11, 3500) else 10, every_ms=10.0))
+        slow.shutdown()
+    heads = [r.getMessage().splitlines()[0] for r in caplog.records]
+    assert heads[0].startswith("otel-train: slow step 10:")
+    assert heads[1].startswith("otel-train: 1 more slow step: step 11 (0.100 s of training, "
+                               "10.0x the median 0.010 s); after the first 1, slow steps")
+    assert heads[2].startswith("otel-train: slow step 3500:")
+    assert len(heads) == 3
 
 
 def test_with_several_ranks_the_explanation_names_its_rank() -> None:

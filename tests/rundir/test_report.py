@@ -121,6 +121,12 @@ def test_the_throughput_figure_is_the_counted_tokens_over_the_counted_steps_time
     assert shown.startswith(f"{rate / 1e3:.1f}k tokens/s per rank" if rate >= 1e3
                             else f"{rate:.1f} tokens/s per rank"), shown
     assert "MFU" in shown
+    # It says which time it counts: whole steps, against the job table's steps without
+    # the monitoring inside them (counted there as evaluation).
+    assert f"in {seconds:.1f} s of steps (whole steps, the monitoring inside them included; " \
+        "the job's time by part counts that monitoring apart, as evaluation)" in shown
+    envelope = json.loads((path.parent / "monitoring_costs.json").read_text())["envelope"]
+    assert envelope["parts_seconds"]["steps"] < seconds
     traces = page.evaluate("document.getElementById('fig-throughput').data.map(t => t.name)")
     assert traces == ["tokens/s per rank", "MFU"]
 
