@@ -37,6 +37,7 @@ from otel_train.rundir.report_charts import (
     warmup_figure,
 )
 from otel_train.rundir.report_data import RunData, load_run
+from otel_train.rundir.report_device import device_section
 from otel_train.rundir.stalls import report_section as stalls_section
 from otel_train.rundir.report_envelope import envelope_section
 from otel_train.rundir.report_tables import (
@@ -154,6 +155,9 @@ class _Page:
             self._section("Dropped, removed and cut-off spans", drops_section(d)),
             self._section("GPU", self._gpu()),
         ]
+        device = device_section(d)
+        if device:  # runs on an accelerator: where its time went, from events
+            sections.insert(-1, self._section("Device time per phase", device))
         if d.summary_spans:  # span_mode="summary": the per-phase figures of each interval
             sections.insert(1, self._section("Summaries", summary_section(
                 read_summaries(d.run_dir))))

@@ -46,7 +46,8 @@ _MAX_TRUNCATED = 100  # steps cut off listed (a run ends once per rank: a handfu
 _REPORT_ATTRS = attribute_pattern([
     "train.step", "train.rank", "train.phase.kind", "train.dataloader", "train.slow",
     "train.gpu.utilization_ratio", "train.gpu.memory_used_bytes", "train.truncated.reason",
-    "train.tokens", "train.samples", "train.mfu"])
+    "train.tokens", "train.samples", "train.mfu", "train.device.timing",
+    "train.device.busy_seconds", "train.device.duration_seconds"])
 
 
 @dataclass
@@ -116,6 +117,11 @@ class RunData:
     torn_lines: int = 0
     truncated: list[tuple[int, int, str]] = field(default_factory=list)  # rank, step, reason
     summary_spans: int = 0  # train.summary spans (span_mode="summary"): rundir/summaries.py
+    # Spans by train.device.timing (sync, events, host), and per (phase, kind) of the spans
+    # that carry device time from events: [spans, host seconds, device seconds]
+    # (report_device.py).
+    device_timing: dict[str, int] = field(default_factory=dict)
+    device_phases: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     # Set when reading stopped at the time limit: the page says how far it got.
     stopped_early: str | None = None
 
@@ -211,6 +217,22 @@ class RunReader:
         if name == "data" and a.get("train.dataloader"):
             label = f"data[{a['train.dataloader']}]"
         pending.phases.append((label, kind, start, end, parent_id, span_id))
+        timing = a.get("train.device.timing")
+        if timing is not None:
+            self._fold_device(label, kind, str(timing), end - start, a)
+
+    def _fold_device(self, label: str, kind: str, timing: str, host_ns: int,
+                     a: dict[str, Any]) -> None:
+        """A phase's timing, and its device time where events measured it (sampled steps)."""
+        data = self.data
+        data.device_timing[timing] = data.device_timing.get(timing, 0) + 1
+        device = a.get("train.device.busy_seconds", a.get("train.device.duration_seconds"))
+        if device is None:
+            return
+        acc = data.device_phases.setdefault((label, kind), [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += host_ns / 1e9
+        acc[2] += float(device)
 
     def _finish_step(self, rank: int, step: int, start: int, end: int,
                      a: dict[str, Any]) -> None:
