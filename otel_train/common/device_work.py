@@ -52,7 +52,7 @@ class DeviceWorkClock:
         if monitoring:
             def synchronize_monitoring() -> int:
                 t0 = perf_counter_ns()
-                synchronize()
+                synchronize()  # explicit: the monitoring boundary's sync, timed
                 waited = perf_counter_ns() - t0
                 self.monitor_sync_ns += waited
                 self.monitor_syncs += 1
@@ -62,7 +62,7 @@ class DeviceWorkClock:
 
         def synchronize_training() -> None:
             t0 = perf_counter_ns()
-            synchronize()
+            synchronize()  # explicit: device_sync=sync's boundary sync, timed
             self.sync_ns += perf_counter_ns() - t0
             self.syncs += 1
 

@@ -2,7 +2,7 @@
 
 Accelerator work is asynchronous: without a synchronize at phase boundaries, a kernel
 launched in ``forward`` is paid for in whichever phase next waits on the device (often
-``optimizer`` or a ``.item()``). A synchronize at every boundary gives exact attribution but
+``optimizer`` or a ``Tensor.item``). A synchronize at every boundary gives exact attribution but
 drains the device's queue each time, and the CPU/GPU overlap every training loop relies on is
 lost. ``device_sync`` chooses:
 
@@ -179,7 +179,7 @@ def _synchronize_once_in_use(synchronize: Callable[[], None],
         # One cheap flag read per boundary; a synchronize before the process's own first
         # device call would initialize the device for nothing.
         if in_use():
-            synchronize()
+            synchronize()  # explicit: device_sync's chosen boundary sync
 
     return synchronize_once_in_use
 

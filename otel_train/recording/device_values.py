@@ -1,7 +1,7 @@
 """Device tensors given to ``set_attribute`` / ``count``, brought to host memory without waiting.
 
 A loss or a token count is often a one-element tensor on the accelerator. Reading it with
-``.item()`` waits for the device: on the training thread that is a sync in the loop; in the
+``Tensor.item`` waits for the device: on the training thread that is a sync in the loop; in the
 background it is worse, since the reading thread waits behind every kernel queued since
 (later steps' work too), spinning, and takes the interpreter from the training thread.
 
@@ -12,7 +12,7 @@ reads the host copy once ``event.query()`` says the copy has landed
 (``PendingDeviceValue.ready``); the span worker holds a step back while one of its values is
 on its way, up to ``VALUE_WAIT_SECONDS`` after the step ended, and then builds it without
 that value, counting it (``records/attribute_values.py``). Nothing here, nor in the
-background, calls a blocking ``.item()`` / ``.tolist()`` / ``.cpu()`` on a device tensor.
+background, calls a blocking ``Tensor.item`` / ``tolist`` / ``cpu`` on a device tensor.
 
 Tensors of more than one element are kept as they are: the background exports their dtype
 and shape (host-side metadata), never their values.
@@ -23,7 +23,7 @@ Usage::
     step.attrs["train.loss"] = copier(loss)      # training thread: copy + event, no wait
     value = step.attrs["train.loss"]
     if value.ready():                             # background: event.query()
-        number = value.host.item()                # host memory: no device wait
+        number = value.host.item()  # explicit: host memory, no device wait
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class PendingDeviceValue:
         """The number, from host memory; call only once :meth:`ready`."""
         if self.failed:
             raise RuntimeError("the device value's event could not be queried")
-        return self.host.item()  # a pinned host tensor: no device involved
+        return self.host.item()  # explicit: a pinned host tensor, no device involved
 
 
 class PendingDeviceSum:

@@ -197,7 +197,7 @@ class MonitorSyncedPhase(Phase):
             raise outside_step_error(self.name)
         # explicit: the training work still queued runs before monitoring starts, so it is
         # charged to training and not to this phase (monitor_sync).
-        waited = rec.monitor_synchronize()  # type: ignore[misc]
+        waited = rec.monitor_synchronize()  # type: ignore[misc]  # explicit: see above
         ev = step.ev
         step.note_queued_wait(len(ev), waited)
         if step.dev is not None and rec.probes is not None:
@@ -210,7 +210,7 @@ class MonitorSyncedPhase(Phase):
         rec = self._rec
         step = rec.current
         # explicit: this phase's own kernels finish inside it (monitor_sync).
-        rec.monitor_synchronize()  # type: ignore[misc]
+        rec.monitor_synchronize()  # type: ignore[misc]  # explicit: see above
         probes = rec.probes
         if step is not None and probes is not None:
             if step.dev is not None:
@@ -447,7 +447,7 @@ class Step(_StepCore, StepPhaseEvents, StepCounts):
     def set_attribute(self, key: str, value: Any) -> None:
         """Set an attribute on the step's root span; never forces a device sync.
 
-        A tensor is kept (detached) and read in the background, not with ``.item()`` here; a
+        A tensor is kept (detached) and read in the background, not with ``Tensor.item`` here; a
         one-element device tensor starts a non-blocking copy to host memory, read once it has
         landed (``device_values.py``).
         """

@@ -62,7 +62,7 @@ class StepPhaseEvents:
         if kind == KIND_MONITOR and rec.monitor_synchronize is not None:
             # explicit (monitor_sync): the training work still queued runs first, charged
             # to training; a start seen earlier by a callback moves to after that wait.
-            waited = rec.monitor_synchronize()
+            waited = rec.monitor_synchronize()  # explicit: monitor_sync, see above
             now = perf_counter_ns()
             start_ns = now if start_ns is None else max(start_ns, now)
             self.monitors_open += 1
@@ -81,7 +81,7 @@ class StepPhaseEvents:
         if self.monitors_open and self._closing_monitor():
             # explicit (monitor_sync): the monitoring phase's own kernels finish inside it,
             # even when its end was seen earlier by a callback.
-            rec.monitor_synchronize()
+            rec.monitor_synchronize()  # explicit: monitor_sync, see above
             now = perf_counter_ns()
             end_ns = now if end_ns is None else max(end_ns, now)
             self.monitors_open -= 1

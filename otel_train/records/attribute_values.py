@@ -14,7 +14,7 @@ OpenTelemetry SDK applies to span attributes (``SpanLimits`` and ``BoundedAttrib
   oldest, except that the contract's own attributes (run id, step, phase...) always stay.
 
 Values that are not attribute types are converted, never ``repr``'d in full: a host tensor
-or array of one element becomes its number (``.item()``); a device value becomes its number
+or array of one element becomes its number (``Tensor.item``); a device value becomes its number
 once its non-blocking copy has landed (``recording/device_values.py``: the host copy is read,
 never the device tensor), else it is left out and counted by reason in ``drops``
 (``device_value_not_ready``: not landed by the time the span was built;
