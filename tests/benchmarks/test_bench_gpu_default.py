@@ -37,7 +37,9 @@ def test_the_smoke_run_prints_one_table_with_every_mode_beside_the_truth_and_sav
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert table[0].startswith("| variant | gpt step vs bare [95% CI] | mlp step vs bare")
     truth = re.search(r"truth: gpt (\d+\.\d)%, mlp (\d+\.\d)%", table[0])
-    assert truth and all(0.0 < float(x) < 100.0 for x in truth.groups()), table[0]
+    # Monitoring over training time: above 100% when the tiny smoke steps train for less
+    # time than their monitoring takes (a loaded machine stretches either).
+    assert truth and all(float(x) > 0.0 for x in truth.groups()), table[0]
     rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:]}
     expected = [f"`{m}`" for m in accepted] + [
         '`auto`, no `set_attribute("train.loss", loss)`',
