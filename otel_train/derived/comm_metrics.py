@@ -69,12 +69,12 @@ class CommMetricsSpanProcessor(StepViewProcessor):
         for name, _at, ev in view.events:
             if name != A.COMM_EVENT:
                 continue
-            row = ops.get(ev[A.COMM_OP])
-            if row is None:
-                row = ops[ev[A.COMM_OP]] = [0, 0, 0.0]
-            row[0] += ev[A.COMM_COUNT]
-            row[1] += ev[A.COMM_BYTES]
-            row[2] += ev[A.COMM_SECONDS]
+            totals = ops.get(ev[A.COMM_OP])
+            if totals is None:
+                totals = ops[ev[A.COMM_OP]] = [0, 0, 0.0]
+            totals[0] += ev[A.COMM_COUNT]
+            totals[1] += ev[A.COMM_BYTES]
+            totals[2] += ev[A.COMM_SECONDS]
 
     def register_on(self, registry: CollectorRegistry) -> None:
         """Serve these families on ``registry`` (the run's own)."""

@@ -157,8 +157,8 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                  _secs(data.get("monitoring_time_seconds")), "", "", "",
                  _share(data.get("total_share"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+    for n, line in enumerate(rows):
+        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]
         lines.append("  ".join(cells).rstrip())
         if n == 0 or n == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))

@@ -59,7 +59,7 @@ from otel_train.derived.prometheus_metrics import (
 )
 from otel_train.common.rate_limited_log import warn_once
 from otel_train.common.sdk_config import build_resource, sdk_disabled
-from otel_train.records.steps_view import P_DURATION, StepView, StepViewProcessor
+from otel_train.records.steps_view import P_DURATION, P_KEY, StepView, StepViewProcessor
 
 METER_NAME = "otel_train"
 RUN_ID_ATTRIBUTE = "run_id"
@@ -316,7 +316,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         if view.slow:
             self._slow_c.add(1, attrs)
         for ph in view.phases:
-            self._record_phase(ph[:3], ph[P_DURATION], view.rank)
+            self._record_phase(ph[P_KEY], ph[P_DURATION], view.rank)
 
     def on_operation(self, view: StepView) -> None:
         """Monitoring between steps: a monitor phase."""

@@ -64,6 +64,8 @@ from otel_train.records.span_rows import (
     C_PHASES,
     C_STATUS,
     C_TRACE,
+    P_KIND,
+    P_STATUS,
     R_ATTRS,
     R_NAME,
     R_PARENT,
@@ -305,9 +307,10 @@ class StepTailSampler(SpanProcessor):
         phases = rec[C_PHASES]
         reason = self._decide(
             phases is not None, rec[C_ATTRS], rec[C_TRACE],
-            failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
+            failed=lambda: (rec[C_STATUS] is not None
+                            or any(ph[P_STATUS] is not None for ph in phases)
                             or any(_failed(s) for s in held)),
-            monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases),
+            monitored=lambda: any(ph[P_KIND] == A.KIND_MONITOR for ph in phases),
             stalled=lambda: any(e[0] == STALL_EVENT for e in rec[C_EVENTS] or ()))
         if self.summary is not None:
             self.summary.add(rec, reason)

@@ -60,6 +60,7 @@ from typing import Any
 
 from otel_train.common import attributes as A
 from otel_train.derived.step_ordered_log import StepOrderedLog
+from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -417,7 +418,7 @@ def queued_wait_ns(view: Any) -> int:
         return 0
     total = 0.0
     for ph in view.phases:
-        extra = ph[10] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > 10 else None
+        extra = ph[P_EXTRA] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > P_EXTRA else None
         if extra:
             total += extra.get(A.DEVICE_QUEUED_WAIT) or 0.0
     return int(total * 1e9)

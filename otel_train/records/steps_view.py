@@ -38,6 +38,7 @@ _log = logging.getLogger("otel_train")
 # A phase, as a tuple (cheaper to build than an object on every span):
 # (name, kind, loader, duration_ns, span_id, parent_span_id)
 P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID = range(6)
+P_KEY = slice(P_NAME, P_LOADER + 1)  # a phase's (name, kind, loader), one C-level slice
 # The contract's names as module constants (a global lookup, not a module attribute, per use)
 _ROOT_NAME, _STEP, _RANK, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.RANK, A.DATALOADER
 _KIND, _MONITOR, _PHASE = A.PHASE_KIND, A.KIND_MONITOR, A.PHASE
