@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.records.span_rows import P_EXTRA, P_NAME, P_STATUS
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
@@ -33,7 +34,7 @@ _GIB = 1024.0 ** 3
 def root_attributes(view: StepView) -> dict[str, Any]:
     """The step's root attributes (a record's dict, or a span's mapping)."""
     span = view.span
-    attrs = getattr(span, "_attributes", None)
+    attrs = span_attributes(span)
     if attrs is None:
         attrs = getattr(span, "attributes", None)
     return attrs if attrs is not None else {}

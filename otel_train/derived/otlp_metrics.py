@@ -51,6 +51,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train.common import attributes as A
+from otel_train.common import sdk_private
 from otel_train.common.identity import resource_attributes
 from otel_train.common.options import RunOptions
 from otel_train.derived.prometheus_metrics import (
@@ -354,9 +355,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         self._stopped = True
         reader = self.reader
         reader.collect = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        event = getattr(reader, "_shutdown_event", None)
-        if event is not None:
-            event.set()
+        sdk_private.metric_reader_shutdown_event(reader).set()
 
     def shutdown(self) -> None:
         """Final export and stop (bounded by the default shutdown bound)."""

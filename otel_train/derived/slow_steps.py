@@ -59,6 +59,7 @@ from collections import deque
 from typing import Any
 
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
@@ -198,7 +199,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.steps_seen += 1
         if ordinal < self.warmup_steps:
             return  # warm-up: not judged, and kept out of the baseline
-        if (getattr(view.span, "_attributes", None) or {}).get(A.FLOPS_COUNTED):
+        if (span_attributes(view.span) or {}).get(A.FLOPS_COUNTED):
             return  # run under FlopCounterMode (count_flops): slowed by the counting itself
         train = max(0, view.duration_ns - view.monitor_ns - queued_wait_ns(view))
         base = self._baselines.get(view.loader)

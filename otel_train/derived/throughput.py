@@ -40,6 +40,7 @@ from typing import Any
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -112,7 +113,7 @@ class ThroughputSpanProcessor(StepViewProcessor):
     def on_step(self, view: StepView) -> None:
         """Read the step's counts, fill in the root's, add it to the window."""
         span = view.span
-        attrs = getattr(span, "_attributes", None) or {}
+        attrs = span_attributes(span) or {}
         tokens = _number(attrs.get(A.TOKENS))
         if tokens is None and self._const_tokens is not None:
             tokens = self._const_tokens
