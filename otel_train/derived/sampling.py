@@ -26,8 +26,8 @@ The reason is written on the kept root as ``train.sample.reason``. Spans not exp
 of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
 drops: they don't alarm. A trace whose root never comes is exported when evicted (fail open).
 
-With the exporter process (export_process.py) the decision runs there, after the derived
-metrics (derived_chain.py builds the sampler with the chain): ``filter_frame`` takes each
+With the exporter process (export/process/child.py) the decision runs there, after the
+derived metrics (derived/chain.py builds the sampler with the chain): ``filter_frame`` takes each
 frame's span records and user span rows, and the counts come back with the chain's state.
 
 Usage::
@@ -320,7 +320,7 @@ class StepTailSampler(SpanProcessor):
             rec[C_ATTRS][SAMPLE_REASON] = reason
         return True
 
-    # -- the exporter process's path: span records and user span rows (derived_chain.py) --
+    # -- the exporter process's path: span records and user span rows (derived/chain.py) --
     def filter_frame(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]
                      ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """One frame's records (after the derived metrics marked them) and user span rows:
