@@ -322,11 +322,6 @@ class SharedStepSpanProcessor(SpanProcessor):
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
-    @property
-    def assembler(self) -> StepAssembler:
-        """The shared assembler (its counters tell about ignored spans and evictions)."""
-        return self._assembler
-
     def on_view(self, view: StepView) -> None:
         """Take one view built elsewhere (the row path: span_rows.view_from_record)."""
         self.on_views((view,))
