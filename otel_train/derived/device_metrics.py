@@ -23,12 +23,12 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from otel_train.common.units import bytes_to_gib
 from otel_train.common import attributes as A
 from otel_train.common.sdk_private import span_attributes
 from otel_train.records.span_rows import P_EXTRA, P_NAME, P_STATUS
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
-_GIB = 1024.0 ** 3
 
 
 def root_attributes(view: StepView) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def oom_line(view: StepView) -> str | None:
     where = f"⛔ out of memory in {name} (step {view.step})"
     if peak is None:
         return where
-    return f"{where}: peak {peak / _GIB:.1f} GiB allocated"
+    return f"{where}: peak {bytes_to_gib(peak):.1f} GiB allocated"
 
 
 def bound_line(view: StepView) -> str | None:

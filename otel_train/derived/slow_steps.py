@@ -53,11 +53,13 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
 import logging
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
+from otel_train.common.units import SLOW_STEP, duration, percent_of
 from otel_train.common import attributes as A
 from otel_train.common.sdk_private import span_attributes
 from otel_train.derived.step_ordered_log import StepOrderedLog
@@ -394,15 +396,8 @@ def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | No
     return "\n".join(lines)
 
 
-def _pct(part: int, total: int) -> str:
-    return f"{100.0 * part / total:5.1f}%" if total else "    -"
-
-
-def _seconds(value: float) -> str:
-    """Seconds to 1 ms; shorter times in us or ns, so a tiny median never reads 0.000 s."""
-    if value >= 0.001 or value == 0:
-        return f"{value:.3f} s"
-    return f"{value * 1e6:.0f} us" if value >= 1e-6 else f"{value * 1e9:.0f} ns"
+_pct = partial(percent_of, spec="5.1f", missing="    -")
+_seconds = partial(duration, style=SLOW_STEP)
 
 
 def _times(ratio: float) -> str:
