@@ -14,7 +14,8 @@ Usage::
         print(run.costs())
 
 ``otel_train.instrument(model, optimizer)`` traces an unmodified loop through torch's own hooks;
-Hugging Face and Lightning callbacks live in ``otel_train.integrations.hf`` / ``.lightning``.
+Hugging Face and Lightning callbacks live in ``otel_train.integrations.hf`` / ``.lightning``;
+the SDK span processors, for an application's own TracerProvider, in ``otel_train.sdk``.
 """
 
 from __future__ import annotations

@@ -80,7 +80,10 @@ def current_provider_mode() -> tuple[str, Any]:
 def application_exporter_target(provider: Any) -> str | None:
     """Where the application's OTLP span exporter sends, when its settings can be read."""
     app = application_otlp_exporter(provider)
-    endpoint = sdk_private.otlp_endpoint(app) if app is not None else None
+    try:
+        endpoint = sdk_private.otlp_endpoint(app) if app is not None else None
+    except sdk_private.SdkPrivateMismatch:  # said where the export is built (application_export)
+        return None
     if not endpoint:
         return None
     protocol = "grpc" if ".grpc." in type(app).__module__ else "http/protobuf"
