@@ -14,15 +14,16 @@ an SDK object lacks it, instead of quietly taking a slower or different path.
 the versions checked (:data:`SUPPORTED_SDK`).
 
 One read is version-dependent by design: the OTLP/HTTP exporter's client (``_client`` with
-``_submit``, ``_compress``, ``_transport``) exists from 1.40 (:data:`HTTP_CLIENT_SINCE`);
-before it :func:`http_client` returns None and the exporter uses the SDK's own ``export()``.
-From 1.40 on, a missing client is a mismatch like any other.
+``_submit``, ``_compress``, ``_transport``) exists from 1.45 (:data:`HTTP_CLIENT_SINCE`);
+before it :func:`http_client` returns None and the exporter uses the SDK's own ``export()``
+(it retries inside, so a send is not one attempt). From 1.45 on, a missing client is a
+mismatch like any other.
 
 Usage::
 
     check_sdk()                                   # raises SdkPrivateMismatch
     endpoint = otlp_endpoint(sdk_exporter)
-    client = http_client(sdk_exporter)            # None before 1.40
+    client = http_client(sdk_exporter)            # None before 1.45
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ import io
 from importlib import metadata
 from typing import Any
 
-SUPPORTED_SDK = ">=1.30,<1.46"  # pyproject.toml's bound; check_sdk is run on the newest
-HTTP_CLIENT_SINCE = (1, 40)
-_GRPC_READS = ("_endpoint", "_insecure", "_credentials", "_headers", "_timeout",
-               "_compression", "_channel", "_initialize_channel_and_stub", "_shutdown")
+# pyproject.toml's bound: check_sdk passes on 1.40.0, 1.43.0, 1.44.0 and 1.45.2; on 1.39.1
+# the gRPC exporter has neither ``_initialize_channel_and_stub`` nor ``_insecure``.
+SUPPORTED_SDK = ">=1.40,<1.46"
+HTTP_CLIENT_SINCE = (1, 45)  # 1.44.0's OTLP/HTTP exporter has no ``_client``; 1.45.2's has
+# What the single-attempt gRPC exporter uses, checked as it is built.
+_GRPC_READS = ("_endpoint", "_headers", "_timeout", "_channel",
+               "_initialize_channel_and_stub", "_shutdown")
+# An application's gRPC exporter's settings, read to send where it sends.
+_GRPC_SETTINGS = ("_endpoint", "_insecure", "_credentials", "_headers", "_timeout",
+                  "_compression")
 _HTTP_READS = ("_endpoint", "_compression")
 _HTTP_CLIENT_READS = ("_timeout", "_submit", "_compress", "_transport")
 
@@ -94,10 +101,7 @@ def grpc_exporter_checked(exporter: Any) -> Any:
 
 def grpc_settings(exporter: Any) -> dict[str, Any]:
     """An SDK OTLP/gRPC exporter's resolved settings, as its constructor's keywords."""
-    return {"endpoint": read(exporter, "_endpoint"), "insecure": read(exporter, "_insecure"),
-            "credentials": read(exporter, "_credentials"),
-            "headers": read(exporter, "_headers"), "timeout": read(exporter, "_timeout"),
-            "compression": read(exporter, "_compression")}
+    return {name[1:]: read(exporter, name) for name in _GRPC_SETTINGS}
 
 
 def grpc_timeout_seconds(exporter: Any) -> float:
@@ -261,7 +265,7 @@ def check_sdk() -> list[str]:
     try:
         grpc_exporter_checked(grpc)
         grpc_settings(grpc)
-        checked += [f"grpc exporter {n}" for n in _GRPC_READS]
+        checked += [f"grpc exporter {n}" for n in dict.fromkeys(_GRPC_READS + _GRPC_SETTINGS)]
     finally:
         grpc.shutdown()
     http = HttpExporter(endpoint="http://127.0.0.1:4318/v1/traces")

@@ -70,7 +70,7 @@ def test_a_grpc_exporter_without_its_channel_fails_at_set_up(monkeypatch):
 
 def test_an_http_client_without_its_single_request_path_fails_rather_than_retrying(
         monkeypatch):
-    """From 1.40 the SDK's HTTP client sends one request (``_submit``); on a version that
+    """From 1.45 the SDK's HTTP client sends one request (``_submit``); on a version that
     should have it and does not, the exporter refuses instead of quietly taking the SDK's
     own retrying export."""
     import otel_train.export.otlp.transport as transport
@@ -86,7 +86,7 @@ def test_an_http_client_without_its_single_request_path_fails_rather_than_retryi
 
 
 def test_before_the_http_client_existed_the_exporter_uses_the_sdk_export(monkeypatch):
-    monkeypatch.setattr(sdk_private, "installed_version", lambda dist="": (1, 39, 0))
+    monkeypatch.setattr(sdk_private, "installed_version", lambda dist="": (1, 44, 0))
     exporter = SingleAttemptHttpSpanExporter(endpoint="http://127.0.0.1:4318/v1/traces")
     try:
         assert not exporter._direct and not exporter.lean_transport

@@ -366,7 +366,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         super().__init__(sdk, timeout, max_request_bytes, parts.hostname, port, secrets)
         self.where = self.scrub(redact_url(url))
         self._client = client
-        # The SDK client's private single-request path (1.40+); otherwise its retrying export.
+        # The SDK client's private single-request path (1.45+); otherwise its retrying export.
         self._direct = client is not None
         self._sends_bytes = self._direct  # otherwise the SDK's export() re-encodes spans
         self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
