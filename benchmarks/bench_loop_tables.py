@@ -64,7 +64,7 @@ def _row(name: str, pairs: list[tuple[dict[str, Any], dict[str, int]]], steps: i
 
 
 def _own_cost_line(pairs: list[tuple[dict[str, Any], dict[str, int]]]) -> str:
-    """The share of the loop's time the run reports it lost (``SelfCostMeter.lost_ns`` over
+    """The share of the loop's time the run reports it lost (``SelfCostMeter.lost_parts()`` over
     the block's wall) beside the A/B's share, 1 - bare / variant, and their difference, each
     with its moving-block bootstrap interval.
 

@@ -93,7 +93,7 @@ collections per 1000 steps (all generations, all threads) are counted through
 Python memory blocks allocated at peak and kept after the block (per step), bare beside it.
 
 Beside each otel-train run's row, ``own cost``: the share of the block's time the run reports
-it lost (``run.self_cost.lost_ns`` over the block: hot path + the training thread's measured
+it lost (``run.self_cost.lost_parts()`` over the block: hot path + the training thread's measured
 wait on otel-train's threads, docs/monitoring-costs.md) beside the A/B's share of the same
 blocks, 1 - bare / variant block wall, and their paired difference in percentage points: means
 over the blocks (a cost is a total, so an average), each with its moving-block bootstrap

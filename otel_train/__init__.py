@@ -14,47 +14,40 @@ Usage::
         print(run.costs())
 
 ``otel_train.instrument(model, optimizer)`` traces an unmodified loop through torch's own hooks;
-Hugging Face and Lightning callbacks live in ``otel_train.integrations.hf`` / ``.lightning``.
+Hugging Face and Lightning callbacks live in ``otel_train.integrations.hf`` / ``.lightning``;
+the SDK span processors, for an application's own TracerProvider, in ``otel_train.sdk``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from otel_train.derived.budget import BudgetSpanProcessor  # noqa: E402
-from otel_train.derived.console import ConsoleReportSpanProcessor  # noqa: E402
-from otel_train.export.stage import BoundedBatchSpanProcessor, JsonLinesSpanExporter  # noqa: E402
-from otel_train.common.options import RunOptions  # noqa: E402
-from otel_train.derived.overhead import OverheadSpanProcessor  # noqa: E402
-from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor  # noqa: E402
-from otel_train.recording.recorder import MonitorRecord, Phase, Step  # noqa: E402
-from otel_train.run import Run, start_run  # noqa: E402
-from otel_train.derived.slow_steps import SlowStepSpanProcessor  # noqa: E402
-from otel_train.records.steps_view import SharedStepSpanProcessor, StepView  # noqa: E402
+from otel_train.common.options import RunOptions
+from otel_train.recording.recorder import MonitorRecord, Phase, Step
+from otel_train.run import Run, start_run
 from otel_train.version import __version__
 
 __all__ = [
-    "BoundedBatchSpanProcessor",
-    "BudgetSpanProcessor",
-    "ConsoleReportSpanProcessor",
     "Instrumentation",
-    "JsonLinesSpanExporter",
     "MonitorRecord",
-    "OverheadSpanProcessor",
     "Phase",
-    "PrometheusMetricsSpanProcessor",
     "Run",
     "RunOptions",
-    "SharedStepSpanProcessor",
-    "SlowStepSpanProcessor",
     "Step",
-    "StepView",
     "__version__",
     "instrument",
     "instrument_collectives",
     "instrument_ddp",
     "start_run",
 ]
+
+# The SDK span processors live in otel_train.sdk; their old top-level names still resolve.
+_SDK_NAMES = frozenset({
+    "BoundedBatchSpanProcessor", "BudgetSpanProcessor", "ConsoleReportSpanProcessor",
+    "JsonLinesSpanExporter", "OverheadSpanProcessor", "PrometheusMetricsSpanProcessor",
+    "SharedStepSpanProcessor", "SlowStepSpanProcessor", "StepView",
+})
 
 
 def __getattr__(name: str) -> Any:
@@ -67,4 +60,10 @@ def __getattr__(name: str) -> Any:
         from otel_train.integrations import comm
 
         return getattr(comm, name)
+    if name in _SDK_NAMES:
+        from otel_train import sdk
+
+        warnings.warn(f"otel_train.{name} moved to otel_train.sdk.{name}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(sdk, name)
     raise AttributeError(f"module 'otel_train' has no attribute {name!r}")

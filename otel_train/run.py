@@ -189,11 +189,6 @@ class Run:
         """The local span file when spans go to one."""
         return self.export_plan.path
 
-    @property
-    def current_step(self) -> Step | None:
-        """The step in progress, if any."""
-        return self._recorder.current
-
     def collective_log(self) -> CollectiveLog | None:
         """Where this run's collectives are timed (``otel_train.instrument_ddp``); None when
         disabled. Made on first use: a run without it adds nothing per step."""

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("export", ("otel_train.export",)),
     ("rundir", ("otel_train.rundir",)),
     ("pipeline", ("otel_train.pipeline",)),
-    ("api", ("otel_train", "otel_train.run", "otel_train.process_hooks")),
+    ("api", ("otel_train", "otel_train.run", "otel_train.process_hooks", "otel_train.sdk")),
     ("integrations", ("otel_train.integrations",)),
     ("cli", ("otel_train.cli",)),
 ]
@@ -242,3 +242,57 @@ def test_the_boolean_flag_count_reads_a_class_that_has_them() -> None:
     cls = ast.parse(source).body[0]
     assert isinstance(cls, ast.ClassDef)
     assert _boolean_flags(cls) == {"a", "b"}
+
+
+def _documented_modules(text: str) -> list[str]:
+    """The modules the architecture page's module table lists, relative to otel_train/.
+
+    Each row's first cell names modules in backticks; a name without a folder continues the
+    folder of the name before it in the same cell (``export/process/launch.py``,
+    ``outbox.py``), or is a top-level module when none came before (``run.py``)."""
+    section = text.split("## Modules, in the order data flows", 1)[1].split("\n## ", 1)[0]
+    listed = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if "/" in name:
+                folder = name.rsplit("/", 1)[0] + "/"
+                listed.append(name)
+            else:
+                listed.append(folder + name)
+    return [name for name in listed if name.endswith(".py")]
+
+
+def test_the_architecture_page_lists_every_module_once() -> None:
+    listed = _documented_modules(ARCHITECTURE.read_text())
+    tree = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    # A subpackage's __init__ only re-exports; __main__ runs the CLI.
+    tree = {m for m in tree if not (m.endswith("/__init__.py") or m.endswith("__main__.py"))}
+    assert sorted(tree - set(listed)) == [], "modules the architecture page does not list"
+    assert sorted(set(listed) - tree) == [], "the architecture page lists modules that are gone"
+    repeated = sorted({m for m in listed if listed.count(m) > 1})
+    assert repeated == [], "modules listed in more than one row"
+
+
+def test_the_module_list_reads_folders_carried_over_and_top_level_names() -> None:
+    text = ("## Modules, in the order data flows\n\n| module | holds |\n| --- | --- |\n"
+            "| `export/process/launch.py`, `outbox.py` | x |\n| `run.py` | y |\n\n## Threads\n")
+    assert _documented_modules(text) == ["export/process/launch.py", "export/process/outbox.py",
+                                         "run.py"]
+
+
+def test_docstrings_and_comments_name_only_modules_that_exist() -> None:
+    """A ``something.py`` named in the package's source is a file of this repository (a
+    module, a test, a benchmark), or ``train.py``, the user's script in command examples."""
+    repo = PACKAGE.parent
+    names = {p.name for p in repo.rglob("*.py")
+             if not {".venv", ".git", "build"} & set(p.relative_to(repo).parts)}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for name in re.findall(r"(?<![\w.])(\w+\.py)\b", line):
+                if name not in names and name != "train.py":
+                    missing.append(f"{path.relative_to(repo)}:{n}: {name}")
+    assert missing == [], "modules that do not exist:\n" + "\n".join(missing)

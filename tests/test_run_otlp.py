@@ -74,7 +74,7 @@ def test_training_steps_arrive_as_one_trace_each_following_the_contract(tmp_path
     with _start(tmp_path, protocol, receiver, run_id="e2e-run", service_name="tiny-gpt",
                 slow_step_seconds=SLOW_STEP_SECONDS, warmup_steps=0) as run:
         _train(run)
-        assert run.current_step is None
+        assert run._recorder.current is None
     spans = receiver.wait_for_spans(
         lambda got: len([s for s in got if s.name == "train.step"]) == 2, 10)
     assert len({s.trace_id for s in spans}) == 2  # one trace per step, nothing else

@@ -89,7 +89,7 @@ METRIC_GPU_MEMORY_USED = "otel_train_gpu_memory_used_bytes"
 # Device busy vs idle, the step's bound, peak memory per phase (device_probes.py)
 DEVICE_BUSY = "train.device.busy_seconds"  # phase: device time between its events; root: sum
 DEVICE_IDLE = "train.device.idle_seconds"  # data phase: device idle for input; root: wall - busy
-STEP_BOUND = "train.step.bound"  # input | compute | communication | host (records/step_bound.py)
+STEP_BOUND = "train.step.bound"  # input, compute, communication, host (device_readings.py)
 BOUND_INPUT, BOUND_COMPUTE, BOUND_COMM, BOUND_HOST = "input", "compute", "communication", "host"
 COMM_EXPOSED = "train.comm.exposed_seconds"  # root, set by the communication timing (read here)
 MEMORY_PEAK_ALLOCATED = "train.memory.peak_allocated_bytes"  # phase: allocator peak inside it

@@ -44,9 +44,6 @@ DEVICE_PEAKS: tuple[tuple[tuple[str, ...], dict[str, float]], ...] = (
                    "fp32": 163.4 * T}),
 )
 
-DTYPE_NAMES = ("bf16", "fp16", "tf32", "fp32")
-
-
 def peak_flops_per_second(device_name: str | None, dtype: str) -> float | None:
     """The table's dense peak for ``device_name`` at ``dtype``; None when not known."""
     if not device_name:

@@ -64,7 +64,7 @@ class ExportPlan:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     # Names (never values) of the OTLP headers configured through the environment.
     header_names: tuple[str, ...] = ()
-    # The exporter process's pid when export runs there (export_process.py).
+    # The exporter process's pid when export runs there (export/process/).
     process_pid: int | None = None
 
     def describe(self) -> str:

@@ -259,12 +259,6 @@ class SelfCostMeter:
         with self._lock:
             return int(self._background_ns + self._hot_path_ns)
 
-    @property
-    def lost_ns(self) -> int:
-        """What the training loop lost so far: the hot path and the attributed wait."""
-        with self._lock:
-            return int(self._lost_locked())
-
     def lost_parts(self) -> tuple[float, float]:
         """(hot path + waits ns, interference's busy steps) so far: a caller that compares
         two moments charges the busy steps between them at the final slope."""

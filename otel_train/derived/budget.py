@@ -49,11 +49,13 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from otel_train.common.units import percent
 from otel_train.derived.advisor import (  # noqa: F401 - re-exported: budget's names
     PATTERN_IRREGULAR,
     PATTERN_ONCE,
@@ -273,9 +275,7 @@ class BudgetVerdict:
         return f"{window} had a monitoring call, which weighs more there than over its interval"
 
 
-def _percent(ratio: float) -> str:
-    """A threshold as people write it: 5%, 2.5%, 10%."""
-    return f"{ratio * 100:.3g}%"
+_percent = partial(percent, spec=".3g")  # a threshold as people write it: 5%, 2.5%, 10%
 
 
 def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> BudgetVerdict:

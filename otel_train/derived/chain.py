@@ -6,8 +6,8 @@ goodput, then overhead, budget, throughput and the console report. From span rec
 frame in the exporter process, a drain in the training process:
 ``SharedStepSpanProcessor.on_views``), each processor takes the whole frame in turn, in that
 order, except the last four, which take it view by view together, so a console line reads
-the figures as of its own step. ``DerivedMetricsStage`` (derived_metrics.py) builds this chain
-in the training process; with the exporter process (export_process.py) and
+the figures as of its own step. ``DerivedMetricsStage`` (derived/stage.py) builds this chain
+in the training process; with the exporter process (export/process/child.py) and
 ``metrics_in_export_process`` on, the exporter process builds it too from the same
 ``chain_settings`` and feeds it, and the training process's chain becomes a copy: it loads
 the state the exporter process sends once a second (``StepChain.load_state``) and

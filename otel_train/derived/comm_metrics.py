@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.records.steps_view import (
     StepView,
     StepViewProcessor,
@@ -56,7 +57,7 @@ class CommMetricsSpanProcessor(StepViewProcessor):
             return
         rank = str(view.rank)
         training_seconds = max(0, view.duration_ns - view.monitor_ns) / 1e9
-        attrs = view.span._attributes  # type: ignore[attr-defined]  # the root's dict
+        attrs = span_attributes(view.span)  # the root's dict
         waited = attrs.get(A.COMM_EXPOSED_SECONDS)
         if waited is None:  # no collective timed: own work is the training time
             self.own_work_seconds[rank] = self.own_work_seconds.get(rank, 0.0) + training_seconds
@@ -69,12 +70,12 @@ class CommMetricsSpanProcessor(StepViewProcessor):
         for name, _at, ev in view.events:
             if name != A.COMM_EVENT:
                 continue
-            row = ops.get(ev[A.COMM_OP])
-            if row is None:
-                row = ops[ev[A.COMM_OP]] = [0, 0, 0.0]
-            row[0] += ev[A.COMM_COUNT]
-            row[1] += ev[A.COMM_BYTES]
-            row[2] += ev[A.COMM_SECONDS]
+            totals = ops.get(ev[A.COMM_OP])
+            if totals is None:
+                totals = ops[ev[A.COMM_OP]] = [0, 0, 0.0]
+            totals[0] += ev[A.COMM_COUNT]
+            totals[1] += ev[A.COMM_BYTES]
+            totals[2] += ev[A.COMM_SECONDS]
 
     def register_on(self, registry: CollectorRegistry) -> None:
         """Serve these families on ``registry`` (the run's own)."""

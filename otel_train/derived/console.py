@@ -49,6 +49,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
+from otel_train.common.units import percent_of
 from otel_train.common import attributes as A
 from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
@@ -349,5 +350,4 @@ def _nested_data_by_loader(view: StepView) -> dict[str, int]:
     return out
 
 
-def _pct(part: int, total: int) -> str:
-    return f"{100.0 * part / total:.1f}%" if total else "-"
+_pct = percent_of

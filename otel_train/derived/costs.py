@@ -33,6 +33,7 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from otel_train.common.units import COSTS_TABLE, duration, percent
 from otel_train.derived.budget import BudgetVerdict, VerdictContext, advise, budget_status
 from otel_train.derived.goodput import envelope_line
 from otel_train.derived.governor import governing_lines
@@ -157,8 +159,8 @@ def format_costs_table(data: Mapping[str, Any]) -> str:
                  _secs(data.get("monitoring_time_seconds")), "", "", "",
                  _share(data.get("total_share"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+    for n, line in enumerate(rows):
+        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]
         lines.append("  ".join(cells).rstrip())
         if n == 0 or n == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
@@ -324,18 +326,5 @@ class CostsFileWriter:
             self.write_now()
 
 
-def _secs(v: Any) -> str:
-    if v is None:
-        return "-"
-    v = float(v)
-    if v >= 100:
-        return f"{v:.0f}s"
-    if v >= 1:
-        return f"{v:.2f}s"
-    if v >= 0.001 or v == 0:
-        return f"{v * 1000:.1f}ms"
-    return f"{v * 1e6:.0f}µs"
-
-
-def _share(v: Any) -> str:
-    return "-" if v is None else f"{float(v) * 100:.2f}%"
+_secs = partial(duration, style=COSTS_TABLE)
+_share = partial(percent, spec=".2f")

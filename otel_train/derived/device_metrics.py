@@ -23,19 +23,18 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from otel_train.common.units import bytes_to_gib
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
+from otel_train.records.span_rows import P_EXTRA, P_NAME, P_STATUS
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
-_GIB = 1024.0 ** 3
-# Record phases (span_rows.py): name, kind, loader, duration_ns, ordinal+1, parent, start,
-# end, status, events, extra attributes, device seconds.
-_P_STATUS, _P_EXTRA = 8, 10
 
 
 def root_attributes(view: StepView) -> dict[str, Any]:
     """The step's root attributes (a record's dict, or a span's mapping)."""
     span = view.span
-    attrs = getattr(span, "_attributes", None)
+    attrs = span_attributes(span)
     if attrs is None:
         attrs = getattr(span, "attributes", None)
     return attrs if attrs is not None else {}
@@ -43,7 +42,7 @@ def root_attributes(view: StepView) -> dict[str, Any]:
 
 def phase_extra(phase: tuple[Any, ...]) -> dict[str, Any] | None:
     """A record phase's extra attributes (device readings among them), or None."""
-    return phase[_P_EXTRA] if len(phase) > _P_EXTRA else None
+    return phase[P_EXTRA] if len(phase) > P_EXTRA else None
 
 
 def out_of_memory_phase(view: StepView) -> tuple[str, int | None] | None:
@@ -51,11 +50,11 @@ def out_of_memory_phase(view: StepView) -> tuple[str, int | None] | None:
     of memory, else None."""
     found = None
     for ph in view.phases:
-        status = ph[_P_STATUS] if len(ph) > _P_STATUS else None
+        status = ph[P_STATUS] if len(ph) > P_STATUS else None
         text = str(status[1]) if status else ""
         if text.startswith("OutOfMemoryError") or "out of memory" in text.lower():
             extra = phase_extra(ph) or {}
-            found = (ph[0], extra.get(A.MEMORY_PEAK_ALLOCATED))
+            found = (ph[P_NAME], extra.get(A.MEMORY_PEAK_ALLOCATED))
     return found
 
 
@@ -68,7 +67,7 @@ def oom_line(view: StepView) -> str | None:
     where = f"⛔ out of memory in {name} (step {view.step})"
     if peak is None:
         return where
-    return f"{where}: peak {peak / _GIB:.1f} GiB allocated"
+    return f"{where}: peak {bytes_to_gib(peak):.1f} GiB allocated"
 
 
 def bound_line(view: StepView) -> str | None:
@@ -117,13 +116,13 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
                 continue
             busy = extra.get(A.DEVICE_BUSY)
             if busy is not None:
-                k = (str(ph[0]), rank)
+                k = (str(ph[P_NAME]), rank)
                 self.busy[k] = self.busy.get(k, 0.0) + float(busy)
             for pool, name in (("allocated", A.MEMORY_PEAK_ALLOCATED),
                                ("reserved", A.MEMORY_PEAK_RESERVED)):
                 value = extra.get(name)
                 if value is not None:
-                    self.peaks[(str(ph[0]), pool, rank)] = int(value)
+                    self.peaks[(str(ph[P_NAME]), pool, rank)] = int(value)
 
     def collector(self) -> _DeviceCollector:
         """The registry's adapter for these metrics."""

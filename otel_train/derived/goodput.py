@@ -40,6 +40,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.common.process_start import process_start
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
@@ -149,7 +150,7 @@ class GoodputSpanProcessor(StepViewProcessor):
             self.before_first_step_ns += view.duration_ns
         if view.name == _CHECKPOINT:
             parts["checkpoint"] += view.duration_ns
-            attrs = getattr(view.span, "_attributes", None) or {}
+            attrs = span_attributes(view.span) or {}
             if attrs.get(A.CHECKPOINT_ACTION, "save") == "save":
                 self._saved()
         else:

@@ -51,6 +51,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train.common import attributes as A
+from otel_train.common import sdk_private
 from otel_train.common.identity import resource_attributes
 from otel_train.common.options import RunOptions
 from otel_train.derived.prometheus_metrics import (
@@ -59,7 +60,7 @@ from otel_train.derived.prometheus_metrics import (
 )
 from otel_train.common.rate_limited_log import warn_once
 from otel_train.common.sdk_config import build_resource, sdk_disabled
-from otel_train.records.steps_view import P_DURATION, StepView, StepViewProcessor
+from otel_train.records.steps_view import P_DURATION, P_KEY, StepView, StepViewProcessor
 
 METER_NAME = "otel_train"
 RUN_ID_ATTRIBUTE = "run_id"
@@ -316,7 +317,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         if view.slow:
             self._slow_c.add(1, attrs)
         for ph in view.phases:
-            self._record_phase(ph[:3], ph[P_DURATION], view.rank)
+            self._record_phase(ph[P_KEY], ph[P_DURATION], view.rank)
 
     def on_operation(self, view: StepView) -> None:
         """Monitoring between steps: a monitor phase."""
@@ -354,9 +355,7 @@ class OtlpMetricsSpanProcessor(StepViewProcessor):
         self._stopped = True
         reader = self.reader
         reader.collect = lambda *args, **kwargs: None  # type: ignore[method-assign]
-        event = getattr(reader, "_shutdown_event", None)
-        if event is not None:
-            event.set()
+        sdk_private.metric_reader_shutdown_event(reader).set()
 
     def shutdown(self) -> None:
         """Final export and stop (bounded by the default shutdown bound)."""

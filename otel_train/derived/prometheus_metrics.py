@@ -42,6 +42,7 @@ from otel_train.derived.metrics_rank_label import without_rank
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.records.steps_view import (
     P_DURATION,
+    P_KEY,
     StepView,
     StepViewProcessor,
 )
@@ -157,7 +158,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self._last_end_s[rank] = end_s
         phases = self._phases[rank]
         for ph in view.phases:
-            key = ph[:3]  # (name, kind, loader): one C-level slice
+            key = ph[P_KEY]
             h = phases.get(key)
             if h is None:
                 h = phases[key] = _Histogram(len(bounds), exemplars=False)

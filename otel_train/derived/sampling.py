@@ -26,8 +26,8 @@ The reason is written on the kept root as ``train.sample.reason``. Spans not exp
 of sampling are counted as sampled out (``otel_train_spans_sampled_out_total``), never as
 drops: they don't alarm. A trace whose root never comes is exported when evicted (fail open).
 
-With the exporter process (export_process.py) the decision runs there, after the derived
-metrics (derived_chain.py builds the sampler with the chain): ``filter_frame`` takes each
+With the exporter process (export/process/child.py) the decision runs there, after the
+derived metrics (derived/chain.py builds the sampler with the chain): ``filter_frame`` takes each
 frame's span records and user span rows, and the counts come back with the chain's state.
 
 Usage::
@@ -64,6 +64,8 @@ from otel_train.records.span_rows import (
     C_PHASES,
     C_STATUS,
     C_TRACE,
+    P_KIND,
+    P_STATUS,
     R_ATTRS,
     R_NAME,
     R_PARENT,
@@ -305,9 +307,10 @@ class StepTailSampler(SpanProcessor):
         phases = rec[C_PHASES]
         reason = self._decide(
             phases is not None, rec[C_ATTRS], rec[C_TRACE],
-            failed=lambda: (rec[C_STATUS] is not None or any(p[8] is not None for p in phases)
+            failed=lambda: (rec[C_STATUS] is not None
+                            or any(ph[P_STATUS] is not None for ph in phases)
                             or any(_failed(s) for s in held)),
-            monitored=lambda: any(p[1] == A.KIND_MONITOR for p in phases),
+            monitored=lambda: any(ph[P_KIND] == A.KIND_MONITOR for ph in phases),
             stalled=lambda: any(e[0] == STALL_EVENT for e in rec[C_EVENTS] or ()))
         if self.summary is not None:
             self.summary.add(rec, reason)
@@ -317,7 +320,7 @@ class StepTailSampler(SpanProcessor):
             rec[C_ATTRS][SAMPLE_REASON] = reason
         return True
 
-    # -- the exporter process's path: span records and user span rows (derived_chain.py) --
+    # -- the exporter process's path: span records and user span rows (derived/chain.py) --
     def filter_frame(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]
                      ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """One frame's records (after the derived metrics marked them) and user span rows:

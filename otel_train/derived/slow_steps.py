@@ -53,13 +53,17 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
 import logging
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
+from otel_train.common.units import SLOW_STEP, duration, percent_of
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.derived.step_ordered_log import StepOrderedLog
+from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -197,7 +201,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.steps_seen += 1
         if ordinal < self.warmup_steps:
             return  # warm-up: not judged, and kept out of the baseline
-        if (getattr(view.span, "_attributes", None) or {}).get(A.FLOPS_COUNTED):
+        if (span_attributes(view.span) or {}).get(A.FLOPS_COUNTED):
             return  # run under FlopCounterMode (count_flops): slowed by the counting itself
         train = max(0, view.duration_ns - view.monitor_ns - queued_wait_ns(view))
         base = self._baselines.get(view.loader)
@@ -392,15 +396,8 @@ def format_slow_step(view: StepView, median_ns: float | None, train_ns: int | No
     return "\n".join(lines)
 
 
-def _pct(part: int, total: int) -> str:
-    return f"{100.0 * part / total:5.1f}%" if total else "    -"
-
-
-def _seconds(value: float) -> str:
-    """Seconds to 1 ms; shorter times in us or ns, so a tiny median never reads 0.000 s."""
-    if value >= 0.001 or value == 0:
-        return f"{value:.3f} s"
-    return f"{value * 1e6:.0f} us" if value >= 1e-6 else f"{value * 1e9:.0f} ns"
+_pct = partial(percent_of, spec="5.1f", missing="    -")
+_seconds = partial(duration, style=SLOW_STEP)
 
 
 def _times(ratio: float) -> str:
@@ -417,7 +414,7 @@ def queued_wait_ns(view: Any) -> int:
         return 0
     total = 0.0
     for ph in view.phases:
-        extra = ph[10] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > 10 else None
+        extra = ph[P_EXTRA] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > P_EXTRA else None
         if extra:
             total += extra.get(A.DEVICE_QUEUED_WAIT) or 0.0
     return int(total * 1e9)

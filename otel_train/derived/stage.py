@@ -311,6 +311,9 @@ class DerivedMetricsStage:
                 data["exporter_process_startup_cpu_seconds"] = startup
                 data["exporter_process_cpu_seconds_per_step"] = (
                     (seconds - startup) / snapshot.steps if snapshot.steps else None)
+            corrupt = source.corrupt_report_frames()
+            if corrupt:
+                data["exporter_process_corrupt_report_frames"] = corrupt
         add_own_cost(data, self.self_cost.figures(seconds, startup))
         return data
 

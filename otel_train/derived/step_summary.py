@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from otel_train.common import attributes as A
-from otel_train.records.span_rows import C_ATTRS, C_END, C_PHASES, C_START
+from otel_train.records.span_rows import C_ATTRS, C_END, C_PHASES, C_START, P_DURATION, P_NAME
 
 _STATS = ("count", "sum_seconds", "min_seconds", "max_seconds", "p50_seconds", "p99_seconds")
 MAX_LISTED_STEPS = 100  # slow / failed step numbers per summary (the count is in the steps)
@@ -88,7 +88,7 @@ class StepSummary:
         self._step_ns.append(rec[C_END] - rec[C_START])
         by_name = self._phase_ns
         for phase in phases:
-            by_name.setdefault(phase[0], []).append(phase[3])
+            by_name.setdefault(phase[P_NAME], []).append(phase[P_DURATION])
         if reason == "slow" or attrs.get(A.SLOW):
             if len(self._slow) < MAX_LISTED_STEPS:
                 self._slow.append(step)

@@ -39,7 +39,9 @@ from typing import Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from otel_train.common.units import si
 from otel_train.common import attributes as A
+from otel_train.common.sdk_private import span_attributes
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -112,7 +114,7 @@ class ThroughputSpanProcessor(StepViewProcessor):
     def on_step(self, view: StepView) -> None:
         """Read the step's counts, fill in the root's, add it to the window."""
         span = view.span
-        attrs = getattr(span, "_attributes", None) or {}
+        attrs = span_attributes(span) or {}
         tokens = _number(attrs.get(A.TOKENS))
         if tokens is None and self._const_tokens is not None:
             tokens = self._const_tokens
@@ -185,22 +187,14 @@ class ThroughputSpanProcessor(StepViewProcessor):
             self._flops, achieved, self._peak, mfu, mfu_ex, self._dtype)
 
 
-def _si(value: float) -> str:
-    """41234.5 -> '41.2k' (k, M, G, T)."""
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.1f}{suffix}"
-    return f"{value:.1f}"
-
-
 def rate_text(s: ThroughputSnapshot) -> str:
     """The console's throughput: ' 41.2k tok/s, MFU 38.1%' ('' when nothing is counted)."""
     if s.tokens_per_second is not None:
-        text = f" {_si(s.tokens_per_second)} tok/s"
+        text = f" {si(s.tokens_per_second)} tok/s"
     elif s.samples_per_second is not None:
-        text = f" {_si(s.samples_per_second)} samples/s"
+        text = f" {si(s.samples_per_second)} samples/s"
     elif s.achieved_flops_per_second is not None:
-        text = f" {_si(s.achieved_flops_per_second)}FLOP/s"
+        text = f" {si(s.achieved_flops_per_second)}FLOP/s"
     else:
         return ""
     if s.mfu is not None:

@@ -1,7 +1,7 @@
 """A plain SDK ``SpanExporter`` writing one JSON object per span per line, and its reader.
 
 ``JsonLinesSpanExporter`` writes the SDK's ``ReadableSpan.to_json`` shape, for applications
-that want that format (it is public: ``otel_train.JsonLinesSpanExporter``). The span file a run
+that want that format (it is public: ``otel_train.sdk.JsonLinesSpanExporter``). The span file a run
 writes by default is the OpenTelemetry file format instead (``span_file.py``).
 
 Usage::

@@ -40,7 +40,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.export.encode_cache import ForeignScope, IdentityCache, KeyValueCache, by_scope
-from otel_train.records.span_rows import RowSpanFactory, row_scope, rows_from_record
+from otel_train.records.span_rows import R_SCOPE, RowSpanFactory, row_scope, rows_from_record
 
 _log = logging.getLogger("otel_train")
 DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -204,7 +204,7 @@ class OtlpJsonEncoder:
     def row_text(self, row: tuple[Any, ...], constants: Mapping[str, Any]) -> str:
         """One row as a span's JSON text for :meth:`request`; a :class:`ScopedSpanText`
         when the row has a scope of its own."""
-        return ScopedSpanText.tagged(self.row(row, constants), row[12])
+        return ScopedSpanText.tagged(self.row(row, constants), row[R_SCOPE])
 
     def request(self, texts: Sequence[str], resource: Any, scope: Any) -> str:
         """One line: spans' JSON texts (:meth:`row_text`), otel-train's under ``scope``, the

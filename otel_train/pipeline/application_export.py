@@ -27,6 +27,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from otel_train.common import sdk_private
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.export.otlp.transport import (
     SingleAttemptGrpcSpanExporter,
@@ -42,7 +43,7 @@ class ApplicationProviderSink:
     ``ReadableSpan``s and go to the provider's span processors."""
 
     def __init__(self, provider: TracerProvider, factory: RowSpanFactory) -> None:
-        self._target = getattr(provider, "_active_span_processor", None)
+        self._target = sdk_private.active_span_processor(provider)
         self._factory = factory
         self._warn = RateLimitedLogger(_log)
 
@@ -71,12 +72,12 @@ class ApplicationProviderSink:
 
 def _processors(provider: TracerProvider) -> Iterator[Any]:
     """The span processors installed on ``provider`` (nested multi-processors flattened)."""
-    stack = [getattr(provider, "_active_span_processor", None)]
+    stack = [sdk_private.active_span_processor(provider)]
     while stack:
         proc = stack.pop()
         if proc is None:
             continue
-        inner = getattr(proc, "_span_processors", None)
+        inner = sdk_private.inner_span_processors(proc)
         if inner is not None:
             stack.extend(reversed(list(inner)))
         else:
@@ -110,17 +111,22 @@ def exporter_like_application(provider: TracerProvider) -> tuple[Any, str] | Non
     if app is None:
         return None
     try:
+        endpoint = sdk_private.otlp_endpoint(app)
         if ".grpc." in type(app).__module__:
-            exporter: Any = SingleAttemptGrpcSpanExporter(
-                endpoint=app._endpoint, insecure=app._insecure, credentials=app._credentials,
-                headers=app._headers, timeout=app._timeout, compression=app._compression)
-            return exporter, f"OTLP grpc -> {app._endpoint} (the application's exporter)"
-        exporter = SingleAttemptHttpSpanExporter(endpoint=app._endpoint,
-                                                 compression=app._compression or None)
+            exporter: Any = SingleAttemptGrpcSpanExporter(**sdk_private.grpc_settings(app))
+            return exporter, f"OTLP grpc -> {endpoint} (the application's exporter)"
+        client = sdk_private.http_client(app)
+        if client is None:  # an SDK before the HTTP client: its settings are not readable
+            return None
+        exporter = SingleAttemptHttpSpanExporter(
+            endpoint=endpoint, compression=sdk_private.http_compression(app) or None)
         # The application's HTTP client carries its headers, TLS, session and timeout.
-        exporter.share_client(app._client)
-        return exporter, f"OTLP http/protobuf -> {app._endpoint} (the application's exporter)"
-    except Exception as exc:  # private fields moved in another SDK version
+        exporter.share_client(client)
+        return exporter, f"OTLP http/protobuf -> {endpoint} (the application's exporter)"
+    except sdk_private.SdkPrivateMismatch as exc:
+        _log.warning("otel-train: %s; its spans join the application's pipeline", exc)
+        return None
+    except Exception as exc:  # the application's settings do not make an exporter
         _log.info("otel-train: could not reuse the application's OTLP exporter settings "
                   "(%r); spans join the application's pipeline", exc)
         return None

@@ -22,6 +22,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 
+from otel_train.common import sdk_private
 from otel_train.common.options import RunOptions
 from otel_train.common.sdk_config import build_sampler, sdk_disabled
 from otel_train.pipeline.application_export import application_otlp_exporter
@@ -79,7 +80,10 @@ def current_provider_mode() -> tuple[str, Any]:
 def application_exporter_target(provider: Any) -> str | None:
     """Where the application's OTLP span exporter sends, when its settings can be read."""
     app = application_otlp_exporter(provider)
-    endpoint = getattr(app, "_endpoint", None) if app is not None else None
+    try:
+        endpoint = sdk_private.otlp_endpoint(app) if app is not None else None
+    except sdk_private.SdkPrivateMismatch:  # said where the export is built (application_export)
+        return None
     if not endpoint:
         return None
     protocol = "grpc" if ".grpc." in type(app).__module__ else "http/protobuf"
@@ -89,7 +93,7 @@ def application_exporter_target(provider: Any) -> str | None:
 def always_samples(sampler: Sampler) -> bool:
     """Does ``sampler`` keep every trace (ALWAYS_ON, or parent-based on it)?"""
     return sampler is ALWAYS_ON or (isinstance(sampler, ParentBased)
-                                    and getattr(sampler, "_root", None) is ALWAYS_ON)
+                                    and sdk_private.parent_based_root(sampler) is ALWAYS_ON)
 
 
 def describe_sampler(sampler: Sampler) -> str:

@@ -92,10 +92,10 @@ def attribute_top_ops(events: Any, steps: list[CapturedStep]) -> None:
             continue
         cpu = float(e.self_cpu_time_total)
         dev = float(getattr(e, "self_device_time_total", 0.0) or 0.0)
-        row = totals.setdefault(ranges[i][2], {}).setdefault(e.name, [0.0, 0.0, 0])
-        row[0] += cpu
-        row[1] += dev
-        row[2] += 1
+        op_totals = totals.setdefault(ranges[i][2], {}).setdefault(e.name, [0.0, 0.0, 0])
+        op_totals[0] += cpu
+        op_totals[1] += dev
+        op_totals[2] += 1
     for s in steps:
         ops = totals.get(s.index, {})
         top = sorted(ops.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:TOP_OPS_PER_STEP]

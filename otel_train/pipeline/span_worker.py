@@ -33,7 +33,7 @@ from otel_train.recording.call_checks import detached
 from otel_train.recording.device_values import VALUE_WAIT_SECONDS, record_ready
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.envelope_records import StartupRecordMaker
-from otel_train.records.span_rows import record_span_count, view_from_record
+from otel_train.records.span_rows import C_ATTRS, record_span_count, view_from_record
 from otel_train.records.step_records import StepRecordBuilder
 from otel_train.records.steps_view import SharedStepSpanProcessor
 
@@ -328,7 +328,7 @@ class SpanBuildWorker:
             try:
                 rec = record_of(record)
                 if first_attrs:  # a resumed run's first step: which attempt, what it lost
-                    rec[6].update(first_attrs)
+                    rec[C_ATTRS].update(first_attrs)
                     first_attrs = None
                 # No metrics here when the exporter process feeds them (derived/chain.py).
                 view = view_from_record(rec, rank) if metrics is not None else None

@@ -104,7 +104,7 @@ class DueSchedule:
         # Changes applied, for the background to say: (step, operation, old, new, share).
         self.changes: deque[tuple[int, str, int, int, float]] = deque(maxlen=1024)
         self.history: deque[tuple[int, str, int, int, float]] = deque(maxlen=64)
-        self._store = store  # None: found at the first plan step (store.py)
+        self._store = store  # None: found at the first plan step (plan_store.py)
         self._store_resolved = store is not None
         self._next_plan = 0 if governed else 1 << 62
         self.fallback_reason: str | None = None

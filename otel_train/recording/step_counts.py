@@ -107,16 +107,31 @@ def prod_of(shape: Any) -> int:
     return n
 
 
-def checked_count(name: str, value: Any, keep: Callable[[Any], Any] = detached) -> Any:
-    """A count given to ``step.count``: an int >= 0, or a tensor (read in the background;
-    ``keep`` is the recorder's ``keep_value``: a device tensor's copy starts here)."""
-    if type(value) is int and value >= 0:
+def checked_count(name: str, value: Any) -> Any:
+    """A count given to ``step.count``, refused (ValueError) unless an int >= 0 or a
+    tensor (read in the background)."""
+    if (type(value) is int and value >= 0) or hasattr(value, "detach"):
         return value
-    if hasattr(value, "detach"):
-        return keep(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"step.count({name}={value!r}): must be an integer >= 0 or a tensor")
     return value
+
+
+def write_counts(step: Any, tokens: Any, samples: Any, keep: Callable[[Any], Any],
+                 add: bool = False) -> None:
+    """Set the step root's ``train.tokens`` / ``train.samples`` (``add``: add to those of its
+    earlier batches, as micro-batches); a None count is left as it is. A tensor count (a
+    callable's mask sum) on the device starts its copy to the host here through ``keep``
+    (the recorder's ``keep_value``, device_values.py): never read with a wait."""
+    attrs = step.attrs
+    if attrs is None:
+        attrs = step.attrs = {}
+    if tokens is not None:
+        tokens = keep(tokens) if hasattr(tokens, "detach") else tokens
+        attrs[A.TOKENS] = add_counts(tokens, attrs.get(A.TOKENS, 0)) if add else tokens
+    if samples is not None:
+        samples = keep(samples) if hasattr(samples, "detach") else samples
+        attrs[A.SAMPLES] = add_counts(samples, attrs.get(A.SAMPLES, 0)) if add else samples
 
 
 class StepCounts:
@@ -138,14 +153,9 @@ class StepCounts:
                 counter.count_into(self, batch, add=True)
         if tokens is None and samples is None:
             return
-        attrs = self.attrs
-        if attrs is None:
-            attrs = self.attrs = {}
-        keep = self._recorder.keep_value
-        if tokens is not None:
-            attrs[A.TOKENS] = checked_count("tokens", tokens, keep)
-        if samples is not None:
-            attrs[A.SAMPLES] = checked_count("samples", samples, keep)
+        write_counts(self, None if tokens is None else checked_count("tokens", tokens),
+                     None if samples is None else checked_count("samples", samples),
+                     self._recorder.keep_value)
 
 
 class BatchCounter:
@@ -203,18 +213,8 @@ class BatchCounter:
             samples = self._call(self._samples_fn, batch, "samples_per_step")
         if tokens is None and samples is None:
             return
-        attrs = step.attrs
-        if attrs is None:
-            attrs = step.attrs = {}
-        # A tensor count (a callable's mask sum) on the device starts its copy to the host
-        # here, as step.count's does (device_values.py): never read with a wait.
-        keep = getattr(step._recorder, "keep_value", detached)
-        if tokens is not None:
-            tokens = keep(tokens) if hasattr(tokens, "detach") else tokens
-            attrs[A.TOKENS] = add_counts(tokens, attrs.get(A.TOKENS, 0)) if add else tokens
-        if samples is not None:
-            samples = keep(samples) if hasattr(samples, "detach") else samples
-            attrs[A.SAMPLES] = add_counts(samples, attrs.get(A.SAMPLES, 0)) if add else samples
+        write_counts(step, tokens, samples, getattr(step._recorder, "keep_value", detached),
+                     add)
 
     def _call(self, fn: Callable[[Any], Any], batch: Any, option: str) -> Any:
         try:

@@ -42,6 +42,13 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_train.common import attributes as A
+from otel_train.records.span_rows import (
+    P_DEVICE_SECONDS,
+    P_DURATION,
+    P_EXTRA,
+    P_NAME,
+    P_PARENT_ID,
+)
 
 _log = logging.getLogger("otel_train")
 
@@ -173,15 +180,15 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     data_idle = None
     lag = 0.0
     for ph in phases:  # record phases: name, kind, loader, duration_ns, ordinal+1, parent
-        if ph[5] != root_id:
+        if ph[P_PARENT_ID] != root_id:
             continue
-        if ph[0] == _DATA:
-            data_ns += ph[3]
-            extra = ph[10]
+        if ph[P_NAME] == _DATA:
+            data_ns += ph[P_DURATION]
+            extra = ph[P_EXTRA]
             if extra and _IDLE in extra:
                 data_idle = (data_idle or 0.0) + extra[_IDLE]
-        elif ph[11] is not None:  # device seconds: how far the device ran behind the host
-            lag += abs(ph[11] - ph[3] / 1e9)
+        elif ph[P_DEVICE_SECONDS] is not None:  # how far the device ran behind the host
+            lag += abs(ph[P_DEVICE_SECONDS] - ph[P_DURATION] / 1e9)
     comm = root_attrs.get(_COMM)
     if comm is None and step_attrs:
         comm = step_attrs.get(_COMM)

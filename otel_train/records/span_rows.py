@@ -47,7 +47,16 @@ from opentelemetry.trace import (
 )
 
 from otel_train.common import attributes as A
-from otel_train.records.steps_view import StepView, count_monitoring
+from otel_train.records.steps_view import (
+    P_DURATION,
+    P_KIND,
+    P_LOADER,
+    P_NAME,
+    P_PARENT_ID,
+    P_SPAN_ID,
+    StepView,
+    count_monitoring,
+)
 
 
 (R_NAME, R_TRACE, R_SPAN, R_FLAGS, R_PARENT, R_REMOTE, R_START, R_END, R_ATTRS, R_STATUS,
@@ -55,10 +64,15 @@ from otel_train.records.steps_view import StepView, count_monitoring
 # A span record: one step (or monitoring operation) before its rows are made.
 (C_NAME, C_TRACE, C_ROOT_ID, C_FLAGS, C_START, C_END, C_ATTRS, C_STATUS, C_EVENTS, C_PHASES,
  C_IDS) = range(11)
-# A record's phase (a tuple): name, kind, loader, duration_ns, ordinal + 1, the parent's
-# ordinal + 1 or the root's span id (these six are a StepView phase: steps_view.P_*; the
-# real span ids of phases are drawn with the rows), start_ns, end_ns, status, events,
-# extra attributes or None, device seconds or None.
+# A record's phase (a tuple of 12): name, kind, loader, duration_ns, ordinal + 1, the
+# parent's ordinal + 1 or the root's span id (these six are a StepView phase: steps_view.P_*,
+# re-exported here; the real span ids of phases are drawn with the rows), start_ns, end_ns,
+# status, events, extra attributes or None, device seconds or None.
+P_START, P_END, P_STATUS, P_EVENTS, P_EXTRA, P_DEVICE_SECONDS = range(6, 12)
+PHASE_FIELDS = 12
+# Every phase position, in order (the C recorder builds the same tuple: _recorder_c_rows.c).
+PHASE_LAYOUT = (P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID, P_START, P_END,
+                P_STATUS, P_EVENTS, P_EXTRA, P_DEVICE_SECONDS)
 _getrandbits = random.getrandbits
 _ID_STRUCTS = [struct.Struct(f"<{n}Q") for n in range(33)]  # n span ids from one draw
 INTERNAL_KIND = SpanKind.INTERNAL.value
@@ -127,7 +141,8 @@ def record_span_count(rec: tuple[Any, ...]) -> int:
 
 def phase_attributes(step: Any, phase: tuple[Any, ...]) -> dict[str, Any]:
     """A record phase's span attributes, in their order (extra attributes last, winning)."""
-    ph_name, kind, loader, extra, device = phase[0], phase[1], phase[2], phase[10], phase[11]
+    ph_name, kind, loader = phase[P_NAME], phase[P_KIND], phase[P_LOADER]
+    extra, device = phase[P_EXTRA], phase[P_DEVICE_SECONDS]
     attrs: dict[str, Any] = {_STEP: step, _PHASE: ph_name, _KIND_ATTR: kind}
     if loader is not None:
         attrs[_LOADER] = loader
@@ -155,8 +170,8 @@ def phase_end_order(phases: Sequence[tuple[Any, ...]]) -> Sequence[int]:
     """A record's phase indices in the order their spans ended (a nested phase ends
     before its parent; ties keep their order). Flat steps are in that order already."""
     for i in range(1, len(phases)):
-        if phases[i][7] < phases[i - 1][7]:
-            return sorted(range(len(phases)), key=lambda i: phases[i][7])
+        if phases[i][P_END] < phases[i - 1][P_END]:
+            return sorted(range(len(phases)), key=lambda i: phases[i][P_END])
     return range(len(phases))
 
 

@@ -36,7 +36,16 @@ from otel_train.recording.device import TIMING_EVENTS, TIMING_HOST, TIMING_SYNC
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
 from otel_train.records.device_readings import HostRss, device_readings, label_step
 from otel_train.records.comm_summary import comm_summary
-from otel_train.records.span_rows import RowSpanFactory
+from otel_train.records.span_rows import (
+    C_ATTRS,
+    C_PHASES,
+    P_DEVICE_SECONDS,
+    P_END,
+    P_EXTRA,
+    P_KIND,
+    P_START,
+    RowSpanFactory,
+)
 
 _log = logging.getLogger("otel_train")
 _SAMPLED_FLAGS = int(_SAMPLED)
@@ -171,7 +180,7 @@ class StepRecordBuilder:
         if log:  # None, or nothing timed since the last step: one check
             comm_attrs, comm_events = comm_summary(
                 log.take(step.start_ns, step_end), step_end, off,
-                [t - off for p in phases for t in (p[6], p[7])])
+                [t - off for ph in phases for t in (ph[P_START], ph[P_END])])
             root_attrs.update(comm_attrs)
         verdict = label_step(root_attrs, phases, step_end - step.start_ns, root_id, step.attrs,
                              self._device_bound)
@@ -212,7 +221,7 @@ class StepRecordBuilder:
             name = phase.name
             parent = ph.parent
             # Work nested in a monitoring phase is monitoring work (validation data).
-            kind = _MONITOR if parent >= 0 and phases[parent][1] == _MONITOR else phase.kind
+            kind = _MONITOR if parent >= 0 and phases[parent][P_KIND] == _MONITOR else phase.kind
             # Only data spans carry a loader: a monitoring or compute phase reads none
             # itself (validation data inside val_loss is its own data span).
             loader = phase.loader or (step_loader if name == _DATA else None)
@@ -244,13 +253,13 @@ class StepRecordBuilder:
         span of the run says its own timing (the run constants say it otherwise)."""
         if not self._own_timing:
             return rec
-        rec[6].update(_SPAN_HOST)
-        phases = rec[9]
+        rec[C_ATTRS].update(_SPAN_HOST)
+        phases = rec[C_PHASES]
         if not phases:
             return rec
-        marked = [p[:10] + ({**_SPAN_HOST, **p[10]} if p[10] else _SPAN_HOST,) + p[11:]
-                  for p in phases]
-        return rec[:9] + (marked,) + rec[10:]
+        marked = [ph[:P_EXTRA] + ({**_SPAN_HOST, **ph[P_EXTRA]} if ph[P_EXTRA] else _SPAN_HOST,)
+                  + ph[P_EXTRA + 1:] for ph in phases]
+        return rec[:C_PHASES] + (marked,) + rec[C_PHASES + 1:]
 
     def _phase_timings(self, phases: list[tuple[Any, ...]], synced: frozenset[int]
                        ) -> list[tuple[Any, ...]]:
@@ -260,11 +269,12 @@ class StepRecordBuilder:
         phases); a phase nested in one (validation data) is monitoring work but was not
         itself synchronized, nor was a phase recorded afterwards by its timestamps."""
         out = []
-        for i, p in enumerate(phases):
+        for i, ph in enumerate(phases):
             timing = (_SPAN_SYNC if i in synced
-                      else _SPAN_EVENTS if p[11] is not None else _SPAN_HOST)
-            extra = p[10]
-            out.append(p[:10] + ({**timing, **extra} if extra else timing, p[11]))
+                      else _SPAN_EVENTS if ph[P_DEVICE_SECONDS] is not None else _SPAN_HOST)
+            extra = ph[P_EXTRA]
+            out.append(ph[:P_EXTRA] + ({**timing, **extra} if extra else timing,
+                                       ph[P_DEVICE_SECONDS]))
         return out
 
     def _monitor_record(self, rec: MonitorRecord) -> tuple[Any, ...]:

@@ -31,6 +31,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_train.common import attributes as A
+from otel_train.common import sdk_private
 from otel_train.common.rate_limited_log import RateLimitedLogger
 
 _log = logging.getLogger("otel_train")
@@ -38,8 +39,10 @@ _log = logging.getLogger("otel_train")
 # A phase, as a tuple (cheaper to build than an object on every span):
 # (name, kind, loader, duration_ns, span_id, parent_span_id)
 P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID = range(6)
+P_KEY = slice(P_NAME, P_LOADER + 1)  # a phase's (name, kind, loader), one C-level slice
 # The contract's names as module constants (a global lookup, not a module attribute, per use)
 _ROOT_NAME, _STEP, _RANK, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.RANK, A.DATALOADER
+_span_fields = sdk_private.readable_span_fields
 _KIND, _MONITOR, _PHASE = A.PHASE_KIND, A.KIND_MONITOR, A.PHASE
 
 
@@ -91,13 +94,13 @@ def set_span_attribute(span: ReadableSpan, key: str, value: Any) -> None:
     Our spans keep a plain dict in ``_attributes`` (documented private use); spans of other
     tracers have an immutable mapping there, replaced by a mutable copy.
     """
-    attrs = getattr(span, "_attributes", None)
+    attrs = sdk_private.span_attributes(span)
     if type(attrs) is dict:
         attrs[key] = value
         return
     new = dict(attrs or {})
     new[key] = value
-    span._attributes = new  # type: ignore[attr-defined]
+    sdk_private.replace_span_attributes(span, new)
 
 
 class StepAssembler:
@@ -128,20 +131,10 @@ class StepAssembler:
 
     def add(self, span: ReadableSpan) -> None:
         """Take one finished span."""
-        # Hot in the background (every span of every step): read ReadableSpan's fields
-        # directly rather than through its properties, and index SpanContext (a tuple:
-        # trace_id, span_id, is_remote, ...) instead of its named properties.
-        try:
-            attrs = span._attributes  # type: ignore[attr-defined]
-            ctx = span._context  # type: ignore[attr-defined]
-            name = span._name  # type: ignore[attr-defined]
-            parent = span._parent  # type: ignore[attr-defined]
-            start = span._start_time or 0  # type: ignore[attr-defined]
-            end = span._end_time or start  # type: ignore[attr-defined]
-        except AttributeError:  # not an SDK ReadableSpan: the public API
-            attrs, ctx, name, parent = span.attributes, span.context, span.name, span.parent
-            start = span.start_time or 0
-            end = span.end_time or start
+        # Hot in the background (every span of every step): ReadableSpan's fields read
+        # directly, and SpanContext indexed (a tuple: trace_id, span_id, is_remote, ...)
+        # instead of through its named properties.
+        attrs, ctx, name, parent, start, end = _span_fields(span)
         if ctx is None or not attrs:
             self.ignored_spans += 1
             return
@@ -240,7 +233,7 @@ class StepViewProcessor(SpanProcessor):
 
     # The running figures ``export_state`` copies: what another copy of this processor
     # needs to continue exactly where this one is (the exporter process feeds the chain
-    # and the training process keeps a copy, derived_chain.py).
+    # and the training process keeps a copy, derived/chain.py).
     state_fields: tuple[str, ...] = ()
     # Whether ``on_operation`` also gets the job envelope's views (train.startup).
     takes_envelope = False
@@ -328,11 +321,6 @@ class SharedStepSpanProcessor(SpanProcessor):
                 self._groups.append([member])
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
-
-    @property
-    def assembler(self) -> StepAssembler:
-        """The shared assembler (its counters tell about ignored spans and evictions)."""
-        return self._assembler
 
     def on_view(self, view: StepView) -> None:
         """Take one view built elsewhere (the row path: span_rows.view_from_record)."""

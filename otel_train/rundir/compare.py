@@ -31,6 +31,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_train.common.units import COMPARE_DELTA, duration
 from otel_train.rundir.compare_read import RunSteps, StepTimes
 from otel_train.rundir.compare_stats import median, median_ratio_interval
 
@@ -355,13 +356,7 @@ def _signed_pct(row: Row, digits: int = 1) -> str:
 
 def _delta_text(seconds: float) -> str:
     """'+4 us', '-1.20 ms', '+310 ns': a phase's change in time."""
-    sign = "+" if seconds >= 0 else "-"
-    seconds = abs(seconds)
-    if seconds >= 1e-3:
-        return f"{sign}{seconds * 1e3:.2f} ms"
-    if seconds >= 1e-6:
-        return f"{sign}{seconds * 1e6:.0f} us"
-    return f"{sign}{seconds * 1e9:.0f} ns"
+    return ("+" if seconds >= 0 else "-") + duration(abs(seconds), COMPARE_DELTA)
 
 
 def throughput_note(result: Comparison) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from otel_train.common.units import COMPARE, duration, percent, si
 from otel_train.rundir.compare import (
     Comparison,
     Row,
@@ -22,20 +23,13 @@ FORMATS = ("text", "json", "markdown")
 
 def seconds_text(seconds: float) -> str:
     """A duration with a unit that suits it: '812 us', '5.12 ms', '1.30 s'."""
-    if seconds >= 1.0:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.0f} us"
+    return duration(seconds, COMPARE)
 
 
 def _rate_text(value: float | None) -> str:
     if value is None:
         return "not recorded"
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.1f}{suffix}/s"
-    return f"{value:.1f}/s"
+    return si(value, "/s")
 
 
 def _ratio_cells(row: Row) -> tuple[str, str]:
@@ -87,8 +81,7 @@ def _extras(result: Comparison) -> list[str]:
     return lines
 
 
-def _pct(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio * 100:.1f}%"
+_pct = percent
 
 
 def format_text(result: Comparison) -> str:

@@ -114,9 +114,9 @@ def format_means(rows: list[MeanRow], run_a: RunSteps, run_b: RunSteps, fmt: str
                  "| | A mean | B mean | B/A |", "|---|---:|---:|---:|"]
         return "\n".join(lines + [f"| {' | '.join(c)} |" for c in cells])
     table = [("", "A mean", "B mean", "B/A"), *cells]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
     lines = head + [""]
-    for row in table:
-        lines.append("  ".join([row[0].ljust(widths[0])]
-                               + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]))
+    for line in table:
+        lines.append("  ".join([line[0].ljust(widths[0])]
+                               + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]))
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from otel_train.common.units import CHART, duration
 from otel_train.rundir.report_data import Bucket, StepRecord
 
 _TRAIN_COLORS = ["#1f77b4", "#2ca02c", "#17becf", "#9467bd", "#8c564b", "#7f7f7f", "#bcbd22"]
@@ -52,11 +53,7 @@ class Colors:
 
 def format_duration(seconds: float) -> str:
     """A duration as people write it: ``500 µs``, ``2 ms``, ``12.5 ms``, ``1.2 s``."""
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
+    return duration(seconds, CHART)
 
 
 def time_unit(seconds: float) -> tuple[str, float]:

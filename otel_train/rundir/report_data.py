@@ -8,7 +8,7 @@ steps (with their phases), and where each line of each file starts and ends in s
 It also keeps the few steps the timeline may show (the first, the slowest, the slowest eval
 step, the slowest step without monitoring) and a fixed-size sample of step times whose median
 is the typical step. A second, targeted pass reads only the lines holding the steps chosen
-for the timeline (``report_timeline.py``), to show those steps on every rank. A run in progress reads as far as its files go (a
+for the timeline (``report_steps.py``), to show those steps on every rank. A run in progress reads as far as its files go (a
 half-written last line is skipped).
 
 Usage::

@@ -15,11 +15,13 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
 import html
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from otel_train.common.units import REPORT_TABLE, duration, percent
 from otel_train.derived.costs import costs_verdict
 from otel_train.derived.costs import verdict_text as costs_verdict_text
 from otel_train.rundir.report_data import RunData
@@ -191,18 +193,8 @@ def drops_section(data: RunData) -> str:
             "missing here was dropped, sampled out, or not written yet.</p>")
 
 
-def _secs(v: Any) -> str:
-    """Seconds for a table cell (``-`` when unknown), to 0.1 ms under a second."""
-    if v is None:
-        return "-"
-    v = float(v)
-    if v >= 1.0:
-        return f"{v:.3f} s"
-    return f"{v * 1000:.1f} ms"
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None else f"{float(v) * 100:.2f}%"
+_secs = partial(duration, style=REPORT_TABLE)  # a table cell: "-" when unknown
+_pct = partial(percent, spec=".2f")
 
 
 __all__ = ["costs_section", "drops_section", "html_table", "slow_section", "summary_table",

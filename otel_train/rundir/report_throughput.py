@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_train.common.units import si
+
 
 def add_throughput(bucket: Any, seconds: float, attrs: dict[str, Any]) -> None:
     """Fold one step's counts into its bucket."""
@@ -28,13 +30,6 @@ def add_throughput(bucket: Any, seconds: float, attrs: dict[str, Any]) -> None:
     if mfu is not None:
         bucket.mfu_sum += float(mfu)
         bucket.mfu_n += 1
-
-
-def _si(value: float) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.1f}{suffix}"
-    return f"{value:.1f}"
 
 
 def throughput_figure(buckets: list[Any], unit: str) -> dict[str, Any]:
@@ -70,12 +65,12 @@ def throughput_section(page: Any, buckets: list[Any], ranks: int) -> str:
     rate = total / seconds
     mfu_n = sum(b.mfu_n for b in counted)
     mfu = f", MFU {sum(b.mfu_sum for b in counted) / mfu_n:.1%}" if mfu_n else ""
-    per_run = f" ({_si(rate * ranks)} {unit}/s for the run's {ranks} ranks)" if ranks > 1 \
+    per_run = f" ({si(rate * ranks)} {unit}/s for the run's {ranks} ranks)" if ranks > 1 \
         else ""
     # Whole steps, as the console's rate counts them: the monitoring inside a step is in its
     # time. The job's time by part (goodput) counts that monitoring apart, as evaluation.
-    figure = (f"<p class='figure' id='throughput-figure'><b>{_si(rate)} {unit}/s</b> per rank"
-              f"{per_run}{mfu}: {_si(total)} {unit} in {seconds:.1f} s of steps (whole "
+    figure = (f"<p class='figure' id='throughput-figure'><b>{si(rate)} {unit}/s</b> per rank"
+              f"{per_run}{mfu}: {si(total)} {unit} in {seconds:.1f} s of steps (whole "
               "steps, the monitoring inside them included; the job's time by part counts "
               "that monitoring apart, as evaluation).</p>")
     return figure + page.chart("fig-throughput", throughput_figure(buckets, unit)) + (

@@ -75,7 +75,7 @@ def test_uninstrument_restores_everything(tmp_path) -> None:
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
     assert type(iter(train)).__name__ != "_TimedIterator"
     _loop(model, opt, train, val)  # runs, records nothing
-    assert run.current_step is None
+    assert run._recorder.current is None
     run.shutdown()
 
 

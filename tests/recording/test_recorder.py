@@ -54,8 +54,8 @@ def test_steps_yield_one_step_per_item_with_index_and_batch(tmp_path):
     with start_in_process_run(tmp_path, run_id="r1") as run:
         for step in run.steps(items, loader="train"):
             seen.append((step.index, step.batch))
-            assert run.current_step is step
-        assert run.current_step is None
+            assert run._recorder.current is step
+        assert run._recorder.current is None
     assert seen == [(0, "a"), (1, "b"), (2, "c")]
     roots = [s for s in run_spans(run) if s.name == "train.step"]
     assert sorted(s.attributes["train.step"] for s in roots) == [0, 1, 2]
@@ -77,7 +77,7 @@ def test_a_step_ended_in_the_loop_body_is_queued_once_and_the_loop_goes_on(tmp_p
                 time.sleep(0.05)  # work after the end is no part of the step
                 with pytest.raises(RuntimeError, match="step 1, which has already ended"):
                     step.phase("backward")
-            assert run.current_step is (None if step.index == 1 else step)
+            assert run._recorder.current is (None if step.index == 1 else step)
     roots = sorted((s for s in run_spans(run) if s.is_root),
                    key=lambda s: s.attributes["train.step"])
     assert [s.attributes["train.step"] for s in roots] == [0, 1, 2]
@@ -205,7 +205,7 @@ def test_break_out_of_steps_ends_the_step_ok(tmp_path):
                 pass
             if step.index == 1:
                 break
-        assert run.current_step is None
+        assert run._recorder.current is None
         time.sleep(0.01)
     spans = run_spans(run)
     roots = [s for s in spans if s.is_root]
@@ -264,7 +264,7 @@ def test_run_step_context_manager_with_its_own_data_phase(tmp_path):
                     time.sleep(0.02)
                 with step.phase("forward"):
                     pass
-        assert run.current_step is None
+        assert run._recorder.current is None
     spans = run_spans(run)
     roots = sorted((s for s in spans if s.is_root), key=lambda s: s.attributes["train.step"])
     assert [r.attributes["train.step"] for r in roots] == [0, 1]

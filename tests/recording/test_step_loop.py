@@ -74,7 +74,7 @@ def test_max_steps_ends_the_loop_without_fetching_another_item(tmp_path):
     endless = CountingLoader(None)
     with start_in_process_run(tmp_path) as run:
         steps = [step.index for step in run.steps(endless, max_steps=3)]
-        assert run.current_step is None and run._recorder.held is None
+        assert run._recorder.current is None and run._recorder.held is None
     assert steps == [0, 1, 2]
     assert endless.fetches == 3  # not a fourth: the loader may be endless or costly
     roots = _roots(run_spans(run))

@@ -182,4 +182,4 @@ def test_a_frame_of_views_goes_to_each_processor_in_turn_in_order_a_failure_coun
                     ("marks", "step", 2), ("reads", "step slow=False", 0),
                     ("reads", "step slow=True", 1), ("reads", "op", 1),
                     ("reads", "step slow=False", 2)]
-    assert shared.errors == 1 and shared.assembler.views == 4
+    assert shared.errors == 1 and shared._assembler.views == 4

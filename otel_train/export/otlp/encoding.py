@@ -262,8 +262,9 @@ class _Encoder:
     def _odd_phase(self, tid: bytes, span_id: int, parent: int, head: tuple[bytes, bytes, int],
                    phase: tuple[Any, ...], attrs_head: bytes, timing: bytes = b"") -> bytes:
         """A phase span that is not the usual one: a device time, events, a status."""
-        ph_start, ph_end, ph_status, ph_events, device = (phase[6], phase[7], phase[8],
-                                                          phase[9], phase[11])
+        ph_start, ph_end, ph_status, ph_events, device = (
+            phase[_rows.P_START], phase[_rows.P_END], phase[_rows.P_STATUS],
+            phase[_rows.P_EVENTS], phase[_rows.P_DEVICE_SECONDS])
         parts = [tid, b"\x12\x08" + span_id.to_bytes(8, "big")]
         if parent:
             parts.append(b"\x22\x08" + parent.to_bytes(8, "big"))
@@ -350,15 +351,16 @@ class _Encoder:
         consts, keys, block = const
         phase = rec[_rows.C_PHASES][i]
         ph_attrs = _rows.phase_attributes(rec[_rows.C_ATTRS][_ATTR_STEP], phase)
-        return self.row((phase[0], rec[_rows.C_TRACE], span_id, rec[_rows.C_FLAGS], parent,
-                         False, phase[6], phase[7], ph_attrs, phase[8], phase[9], _INTERNAL,
-                         None, ()), consts, keys, block)
+        return self.row((phase[_rows.P_NAME], rec[_rows.C_TRACE], span_id, rec[_rows.C_FLAGS],
+                         parent, False, phase[_rows.P_START], phase[_rows.P_END], ph_attrs,
+                         phase[_rows.P_STATUS], phase[_rows.P_EVENTS], _INTERNAL, None, ()),
+                        consts, keys, block)
 
     def row_field(self, row: tuple[Any, ...], constants: Mapping[str, Any]) -> bytes:
         """One row as an encoded span for :meth:`request`: a ScopeSpans.spans field, a
         :class:`ScopedSpanField` when the row has a scope of its own."""
         return ScopedSpanField.tagged(W.span_field(self.row(row, *self._constants(constants))),
-                                      row[12])
+                                      row[_rows.R_SCOPE])
 
     def request(self, fields: Sequence[bytes], resource: Any, scope: Any) -> bytes:
         """ExportTraceServiceRequest bytes for encoded spans (:meth:`record`,

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from otel_train.common import sdk_private
+
 _log = logging.getLogger("otel_train")
 _IDLE_SECONDS = 30.0  # how long a finished sender waits for the next request
 # A custom requests session (with auth, adapters, hooks) comes from one of these.
@@ -66,20 +68,23 @@ def lean_transport_reason(url: str, sdk_kwargs: Mapping[str, Any],
 def use_lean_http_transport(sdk_exporter: Any, sdk_kwargs: Mapping[str, Any]) -> bool:
     """Swap the SDK exporter's requests transport for the SDK's urllib3 one where that
     changes nothing but the CPU per request; True when it did."""
-    client = getattr(sdk_exporter, "_client", None)
-    old = getattr(client, "_transport", None)
-    url = str(getattr(client, "_endpoint", "") or "")
-    if old is None or type(old).__name__ != "RequestsHTTPTransport":
+    client = sdk_private.http_client(sdk_exporter)
+    if client is None:
         return False
-    if lean_transport_reason(url, sdk_kwargs) is not None:
+    old = sdk_private.http_transport(client)
+    if type(old).__name__ != "RequestsHTTPTransport":
+        return False
+    if lean_transport_reason(sdk_private.otlp_endpoint(sdk_exporter), sdk_kwargs) is not None:
+        return False
+    transport_class = sdk_private.urllib3_transport_class()
+    if transport_class is None:  # its package is not installed: requests stays
         return False
     try:
-        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
-
-        new = Urllib3HTTPTransport(verify=True, cert=None)  # plain http: no TLS settings
-    except Exception:  # an SDK without it: requests stays
+        new = transport_class(verify=True, cert=None)  # plain http: no TLS settings
+    except Exception:
+        _log.debug("the urllib3 transport could not be made", exc_info=True)
         return False
-    client._transport = new
+    sdk_private.set_http_transport(client, new)
     try:
         old.close()
     except Exception:

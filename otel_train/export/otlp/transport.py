@@ -3,7 +3,7 @@
 The SDK's OTLP exporters retry inside ``export()`` for up to their whole timeout (10 s by
 default, sleeping 1, 2, 4 s between attempts), and an export in flight cannot be interrupted.
 With a collector that restarts, the export thread then sits in those sleeps while the
-collector is already back. ``BoundedBatchSpanProcessor`` (export.py) owns retrying instead:
+collector is already back. ``BoundedBatchSpanProcessor`` (export/stage.py) owns retrying instead:
 it keeps what is queued, backs off, and probes the collector cheaply. For that it needs
 exporters that send once and say what happened:
 
@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from otel_train.common import sdk_private
 from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES, redact_url
 from otel_train.export.otlp.encoding import OtlpSpanFields, _Encoder
 from otel_train.export.otlp.failure_words import (
@@ -202,18 +203,18 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
         sdk_kwargs.setdefault("channel_options", _GRPC_CHANNEL_OPTIONS)
-        sdk = _sdk_grpc_exporter(**sdk_kwargs)
-        target = str(getattr(sdk, "_endpoint", "") or "")
+        sdk = sdk_private.grpc_exporter_checked(_sdk_grpc_exporter(**sdk_kwargs))
+        target = sdk_private.otlp_endpoint(sdk)
         host, port = _split_host_port(target, 4317)
-        super().__init__(sdk, float(getattr(sdk, "_timeout", 10.0) or 10.0),
-                         max_request_bytes, host, port, secrets)
+        super().__init__(sdk, sdk_private.grpc_timeout_seconds(sdk), max_request_bytes, host,
+                         port, secrets)
         self.where = self.scrub(redact_url(str(sdk_kwargs.get("endpoint") or target)))
         self._lock = threading.Lock()
         self._call: Any = None
         self._bind_call()
 
     def _bind_call(self) -> None:
-        channel = getattr(self.sdk_exporter, "_channel", None)
+        channel = sdk_private.grpc_channel(self.sdk_exporter)
         # Raw bytes in and out: the body is already encoded, and the (empty) answer is unused.
         self._call = channel.unary_unary(_TRACE_EXPORT_METHOD) if channel is not None else None
 
@@ -221,11 +222,10 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
         """A fresh channel: gRPC's own reconnect backoff must not delay a recovered collector."""
         sdk = self.sdk_exporter
         with self._lock:
-            if self._closed or not hasattr(sdk, "_initialize_channel_and_stub"):
+            if self._closed:
                 return
-            old = getattr(sdk, "_channel", None)
             try:
-                sdk._initialize_channel_and_stub()
+                old = sdk_private.grpc_renew_channel(sdk)
                 self._bind_call()
             except Exception:
                 _log.debug("gRPC channel re-creation failed", exc_info=True)
@@ -246,7 +246,7 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             pending = PendingSend()
             pending.finish(ExportOutcome.REJECTED, "exporter closed")
             return pending
-        metadata = getattr(self.sdk_exporter, "_headers", None) or None
+        metadata = sdk_private.grpc_metadata(self.sdk_exporter)
         timeout = max(0.001, timeout_seconds)
         if not threading.main_thread().is_alive():
             # Interpreter exit (the run's exit flush): a future completes on a gRPC thread,
@@ -306,9 +306,9 @@ class SingleAttemptGrpcSpanExporter(_SingleAttemptBase):
             if self._closed:
                 return
             self._closed = True
-        channel = getattr(self.sdk_exporter, "_channel", None)
         try:
-            self.sdk_exporter._shutdown = True
+            channel = sdk_private.grpc_channel(self.sdk_exporter)
+            sdk_private.grpc_mark_shut_down(self.sdk_exporter)
             if channel is not None:
                 channel.close()
         except Exception:
@@ -353,20 +353,21 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  secrets: Sequence[str] = (), **sdk_kwargs: Any) -> None:
         sdk = _sdk_http_exporter(**sdk_kwargs)
-        client = getattr(sdk, "_client", None)
-        url = str(getattr(sdk, "_endpoint", "") or "")
+        client = sdk_private.http_client(sdk)
+        url = sdk_private.otlp_endpoint(sdk)
         parts = urlsplit(url)
         default_port = 443 if parts.scheme == "https" else 80
         try:
             port = parts.port or default_port
         except ValueError:
             port = None
-        timeout = float(getattr(client, "_timeout", 10.0) or 10.0)
+        timeout = (sdk_private.http_client_timeout_seconds(client) if client is not None
+                   else 0.0) or 10.0
         super().__init__(sdk, timeout, max_request_bytes, parts.hostname, port, secrets)
         self.where = self.scrub(redact_url(url))
         self._client = client
-        # The SDK client's private single-request path (1.40+); otherwise its retrying export.
-        self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        # The SDK client's private single-request path (1.45+); otherwise its retrying export.
+        self._direct = client is not None
         self._sends_bytes = self._direct  # otherwise the SDK's export() re-encodes spans
         self.lean_transport = self._direct and use_lean_http_transport(sdk, sdk_kwargs)
         self._owns_client = True
@@ -375,12 +376,14 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
     def share_client(self, client: Any) -> None:
         """Send through ``client``, an application's exporter's (its headers, TLS, session
         and timeout); it stays open when this exporter shuts down."""
-        self._client = self.sdk_exporter._client = client
-        self._direct = all(hasattr(client, a) for a in ("_submit", "_compress", "_transport"))
+        sdk_private.use_http_client(self.sdk_exporter, client)
+        self._client = client
+        self._direct = client is not None
         self._sends_bytes = self._direct
         self.lean_transport = False
         self._owns_client = False
-        self.timeout_seconds = float(getattr(client, "_timeout", 0) or self.timeout_seconds)
+        self.timeout_seconds = ((sdk_private.http_client_timeout_seconds(client)
+                                 if client is not None else 0.0) or self.timeout_seconds)
 
     def start_send(self, items: Sequence[Any], body: bytes,
                    timeout_seconds: float) -> PendingSend:
@@ -401,8 +404,7 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
                 ok = self.sdk_exporter.export(spans) is SpanExportResult.SUCCESS
                 pending.finish(ExportOutcome.SENT if ok else ExportOutcome.REJECTED)
                 return
-            client = self._client
-            result = client._submit(client._compress(body), timeout_seconds)
+            result = sdk_private.http_send_once(self._client, body, timeout_seconds)
             outcome, detail = _http_outcome(result)
             pending.unreachable = outcome is ExportOutcome.RETRY and getattr(
                 result, "status_code", None) is None
@@ -417,9 +419,8 @@ class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
         self._closed = True
         self._senders.close()
         try:
-            if (self._owns_client and self._client is not None
-                    and hasattr(self._client, "_transport")):
-                self._client._transport.close()
+            if self._owns_client and self._client is not None:
+                sdk_private.http_transport(self._client).close()
         except Exception:
             _log.debug("HTTP exporter shutdown failed", exc_info=True)
 

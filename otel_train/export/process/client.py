@@ -150,6 +150,11 @@ class ExportProcessClient(SpanProcessor):
         return self._reports.startup_cpu_seconds
 
     @property
+    def corrupt_report_frames(self) -> int:
+        """Frames from the child that could not be read (counted, never silently lost)."""
+        return self._reports.corrupt_frames
+
+    @property
     def _proc(self) -> subprocess.Popen[bytes]:
         """The exporter process (tests wait on it)."""
         return self._process.proc

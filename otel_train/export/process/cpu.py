@@ -32,6 +32,10 @@ class ExporterProcessHandle(Protocol):
     def startup_cpu_seconds(self) -> float | None:
         """Its CPU until it was ready."""
 
+    @property
+    def corrupt_report_frames(self) -> int:
+        """Its reports that could not be read."""
+
 
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
@@ -83,6 +87,10 @@ class ExporterProcessCpuCollector:
     def startup_cpu_seconds(self) -> float | None:
         """Of that, the CPU its start-up took (interpreter, imports, the exporter)."""
         return self._client.startup_cpu_seconds
+
+    def corrupt_report_frames(self) -> int:
+        """Its reports that could not be read, so far."""
+        return self._client.corrupt_report_frames
 
     def cpu_seconds(self) -> float | None:
         """The exporter process's CPU seconds so far (its last reading once it has exited),

@@ -12,6 +12,9 @@ Each frame is a ``marshal``-ed tuple whose first item names it:
   logger; ``console``: the console report's lines, to this process's ``sys.stderr``;
 - ``derived`` / ``derive_failed``: the derived-metrics chain's state, or why it cannot run.
 
+A frame that does not unmarshal is counted (``corrupt_frames``, in ``monitoring_costs.json``
+as ``exporter_process_corrupt_report_frames``) and warned about, rate-limited.
+
 Usage::
 
     reports = ChildReports(lifecycle, drops, link, warn)
@@ -47,6 +50,9 @@ class ChildReports:
         self.sampled_out = 0  # taken by the child's tail sampler, never to be exported
         self.child_drops: dict[str, int] = {}
         self.startup_cpu_seconds: float | None = None  # the child's CPU until it was ready
+        # Frames that did not unmarshal: their counts come again in the next cumulative
+        # report, but a log line, an answer or the final counts in one are lost.
+        self.corrupt_frames = 0
         self._answers: dict[int, bool] = {}  # flush and sync tokens the child answered
         self._token = 0
 
@@ -74,6 +80,10 @@ class ChildReports:
             try:
                 msg = marshal.loads(raw)
             except Exception:
+                self.corrupt_frames += 1
+                self._warn.warning("corrupt-frame", "otel-train: a report from the exporter "
+                                   "process could not be read (%d so far)",
+                                   self.corrupt_frames)
                 continue
             kind = msg[0]
             if kind in ("stats", "final"):

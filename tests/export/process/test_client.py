@@ -463,7 +463,7 @@ def test_the_derived_metrics_run_in_the_exporter_process_and_this_process_serves
     assert metrics['otel_train_phase_duration_seconds_count{kind="train",loader="",'
                    'phase="forward",rank="0"}'] == 50
     # This process built the records and fed no processor: the child did.
-    assert derived.shared.assembler.views == 0
+    assert derived.shared._assembler.views == 0
     assert derived.state_loads >= 1
     run.shutdown(timeout=10)
     written = json.loads((tmp_path / "monitoring_costs.json").read_text())
@@ -548,7 +548,7 @@ def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
     assert run.flush(timeout_seconds=10)
     metrics = _scrape(run.prometheus_url)
     run.shutdown(timeout=10)
-    assert derived.shared.assembler.views == 0  # nothing fed here: the child did
+    assert derived.shared._assembler.views == 0  # nothing fed here: the child did
     spans = read_file_spans(tmp_path / "spans.jsonl")
     roots = {s.attributes["train.step"]: s for s in spans if s.name == "train.step"}
     reasons = {i: r.attributes["train.sample.reason"] for i, r in roots.items()}
@@ -623,7 +623,7 @@ def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
     assert derived.remote is None
     _train(run, 10)
     assert run.costs()["steps"] == 10
-    assert derived.shared.assembler.views == 10  # every step fed here
+    assert derived.shared._assembler.views == 10  # every step fed here
     run.shutdown(timeout=10)
 
 
@@ -763,14 +763,14 @@ def test_steps_before_the_child_is_ready_feed_this_process_and_the_child_goes_on
     run._telemetry.worker.drain()  # the child is not up: this process feeds the chain
     assert client.state is ClientState.STARTING
     fed_here = 20 if sample_ratio is None else 0
-    assert derived.shared.assembler.views == fed_here
+    assert derived.shared._assembler.views == fed_here
     assert derived.costs()["steps"] == fed_here
     _wait_ready(client)
     _train(run, 30, start=20)
     costs = run.costs()  # the child's state: it went on from the steps fed here
     assert costs["steps"] == 50
     assert costs["operations"]["val_loss"]["calls"] == 10
-    assert derived.shared.assembler.views == fed_here  # the rest were the child's
+    assert derived.shared._assembler.views == fed_here  # the rest were the child's
     metrics = _scrape(run.prometheus_url)
     assert metrics['otel_train_steps_total{rank="0"}'] == 50
     run.shutdown(timeout=10)
