@@ -273,3 +273,17 @@ def test_ci_builds_and_uses_the_c_span_encoder():
         pytest.skip("only CI must have built it; elsewhere the Python encoder is allowed")
     assert encoding.ACCELERATED, "pip install -e . did not build otel_train/export/otlp/_encode_c.c"
     assert _Encoder()._step_fields is not None
+
+
+def test_the_python_encoder_alone_passes_the_encoding_tests():
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_TRAIN_PURE_PYTHON"}
+    env["OTEL_TRAIN_PURE_PYTHON"] = "1"
+    tests = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "export/otlp/test_encoding.py", "export/test_stage.py"],
+        cwd=tests, env=env, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
