@@ -11,7 +11,9 @@ the bytes parse into exactly the message ``encode_spans`` builds for the spans
 What the export stage queues for an OTLP exporter is *encoded spans*: each a Span message
 framed as a ``ScopeSpans.spans`` field (``bytes``), otel-train's own scope; a user span of
 another scope is a :class:`ScopedSpanField`, which names its scope. :meth:`_Encoder.request`
-joins a batch of them into one request.
+joins a batch of them into one request. The usual step record is encoded by the C twin of
+:meth:`_Encoder.record` (``_encode_c.c``) where it was built; every other record, and every
+record with ``OTEL_TRAIN_PURE_PYTHON=1``, by the Python here, to the same bytes.
 
 Usage::
 
@@ -65,7 +67,8 @@ if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "fa
         ENCODER = "C (otel_train.export.otlp._encode_c)"
     except ImportError:
         _encode_c = None
-        ENCODER = "pure Python: the C span encoder was not built at install"
+        ENCODER = ("pure Python: the C span encoder was not built at install (it needs a C "
+                   "compiler and Python's headers)")
 else:
     _encode_c = None
     ENCODER = "pure Python (OTEL_TRAIN_PURE_PYTHON is set)"
