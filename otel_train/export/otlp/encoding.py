@@ -56,10 +56,11 @@ _ROOT_KEYS_LOADER = (_ATTR_STEP, _ATTR_LOADER, _ATTR_SLOW)
 _FIXED_LEN = 18 + 38 + W.UNSET_LOCAL_LEN
 
 # The C twin of :meth:`_Encoder.record` for the usual step (``_encode_c.c``, built at install
-# where a compiler is found, as the hot path's accelerator): one call per step where this
-# module's Python spends ~3 us a span. It returns None for any record it does not encode
-# (the choice is per record) and the Python below encodes it; OTEL_TRAIN_PURE_PYTHON=1
-# selects the Python alone, as it does the hot path's twin.
+# where a compiler is found, as the hot path's accelerator): one call per step, about a
+# quarter of this module's CPU for it (benchmarks/bench_processors.py prints both). It
+# returns None for any record it does not encode (the choice is per record) and the Python
+# below encodes it; OTEL_TRAIN_PURE_PYTHON=1 selects the Python alone, as it does the hot
+# path's twin.
 _encode_c: Any
 if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
     try:
