@@ -9,10 +9,10 @@
  * Only the usual step is encoded here: phases with a start, an end and a parent, no
  * status, events or device time, whose own attributes are none or only their device timing
  * (booleans and strings); a root with its usual attributes (step, loader, slow flag) and
- * what the step added after them, as strings, booleans, 64-bit integers or floats; no run
- * constant named like any of them. Anything else returns None before a byte is made, and
- * the Python encoder encodes the record as it always has: the choice is per record, and the
- * C encoder never raises for a record's values (a conversion error is cleared and is a
+ * what the step added after them, as exact strings, booleans, 64-bit integers or floats;
+ * no run constant named like any of them. Anything else returns None before a byte is
+ * made, and the Python encoder encodes the record: the choice is per record, and the C
+ * encoder never raises for a record's values (a conversion error is cleared and is a
  * None).
  *
  * Usage (encoding.py)::
@@ -158,7 +158,8 @@ put_kv(Buf *b, PyObject *key, PyObject *value)
     char val[10];
     size_t vlen;
     char vtag;
-    if (!PyUnicode_Check(key) || (k = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL) {
+    /* Exact strings only: Python writes a str subclass through its own encode(). */
+    if (!PyUnicode_CheckExact(key) || (k = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL) {
         PyErr_Clear();
         return 0;
     }
@@ -167,7 +168,7 @@ put_kv(Buf *b, PyObject *key, PyObject *value)
         val[0] = value == Py_True ? 1 : 0;
         vlen = 1;
     }
-    else if (PyUnicode_Check(value)) {
+    else if (PyUnicode_CheckExact(value)) {
         if ((s = PyUnicode_AsUTF8AndSize(value, &slen)) == NULL) {
             PyErr_Clear();
             return 0;
@@ -245,7 +246,7 @@ put_name(Buf *b, PyObject *name)
 {
     Py_ssize_t n;
     const char *s;
-    if (!PyUnicode_Check(name) || (s = PyUnicode_AsUTF8AndSize(name, &n)) == NULL) {
+    if (!PyUnicode_CheckExact(name) || (s = PyUnicode_AsUTF8AndSize(name, &n)) == NULL) {
         PyErr_Clear();
         return 0;
     }

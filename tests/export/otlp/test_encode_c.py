@@ -98,6 +98,13 @@ def _usual_shapes(step):
     return shapes
 
 
+class _Str(str):
+    """A str subclass: the Python writes it through its own ``encode``."""
+
+    def encode(self, *args, **kwargs):  # type: ignore[override]
+        return super().encode(*args, **kwargs) + b"!"
+
+
 def _odd_shapes(step):
     """Steps the C encoder leaves to Python (and what makes each odd)."""
     ph = list(step[9])
@@ -122,6 +129,7 @@ def _odd_shapes(step):
         "over 64 bits": _with(step, attrs={STEP: i, SLOW: True, "n": 2**64}),
         "empty phase name": _with(step, phases=[_phase(ph[0], name="")] + ph[1:]),
         "empty root name": _with(step, name=""),
+        "str subclass": _with(step, attrs={STEP: i, SLOW: True, "k": _Str("v")}),
     }
 
 
