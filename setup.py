@@ -1,8 +1,9 @@
-"""Builds the optional C accelerator of the hot path (otel_train/recording/_recorder_c*.c).
+"""Builds the optional C accelerators: the hot path's (otel_train/recording/_recorder_c*.c)
+and the exporter process's OTLP span encoder (otel_train/export/otlp/_encode_c.c).
 
 Everything else is in pyproject.toml. Where no C compiler (or no Python headers) is found,
-the build goes on without it and otel-train runs its pure-Python twin
-(otel_train/recording/pure_twin.py): ``optional=True``.
+the build goes on without them and otel-train runs their pure-Python twins
+(otel_train/recording/pure_twin.py, otel_train/export/otlp/encoding.py): ``optional=True``.
 """
 
 from setuptools import Extension, setup
@@ -12,4 +13,6 @@ _SOURCES = ["otel_train/recording/_recorder_c.c", "otel_train/recording/_recorde
             "otel_train/recording/_recorder_c_rows.c"]
 
 setup(ext_modules=[Extension("otel_train.recording._recorder_c", _SOURCES,
-                             depends=["otel_train/recording/_recorder_c.h"], optional=True)])
+                             depends=["otel_train/recording/_recorder_c.h"], optional=True),
+                   Extension("otel_train.export.otlp._encode_c",
+                             ["otel_train/export/otlp/_encode_c.c"], optional=True)])

@@ -132,15 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_train
-    from otel_train.export.otlp.encoding import _Encoder
+    from otel_train.export.otlp.encoding import ACCELERATED, ENCODER, _Encoder
     from otel_train.records.span_rows import rows_from_record
 
     tracer = TracerProvider().get_tracer("bench")
     floor = ours = sdk = build = encode = sdk_encode = row_encode = make_spans = 0
-    rec_encode = rows_made_encode = 0
+    rec_encode = rows_made_encode = py_rec_encode = 0
     encoder = _Encoder()  # as the exporter holds one: its attribute cache stays warm
     rows_encoder = _Encoder()
-    records_encoder = _Encoder()
+    records_encoder = _Encoder()  # the step records' usual spans in C, where it was built
+    py_records_encoder = _Encoder(accelerated=False)
     encoded_steps = 0
     rounds = args.rounds
     with tempfile.TemporaryDirectory() as tmp, otel_train.start_run(
@@ -187,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             encoded = [span for rec in records for span in records_encoder.record(rec, consts)]
             records_encoder.request(encoded, builder.factory.resource, builder.factory.scope)
             rec_encode += thread_time_ns() - t5
+            t6 = thread_time_ns()  # the same with the Python encoder alone (its C twin's twin)
+            encoded = [span for rec in records for span in py_records_encoder.record(rec, consts)]
+            py_records_encoder.request(encoded, builder.factory.resource, builder.factory.scope)
+            py_rec_encode += thread_time_ns() - t6
             make_spans_t0 = thread_time_ns()
             builder.factory.spans(rows)
             make_spans += thread_time_ns() - make_spans_t0
@@ -199,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     row_encode /= max(1, encoded_steps)
     rows_made_encode /= max(1, encoded_steps)
     rec_encode /= max(1, encoded_steps)
+    py_rec_encode /= max(1, encoded_steps)
     make_spans /= max(1, encoded_steps)
 
     # The same hot path, unpaced, with the worker building spans concurrently (saturated).
@@ -228,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(and no ReadableSpans to make first: {make_spans / us:.2f} us)")
     print(f"{'  the same from span records (the exporter process)':<54}{rec_encode / us:8.2f} us   "
           f"(rows made from them, then encoded: {rows_made_encode / us:.2f} us)")
+    if ACCELERATED:
+        print(f"{'    span encoder: ' + ENCODER:<54}{rec_encode / us:8.2f} us   "
+              f"(the Python encoder alone: {py_rec_encode / us:.2f} us, "
+              f"{py_rec_encode / max(1, rec_encode):.1f}x)")
+    else:
+        print(f"    span encoder: {ENCODER}")
     total = ours + build + rec_encode
     print(f"{'total CPU per exported step (all threads, records)':<54}{total / us:8.2f} us")
     print(f"{'hot path, unpaced, worker saturated (exporter none)':<54}{concurrent / us:8.2f} us")
@@ -338,12 +350,20 @@ def _steady(run: Any, gen: Any, clock: Any, child: Any, blocks: int, steps: int,
     out = []
     for _ in range(blocks):
         c0, p0, t0 = child.read_ns(), process_time_ns(), thread_time_ns()
+        m0 = child.main_thread_ns()
         _paced_chunk(gen, clock, steps, step_ns, True)
         p1, t1 = process_time_ns(), thread_time_ns()
         run.flush()
         out.append({"here": (p1 - p0) - (t1 - t0) + (process_time_ns() - p1),
-                    "child": child.read_ns() - c0, "steps": steps})
+                    "child": child.read_ns() - c0, "child_main": child.main_thread_ns() - m0,
+                    "steps": steps})
     return out
+
+
+def _span_encoder() -> str:
+    from otel_train.export.otlp.encoding import ENCODER
+
+    return ENCODER
 
 
 def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
@@ -398,6 +418,12 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
               f"median block): this process {mid['here'] / mid['steps'] / 1000.0:.1f} us + the "
               f"exporter process {mid['child'] / mid['steps'] / 1000.0:.1f} us = {total:.1f} us"
               f" (blocks {ends[0]:.1f}-{ends[1]:.1f} us; target <= 60 us)")
+        main = mid["child_main"] / mid["steps"] / 1000.0
+        print(f"  the exporter process's {mid['child'] / mid['steps'] / 1000.0:.1f} us: its main "
+              f"thread {main:.1f} us (frames in: marshal load, the derived chain, each record's "
+              f"OTLP spans, span encoder: {_span_encoder()}), its export and watch threads "
+              f"{(mid['child'] - mid['child_main']) / mid['steps'] / 1000.0:.1f} us (requests "
+              "joined and sent, counts and the chain's state reported)")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
           f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
           "process's threads but the training thread (the flush after each chunk included; "

@@ -7,6 +7,12 @@ the feeding thread's CPU (``time.thread_time_ns``). Scrapes are not per step and
 here; one scrape's cost is printed separately. The hot-path figure (the training thread's
 cost of recording one such step) is printed beside it. One run, a table, no assertions.
 
+The exporter process's per-step work is printed stage by stage, on the same records in
+frames of 256 steps (the span worker's drain): the frame's ``marshal`` load (the pipe), the
+derived chain, each record's OTLP spans (the Python encoder and the C one,
+``export/otlp/_encode_c.c``, side by side, interleaved rounds, best of each) and the
+request joined from 512 of them.
+
 Usage::
 
     /work/venv/bin/python benchmarks/bench_processors.py [--steps 20000]
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("span records' views (console off), a frame at a time [median]",
                  statistics.median(by_frame)))
 
+    rows += _exporter_stages(records, builder, settings, args.rounds)
+
     print(f"{n} steps, {spans_per_step:.1f} spans/step on average "
           "(every 10th step: inference + val_loss with 4 val batches)")
     print(f"{'what':<60} {'CPU per step':>14}")
@@ -130,6 +138,58 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<60} {ns / 1000:>11.2f} µs")
     print("target: processors + metrics <= 15 µs per step")
     return 0
+
+
+def _exporter_stages(records: list[Any], builder: StepRecordBuilder,
+                     settings: dict[str, Any], rounds: int) -> list[tuple[str, float]]:
+    """The exporter process's CPU per step, stage by stage (ns per step)."""
+    import marshal
+
+    from otel_train.export.otlp import encoding
+
+    frames = [marshal.dumps(records[i:i + 256]) for i in range(0, len(records), 256)]
+    load_ns = float("inf")
+    for _ in range(max(1, rounds)):  # each frame loaded and let go, as the process does
+        t0 = thread_time_ns()
+        for f in frames:
+            marshal.loads(f)
+        load_ns = min(load_ns, (thread_time_ns() - t0) / len(records))
+    loaded = [rec for f in frames for rec in marshal.loads(f)]
+    chain_ns = min(_feed_frames(settings, loaded, frame_at_a_time=True)
+                   for _ in range(max(1, rounds)))
+    consts = builder.run_constants
+    twins = [("Python", False)] + ([("C", True)] if encoding.ACCELERATED else [])
+    best: dict[str, float] = {}
+    in_c = 0
+    for _ in range(max(3, rounds * 3)):
+        for name, accelerated in twins:
+            enc = encoding._Encoder(accelerated=accelerated)
+            t0 = thread_time_ns()
+            for rec in loaded:
+                enc.record(rec, consts)
+            ns = (thread_time_ns() - t0) / len(loaded)
+            best[name] = min(best.get(name, ns), ns)
+            in_c = max(in_c, enc.records_in_c)
+    enc = encoding._Encoder()
+    fields = [f for rec in loaded for f in enc.record(rec, consts)]
+    batches = [fields[i:i + 512] for i in range(0, len(fields), 512)]
+    resource, scope = builder.factory.resource, builder.factory.scope
+    t0 = thread_time_ns()
+    for batch in batches:
+        enc.request(batch, resource, scope)
+    request_ns = (thread_time_ns() - t0) / len(loaded)
+    out = [("exporter process: a 256-step frame's marshal load", load_ns),
+           ("exporter process: derived chain, a frame at a time", chain_ns)]
+    for name in best:
+        out.append((f"exporter process: OTLP spans of a record, {name} encoder", best[name]))
+    if "C" in best:
+        print(f"C span encoder: {in_c} of {len(loaded)} records in C, "
+              f"{best['Python'] / best['C']:.1f}x less CPU than the Python")
+    out.append(("exporter process: OTLP request joined from 512 spans", request_ns))
+    fastest = min(best.values())
+    out.append(("exporter process: the stages above, with the fastest encoder",
+                load_ns + chain_ns + fastest + request_ns))
+    return out
 
 
 def _feed_chunks(records: list[Any], shared: SharedStepSpanProcessor,

@@ -111,6 +111,16 @@ class ProcessCpu:
         self._last = max(self._last, total)
         return self._last
 
+    def main_thread_ns(self) -> int:
+        """Nanoseconds on a CPU so far of its main thread (0 once the process is gone)."""
+        if self.pid is None:
+            return 0
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/schedstat") as f:
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
 
 @contextlib.contextmanager
 def live_run(endpoint: str | None, service_name: str,

@@ -11,7 +11,9 @@ the bytes parse into exactly the message ``encode_spans`` builds for the spans
 What the export stage queues for an OTLP exporter is *encoded spans*: each a Span message
 framed as a ``ScopeSpans.spans`` field (``bytes``), otel-train's own scope; a user span of
 another scope is a :class:`ScopedSpanField`, which names its scope. :meth:`_Encoder.request`
-joins a batch of them into one request.
+joins a batch of them into one request. The usual step record is encoded by the C twin of
+:meth:`_Encoder.record` (``_encode_c.c``) where it was built; every other record, and every
+record with ``OTEL_TRAIN_PURE_PYTHON=1``, by the Python here, to the same bytes.
 
 Usage::
 
@@ -24,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import os
 from itertools import islice
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,6 +55,30 @@ _ROOT_KEYS_LOADER = (_ATTR_STEP, _ATTR_LOADER, _ATTR_SLOW)
 # start (9), end (9), the UNSET status and flags.
 _FIXED_LEN = 18 + 38 + W.UNSET_LOCAL_LEN
 
+# The C twin of :meth:`_Encoder.record` for the usual step (``_encode_c.c``, built at install
+# where a compiler is found, as the hot path's accelerator): one call per step, about a
+# quarter of this module's CPU for it (benchmarks/bench_processors.py prints both). It
+# returns None for any record it does not encode (the choice is per record) and the Python
+# below encodes it; OTEL_TRAIN_PURE_PYTHON=1 selects the Python alone, as it does the hot
+# path's twin.
+_encode_c: Any
+if os.environ.get("OTEL_TRAIN_PURE_PYTHON", "").strip().lower() in ("", "0", "false", "no"):
+    try:
+        from otel_train.export.otlp import _encode_c  # type: ignore[attr-defined, no-redef]
+        ENCODER = "C (otel_train.export.otlp._encode_c)"
+    except ImportError:
+        _encode_c = None
+        ENCODER = ("pure Python: the C span encoder was not built at install (it needs a C "
+                   "compiler and Python's headers)")
+else:
+    _encode_c = None
+    ENCODER = "pure Python (OTEL_TRAIN_PURE_PYTHON is set)"
+#: True when a step record's usual spans are encoded in C.
+ACCELERATED = _encode_c is not None
+if _encode_c is not None:
+    _encode_c.configure(_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND, _ATTR_LOADER, _ATTR_SLOW,
+                        _TIMING_KEYS, W.KIND_BYTES[_INTERNAL], W.UNSET_LOCAL)
+
 
 class ScopedSpanField(ForeignScope, bytes):
     """An encoded span (a ScopeSpans.spans field) of a user span's own scope."""
@@ -59,9 +86,18 @@ class ScopedSpanField(ForeignScope, bytes):
 
 class _Encoder:
     """Holds the caches; one per thread that encodes (an exporter's export thread, or where
-    records arrive)."""
+    records arrive). ``accelerated``: encode the usual step record in C (the default where
+    it was built); ``records_in_c`` and ``records_in_python`` count which encoded each step
+    record."""
 
-    def __init__(self) -> None:
+    def __init__(self, accelerated: bool | None = None) -> None:
+        if accelerated and _encode_c is None:
+            raise ValueError("accelerated=True: the C span encoder (_encode_c) is not built "
+                             "here, or OTEL_TRAIN_PURE_PYTHON is set")
+        self._step_fields = (_encode_c.step_fields if _encode_c is not None
+                             and accelerated is not False else None)
+        self.records_in_c = 0
+        self.records_in_python = 0
         self._kv: dict[bytes, KeyValueCache[bytes]] = {}  # per field tag
         self._names: dict[str, bytes] = {}
         self._resources: IdentityCache[bytes] = IdentityCache()
@@ -202,20 +238,26 @@ class _Encoder:
             # attribute: the rows' own rules.
             return [W.span_field(self.row(r, consts, keys, block))
                     for r in _rows.rows_from_record(rec)]
+        span_ids = _rows.phase_span_ids(rec[_rows.C_PHASES], rec[_rows.C_IDS])
+        if self._step_fields is not None:
+            fields = self._step_fields(rec, span_ids, block, keys)
+            if fields is not None:
+                self.records_in_c += 1
+                return fields  # type: ignore[no-any-return]
+        self.records_in_python += 1
         tid = self._trace_id(rec[_rows.C_TRACE])
         # The run's constants then the step: the head of every phase's attributes.
         attrs_head = block + b"".join(
             self._items(b"\x4a", ((_ATTR_STEP, rec[_rows.C_ATTRS][_ATTR_STEP]),)))
         fixed = _FIXED_LEN + len(attrs_head)
-        out = self._phase_fields(rec, tid, attrs_head, fixed, const)
+        out = self._phase_fields(rec, span_ids, tid, attrs_head, fixed, const)
         out.append(self._root_field(rec, tid, attrs_head, fixed, const))
         return out
 
-    def _phase_fields(self, rec: tuple[Any, ...], tid: bytes, attrs_head: bytes, fixed: int,
-                      const: tuple[Any, ...]) -> list[bytes]:
+    def _phase_fields(self, rec: tuple[Any, ...], span_ids: list[int], tid: bytes,
+                      attrs_head: bytes, fixed: int, const: tuple[Any, ...]) -> list[bytes]:
         """The encoded phase spans of a step record, in the order they ended."""
         root_id, phases = rec[_rows.C_ROOT_ID], rec[_rows.C_PHASES]
-        span_ids = _rows.phase_span_ids(phases, rec[_rows.C_IDS])
         heads = self._phase_heads
         # Timing pairs join the cached parts unless a run constant has their names (a run
         # whose spans all share one timing): then the rows' rules.
