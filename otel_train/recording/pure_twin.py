@@ -90,6 +90,8 @@ class PureRecorderCore:
     """The recorder's hot fields as plain attributes: the twin of ``_recorder_c.RecorderCore``
     (which keeps them in C slots that the C phases and step loop read directly)."""
 
+    ring: Any = None  # the step ring's writer, or None (recorder.Recorder.attach_ring)
+
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
               step_type: type, nested_error: Callable[[Any], Exception],
@@ -145,6 +147,9 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
         if rec.current is step:
             rec.current = rec.ev = None
         rec.last_step_end_ns = end
+        ring = rec.ring
+        if ring is not None and ring.write_step(step):
+            continue  # the step ring carried it (written, or dropped and counted)
         queue = rec.queue  # read per step: a forked child's run swaps it out
         if len(queue) < rec.max_queued:
             queue.append(step)

@@ -53,6 +53,7 @@ from otel_train.recording.step_events import (
 )
 from otel_train.recording.step_counts import StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
+from otel_train.recording.step_ring import StepRing, StepRingWriter
 
 if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
@@ -278,6 +279,28 @@ class Recorder(_RecorderCore):
         self.phase_lookup = self.train_phases.__getitem__
         self.monitor_lookup = self.monitor_phases.__getitem__
         self.schedule = schedule or DueSchedule()  # step.due's (schedule.py): every-N if None
+        # The step ring's writer (step_ring.py; attach_ring): where finished flat steps go
+        # instead of the queue. None: every step is queued.
+        self.ring: Any = None
+
+    def attach_ring(self, ring: StepRing) -> Any:
+        """Send finished flat steps into ``ring`` from now on (the C writer where the
+        accelerator was built, else the pure-Python one); the writer, or None to detach."""
+        writer = StepRingWriter(ring, self.drops)
+        if _recorder_c is not None:
+            core = _recorder_c.RingWriterCore(ring.buffer, ring.capacity, writer.phase_ids,
+                                              writer.string_ids, writer.write_step)
+            self.ring = core
+        else:
+            self.ring = writer
+        return self.ring
+
+    def detach_ring(self) -> None:
+        """Queue every step from now on; the C writer lets go of the ring's memory."""
+        writer, self.ring = self.ring, None
+        release = getattr(writer, "release", None)
+        if release is not None:
+            release()
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
@@ -328,6 +351,8 @@ class Recorder(_RecorderCore):
             if self.held is not None:
                 self.release_held()  # one held step at a time: the earlier one goes first
             self.held = step
+        elif self.ring is not None and self.ring.write_step(step):
+            pass  # the step ring carried it (written, or dropped and counted)
         elif len(self.queue) < self.max_queued:
             self.queue.append(step)
         else:
@@ -371,6 +396,9 @@ class Recorder(_RecorderCore):
 
     def submit(self, record: Step | MonitorRecord) -> None:
         """Queue a finished record for the background; count it if the queue is full."""
+        ring = self.ring
+        if ring is not None and isinstance(record, Step) and ring.write_step(record):
+            return  # the step ring carried it (written, or dropped and counted)
         q = self.queue
         if len(q) < self.max_queued:
             q.append(record)

@@ -1,0 +1,446 @@
+"""The step ring: finished flat steps, written by the hot path into shared memory.
+
+A single-producer, single-consumer byte ring of length-prefixed records in memory that can
+be shared with another process (a ``memfd`` mapped ``MAP_SHARED``, or an unlinked temporary
+file where there is no ``memfd_create``; either is inherited by the exporter process as a
+descriptor). The training thread is the one producer: at a step's end it writes the step's
+record (index, start, end, loader, each phase's id with its start and end, the root's
+attribute values that are numbers, booleans or short strings) and moves ``head``; the one
+consumer reads records up to ``head`` and moves ``tail``. Phase names, kinds, loaders and
+attribute keys are interned: a string or a phase is sent once, in a definition record ahead
+of the first step that uses it, and steps carry their ids.
+
+Layout (little-endian; ``HEADER_BYTES`` of header, then ``capacity`` bytes of data)::
+
+    0   u32 magic 'OTRR'   4  u32 version   8  u64 capacity (data bytes, a multiple of 8)
+    64  u64 head: bytes ever written (producer only; its own cache line)
+    128 u64 tail: bytes ever read    (consumer only; its own cache line)
+    192 u64 steps dropped, full      200 u64 spans dropped, full   208 u64 steps written
+
+A record starts at an 8-byte boundary with ``u32 length (a multiple of 8), u16 type,
+u16 count``; a record never wraps: where it does not fit before the end of the data, a
+``PAD`` record (or, with fewer than 8 bytes left, nothing) fills the rest and it starts at
+offset 0. Types: ``STRING`` (u32 id, u16 length, utf-8), ``PHASE`` (u32 id, i32 name,
+i32 kind, i32 loader string ids; -1: none), ``STEP`` (count phases; i64 index, i64 start_ns,
+i64 end_ns, i32 loader string id, u32 attribute count; per phase u32 id, 4 pad, i64 start,
+i64 end; per attribute i32 key id, u16 type, u16 length, then 8 bytes of value or the
+string's bytes padded to 8).
+
+A full ring drops the newest step, counted (``steps dropped``, and the recorder's
+``DropCounter`` under ``step_ring_full``): the producer never touches ``tail``, so dropping
+the oldest would mean writing what the reader owns. The producer writes a record's bytes,
+then publishes ``head`` (in C with a release store; the consumer loads it with acquire).
+
+Usage::
+
+    ring = StepRing.create(capacity_bytes=1 << 20)
+    writer = StepRingWriter(ring, drops)      # the hot path: writer.write_step(step)
+    reader = StepRingReader(StepRing.open(ring.fd))  # another process, or this one
+    for step in reader.read(): ...            # RingStep objects, read like a Step
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import tempfile
+from typing import Any
+
+from otel_train.recording.step_events import PhaseEntry
+
+__all__ = ["HEADER_BYTES", "RingPhase", "RingStep", "StepRing", "StepRingReader",
+           "StepRingWriter", "ring_capacity_bytes"]
+
+MAGIC = 0x5252544F  # 'OTRR'
+VERSION = 1
+HEADER_BYTES = 256
+OFF_CAPACITY = 8
+OFF_HEAD = 64
+OFF_TAIL = 128
+OFF_DROPPED_STEPS = 192
+OFF_DROPPED_SPANS = 200
+OFF_WRITTEN_STEPS = 208
+REC_PAD, REC_STRING, REC_PHASE, REC_STEP = 0, 1, 2, 3
+ATTR_BOOL, ATTR_INT, ATTR_FLOAT, ATTR_STR = 0, 1, 2, 3
+#: The longest string attribute value the ring carries (utf-8 bytes); longer go the queue.
+MAX_STRING_BYTES = 256
+_REC_HEAD = struct.Struct("<IHH")
+_STRING = struct.Struct("<IH2x")
+_PHASE = struct.Struct("<Iiii")
+_STEP = struct.Struct("<qqqiI")
+_STEP_PHASE = struct.Struct("<I4xqq")
+_ATTR = struct.Struct("<iHH")
+_Q = struct.Struct("<Q")
+_q = struct.Struct("<q")
+_d = struct.Struct("<d")
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+# The rare fields of a step that the ring does not carry: a step with any of them set goes
+# the queue (records/step_records.py builds it as before).
+_RARE_FIELDS = ("phase_attrs", "dev", "span_ids", "trace_id", "queued_waits", "stall_events",
+                "governing_events")
+
+
+def ring_capacity_bytes(max_queued_steps: int) -> int:
+    """The ring's data bytes for a run queuing ``max_queued_steps``: 256 bytes a step (a
+    7-phase step's record is 208), 64 KiB at least."""
+    return max(64 * 1024, (max_queued_steps * 256 + 7) // 8 * 8)
+
+
+class StepRing:
+    """The ring's memory: a descriptor and its ``MAP_SHARED`` mapping."""
+
+    def __init__(self, fd: int, size: int, owner: bool) -> None:
+        self.fd = fd
+        self.owner = owner
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.buffer = memoryview(self.map)
+        self.capacity = _Q.unpack_from(self.buffer, OFF_CAPACITY)[0]
+        if _q.unpack_from(self.buffer, 0)[0] & 0xFFFFFFFF != MAGIC or self.capacity + \
+                HEADER_BYTES > size:
+            self.close()
+            raise ValueError("step ring: not a step ring (magic or size)")
+
+    @classmethod
+    def create(cls, capacity_bytes: int) -> StepRing:
+        """A new, empty ring of ``capacity_bytes`` (rounded up to 8) in shared memory."""
+        if capacity_bytes < 4096:
+            raise ValueError(f"step ring: capacity_bytes must be >= 4096, got {capacity_bytes}")
+        capacity = (capacity_bytes + 7) // 8 * 8
+        size = HEADER_BYTES + capacity
+        memfd = getattr(os, "memfd_create", None)
+        if memfd is not None:
+            fd = memfd("otel-train-step-ring", getattr(os, "MFD_CLOEXEC", 0))
+        else:  # no memfd: an unlinked file, shared by its descriptor alike
+            fd = os.dup(tempfile.TemporaryFile(prefix="otel-train-ring-").fileno())
+        os.ftruncate(fd, size)
+        header = bytearray(HEADER_BYTES)
+        struct.pack_into("<IIQ", header, 0, MAGIC, VERSION, capacity)
+        os.pwrite(fd, bytes(header), 0)
+        return cls(fd, size, owner=True)
+
+    @classmethod
+    def open(cls, fd: int) -> StepRing:
+        """The ring behind ``fd`` (inherited from the process that made it)."""
+        return cls(fd, os.fstat(fd).st_size, owner=False)
+
+    def counters(self) -> dict[str, int]:
+        """head, tail, steps dropped and written, spans dropped: a snapshot."""
+        buf = self.buffer
+        return {"head": _Q.unpack_from(buf, OFF_HEAD)[0],
+                "tail": _Q.unpack_from(buf, OFF_TAIL)[0],
+                "dropped_steps": _Q.unpack_from(buf, OFF_DROPPED_STEPS)[0],
+                "dropped_spans": _Q.unpack_from(buf, OFF_DROPPED_SPANS)[0],
+                "written_steps": _Q.unpack_from(buf, OFF_WRITTEN_STEPS)[0]}
+
+    def close(self) -> None:
+        """Unmap and close the descriptor (the memory lives while another holds it)."""
+        try:
+            self.buffer.release()
+            self.map.close()
+        except (BufferError, ValueError):
+            pass  # a view still exported (the C writer holds one): freed with it
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+
+def ring_attribute(value: Any) -> tuple[int, bytes] | None:
+    """(type, encoded value) of an attribute value the ring carries, None for any other."""
+    t = type(value)
+    if t is bool:
+        return ATTR_BOOL, _q.pack(1 if value else 0)
+    if t is int:
+        return (ATTR_INT, _q.pack(value)) if _I64_MIN <= value <= _I64_MAX else None
+    if t is float:
+        return ATTR_FLOAT, _d.pack(value)
+    if t is str:
+        raw = value.encode("utf-8", "surrogatepass")
+        return (ATTR_STR, raw) if len(raw) <= MAX_STRING_BYTES else None
+    return None
+
+
+class StepRingWriter:
+    """The producer: the hot path's twin of the C writer (``_recorder_c_ring.c``)."""
+
+    def __init__(self, ring: StepRing, drops: Any) -> None:
+        self.ring = ring
+        self.drops = drops
+        self._buf = ring.buffer
+        self._cap = ring.capacity
+        self.phase_ids: dict[Any, int] = {}  # Phase object -> id, once its record is in
+        self.string_ids: dict[str, int] = {}
+
+    # -- the step ----------------------------------------------------------------------
+    def write_step(self, step: Any) -> bool:
+        """Write ``step``'s record (or count it dropped, the ring full); False when the
+        ring cannot carry it (not flat, failed, rare fields, attribute values it cannot
+        encode, times beyond 64 bits): the caller queues it as before. Never raises: it
+        runs at the end of every step, on the training thread."""
+        try:
+            return self._write_step(step)
+        except Exception:  # e.g. a mapping closed under it: the queue takes the step
+            return False
+
+    def _write_step(self, step: Any) -> bool:
+        if step.error is not None:
+            return False
+        for name in _RARE_FIELDS:
+            if getattr(step, name, None):
+                return False
+        ev = step.ev
+        n = len(ev)
+        if n & 3 or not n:
+            return False
+        attrs = step.attrs
+        encoded: list[tuple[int, int, bytes]] = []
+        if attrs:
+            for key, value in attrs.items():
+                enc = ring_attribute(value)
+                if enc is None or type(key) is not str:
+                    return False
+                kid = self._string_id(key)
+                if kid is None:
+                    return self._full(step)
+                encoded.append((kid, enc[0], enc[1]))
+        ids = self.phase_ids
+        phases = []
+        for i in range(0, n, 4):
+            phase = ev[i]
+            start, end = ev[i + 1], ev[i + 2]
+            if ev[i + 3] is not None or type(end) is not int or type(start) is not int \
+                    or not isinstance(phase, PhaseEntry) \
+                    or not (_I64_MIN <= start <= _I64_MAX and _I64_MIN <= end <= _I64_MAX):
+                return False
+            pid = ids.get(phase)
+            if pid is None:
+                pid = self._phase_id(phase)
+                if pid is None:
+                    return self._full(step)
+            phases.append((pid, start, end))
+        index, start_ns, end_ns = step.index, step.start_ns, step.end_ns
+        if not all(type(v) is int and _I64_MIN <= v <= _I64_MAX
+                   for v in (index, start_ns, end_ns)):
+            return False
+        loader = -1
+        if step.loader is not None:
+            sid = self._string_id(step.loader)
+            if sid is None:
+                return self._full(step)
+            loader = sid
+        size = 8 + _STEP.size + _STEP_PHASE.size * len(phases)
+        for _, _, raw in encoded:
+            size += _ATTR.size + (len(raw) + 7) // 8 * 8
+        off = self._reserve(size)
+        if off is None:
+            return self._full(step)
+        buf = self._buf
+        _REC_HEAD.pack_into(buf, off, size, REC_STEP, len(phases))
+        _STEP.pack_into(buf, off + 8, index, start_ns, end_ns, loader,
+                        len(encoded))
+        pos = off + 8 + _STEP.size
+        for pid, start, end in phases:
+            _STEP_PHASE.pack_into(buf, pos, pid, start, end)
+            pos += _STEP_PHASE.size
+        for kid, kind, raw in encoded:
+            _ATTR.pack_into(buf, pos, kid, kind, len(raw))
+            pos += _ATTR.size
+            buf[pos:pos + len(raw)] = raw
+            pos += (len(raw) + 7) // 8 * 8
+        self._publish(size)
+        _add(buf, OFF_WRITTEN_STEPS, 1)
+        return True
+
+    def _full(self, step: Any) -> bool:
+        """The ring is full: drop this, the newest step, and count it."""
+        spans = 1 + len(step.ev) // 4
+        _add(self._buf, OFF_DROPPED_STEPS, 1)
+        _add(self._buf, OFF_DROPPED_SPANS, spans)
+        self.drops.add("step_ring_full", spans)
+        return True
+
+    # -- definitions -------------------------------------------------------------------
+    def _string_id(self, text: str) -> int | None:
+        sid = self.string_ids.get(text)
+        if sid is not None:
+            return sid
+        raw = text.encode("utf-8", "surrogatepass")[:0xFFFF]
+        sid = len(self.string_ids)
+        size = 8 + _STRING.size + (len(raw) + 7) // 8 * 8
+        off = self._reserve(size)
+        if off is None:
+            return None
+        _REC_HEAD.pack_into(self._buf, off, size, REC_STRING, 0)
+        _STRING.pack_into(self._buf, off + 8, sid, len(raw))
+        self._buf[off + 8 + _STRING.size:off + 8 + _STRING.size + len(raw)] = raw
+        self._publish(size)
+        self.string_ids[text] = sid
+        return sid
+
+    def _phase_id(self, phase: Any) -> int | None:
+        name = self._string_id(phase.name)
+        kind = self._string_id(phase.kind)
+        loader = -1 if phase.loader is None else self._string_id(phase.loader)
+        if name is None or kind is None or loader is None:
+            return None
+        pid = len(self.phase_ids)
+        off = self._reserve(8 + _PHASE.size)
+        if off is None:
+            return None
+        _REC_HEAD.pack_into(self._buf, off, 8 + _PHASE.size, REC_PHASE, 0)
+        _PHASE.pack_into(self._buf, off + 8, pid, name, kind, loader)
+        self._publish(8 + _PHASE.size)
+        self.phase_ids[phase] = pid
+        return pid
+
+    # -- space -------------------------------------------------------------------------
+    def _reserve(self, size: int) -> int | None:
+        """The data offset where a record of ``size`` bytes goes (a PAD written first where
+        it would cross the end), or None when the ring has no room for it."""
+        buf, cap = self._buf, self._cap
+        head = _Q.unpack_from(buf, OFF_HEAD)[0]
+        tail = _Q.unpack_from(buf, OFF_TAIL)[0]
+        at = head % cap
+        room_to_end = cap - at
+        skip = room_to_end if room_to_end < size else 0
+        if cap - (head - tail) < size + skip:
+            return None
+        if skip:
+            if skip >= 8:
+                _REC_HEAD.pack_into(buf, HEADER_BYTES + at, skip, REC_PAD, 0)
+            _Q.pack_into(buf, OFF_HEAD, head + skip)  # the PAD is published on its own
+            at = 0
+        return HEADER_BYTES + at
+
+    def _publish(self, size: int) -> None:
+        # The record's bytes are in memory before head moves (one thread, stores in order;
+        # the C writer uses a release store).
+        head = _Q.unpack_from(self._buf, OFF_HEAD)[0]
+        _Q.pack_into(self._buf, OFF_HEAD, head + size)
+
+
+def _add(buf: memoryview, offset: int, n: int) -> None:
+    _Q.pack_into(buf, offset, _Q.unpack_from(buf, offset)[0] + n)
+
+
+class RingPhase(PhaseEntry):
+    """A phase read back from the ring: name, kind and loader, as a ``Phase`` has them."""
+
+    __slots__ = ("name", "kind", "loader")
+
+    def __init__(self, name: str, kind: str, loader: str | None) -> None:
+        self.name = name
+        self.kind = kind
+        self.loader = loader
+
+    def __repr__(self) -> str:
+        return f"RingPhase({self.name!r}, {self.kind!r}, {self.loader!r})"
+
+
+class RingStep:
+    """A finished flat step read back from the ring, with the fields the record builder
+    (``records/step_records.py``) reads of a ``Step``; the rare ones are never set."""
+
+    __slots__ = ("index", "loader", "start_ns", "end_ns", "ev", "attrs")
+    error = None
+    phase_attrs = None
+    dev = None
+    span_ids = None
+    trace_id = 0
+    queued_waits = None
+    batch = None
+
+    def __init__(self, index: int, loader: str | None, start_ns: int, end_ns: int,
+                 ev: list[Any], attrs: dict[str, Any] | None) -> None:
+        self.index = index
+        self.loader = loader
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.ev = ev
+        self.attrs = attrs
+
+    def span_count(self) -> int:
+        """Spans this step will produce (root + phases)."""
+        return 1 + len(self.ev) // 4
+
+    def __repr__(self) -> str:
+        return f"<RingStep {self.index}>"
+
+
+class StepRingReader:
+    """The consumer: reads records up to ``head``, moves ``tail``; one reader at a time."""
+
+    def __init__(self, ring: StepRing) -> None:
+        self.ring = ring
+        self._buf = ring.buffer
+        self._cap = ring.capacity
+        self.strings: dict[int, str] = {}
+        self.phases: dict[int, RingPhase] = {}
+
+    def waiting_bytes(self) -> int:
+        """Bytes written and not yet read."""
+        buf = self._buf
+        return _Q.unpack_from(buf, OFF_HEAD)[0] - _Q.unpack_from(buf, OFF_TAIL)[0]
+
+    def read(self, max_steps: int | None = None) -> list[RingStep]:
+        """The steps written since the last read (at most ``max_steps``), in order."""
+        buf, cap = self._buf, self._cap
+        head = _Q.unpack_from(buf, OFF_HEAD)[0]
+        tail = _Q.unpack_from(buf, OFF_TAIL)[0]
+        out: list[RingStep] = []
+        while tail < head and (max_steps is None or len(out) < max_steps):
+            at = tail % cap
+            if cap - at < 8:  # too little room for a PAD: the writer skipped it
+                tail += cap - at
+                continue
+            size, kind, count = _REC_HEAD.unpack_from(buf, HEADER_BYTES + at)
+            if size < 8 or size > cap - at:
+                raise ValueError(f"step ring: corrupt record of {size} bytes at {tail}")
+            pos = HEADER_BYTES + at + 8
+            if kind == REC_STEP:
+                out.append(self._step(buf, pos, count))
+            elif kind == REC_STRING:
+                sid, length = _STRING.unpack_from(buf, pos)
+                start = pos + _STRING.size
+                self.strings[sid] = bytes(buf[start:start + length]).decode(
+                    "utf-8", "surrogatepass")
+            elif kind == REC_PHASE:
+                pid, name, kind_id, loader = _PHASE.unpack_from(buf, pos)
+                strings = self.strings
+                self.phases[pid] = RingPhase(strings[name], strings[kind_id],
+                                             strings[loader] if loader >= 0 else None)
+            tail += size
+            _Q.pack_into(buf, OFF_TAIL, tail)  # the record is read: its room is free
+        return out
+
+    def _step(self, buf: memoryview, pos: int, count: int) -> RingStep:
+        index, start_ns, end_ns, loader, n_attrs = _STEP.unpack_from(buf, pos)
+        pos += _STEP.size
+        phases = self.phases
+        ev: list[Any] = []
+        for _ in range(count):
+            pid, start, end = _STEP_PHASE.unpack_from(buf, pos)
+            pos += _STEP_PHASE.size
+            ev += (phases[pid], start, end, None)
+        attrs: dict[str, Any] | None = None
+        if n_attrs:
+            attrs = {}
+            strings = self.strings
+            for _ in range(n_attrs):
+                kid, kind, length = _ATTR.unpack_from(buf, pos)
+                pos += _ATTR.size
+                if kind == ATTR_STR:
+                    value: Any = bytes(buf[pos:pos + length]).decode("utf-8", "surrogatepass")
+                    pos += (length + 7) // 8 * 8
+                else:
+                    value = (_d.unpack_from(buf, pos)[0] if kind == ATTR_FLOAT
+                             else _q.unpack_from(buf, pos)[0])
+                    if kind == ATTR_BOOL:
+                        value = bool(value)
+                    pos += 8
+                attrs[strings[kid]] = value
+        return RingStep(index, self.strings[loader] if loader >= 0 else None, start_ns,
+                        end_ns, ev, attrs)
