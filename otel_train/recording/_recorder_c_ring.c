@@ -6,8 +6,8 @@
  * release store, so the reader (another process, or the span worker) that loads it with
  * acquire sees the record's bytes. Only the common case is done here: a step with no rare
  * field set, every phase and the loader already interned. Anything else (a new phase or
- * loader, root attributes, a full ring, which is counted) goes to the Python writer
- * (`slow_write`), which also answers whether the ring carries the step at all.
+ * loader, root attributes, a full ring, which is counted, a step the ring cannot carry,
+ * whose place a QUEUED marker holds) goes to the Python writer (`slow_write`).
  */
 #include "_recorder_c.h"
 #include <stdint.h>
@@ -121,7 +121,7 @@ otr_ring_write(PyObject *writer, PyObject *step)
         return 0;
     }
     if (core->error != NULL && core->error != Py_None) {
-        return 0;
+        return slow_path(self, step); /* it leaves the queue's marker */
     }
     /* A rare field (attributes, ids handed to user spans, device readings...) lives in the
      * instance dict: the Python writer reads those. */
@@ -131,11 +131,11 @@ otr_ring_write(PyObject *writer, PyObject *step)
     }
     PyObject *ev = core->ev;
     if (ev == NULL || !PyList_CheckExact(ev)) {
-        return 0;
+        return slow_path(self, step);
     }
     Py_ssize_t n = PyList_GET_SIZE(ev);
     if (n == 0 || (n & 3) || n / 4 > RING_MAX_PHASES) {
-        return n == 0 || (n & 3) ? 0 : slow_path(self, step);
+        return slow_path(self, step);
     }
     Py_ssize_t phases = n / 4;
     uint32_t ids[RING_MAX_PHASES];
@@ -155,7 +155,7 @@ otr_ring_write(PyObject *writer, PyObject *step)
         ends[i] = PyLong_AsLongLong(item[2]);
         if (PyErr_Occurred()) {
             PyErr_Clear(); /* beyond 64 bits: the queue takes it */
-            return 0;
+            return slow_path(self, step);
         }
     }
     int32_t loader = -1;
@@ -171,7 +171,7 @@ otr_ring_write(PyObject *writer, PyObject *step)
     long long end = PyLong_AsLongLong(core->end_ns);
     if (PyErr_Occurred()) {
         PyErr_Clear(); /* beyond 64 bits, or no int: the queue takes it */
-        return 0;
+        return slow_path(self, step);
     }
     uint64_t size = 8 + RING_STEP_BYTES + RING_STEP_PHASE_BYTES * (uint64_t)phases;
     char *base = (char *)self->view.buf;

@@ -19,8 +19,8 @@ Layout (little-endian; ``HEADER_BYTES`` of header, then ``capacity`` bytes of da
 
 A record starts at an 8-byte boundary with ``u32 length (a multiple of 8), u16 type,
 u16 count``; a record never wraps: where it does not fit before the end of the data, a
-``PAD`` record (or, with fewer than 8 bytes left, nothing) fills the rest and it starts at
-offset 0. Types: ``STRING`` (u32 id, u16 length, utf-8), ``PHASE`` (u32 id, i32 name,
+``PAD`` record fills the rest and it starts at offset 0. Types: ``QUEUED`` (no body: a
+record the recorder's queue holds comes here in order), ``STRING`` (u32 id, u16 length, utf-8), ``PHASE`` (u32 id, i32 name,
 i32 kind, i32 loader string ids; -1: none), ``STEP`` (count phases; i64 index, i64 start_ns,
 i64 end_ns, i32 loader string id, u32 attribute count; per phase u32 id, 4 pad, i64 start,
 i64 end; per attribute i32 key id, u16 type, u16 length, then 8 bytes of value or the
@@ -34,9 +34,9 @@ then publishes ``head`` (in C with a release store; the consumer loads it with a
 Usage::
 
     ring = StepRing.create(capacity_bytes=1 << 20)
-    writer = StepRingWriter(ring, drops)      # the hot path: writer.write_step(step)
-    reader = StepRingReader(StepRing.open(ring.fd))  # another process, or this one
-    for step in reader.read(): ...            # RingStep objects, read like a Step
+    attach_ring(recorder, ring)               # the hot path writes into it from now on
+    reader = StepRingReader(StepRing.open(ring.fd))  # step_ring_reader.py: another process,
+    for step in reader.read(): ...                   # or this one; RingSteps, read like Steps
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any
 
 from otel_train.recording.step_events import PhaseEntry
 
-__all__ = ["HEADER_BYTES", "RingPhase", "RingStep", "StepRing", "StepRingReader",
-           "StepRingWriter", "ring_capacity_bytes"]
+__all__ = ["HEADER_BYTES", "QUEUED", "StepRing", "StepRingWriter", "attach_ring",
+           "detach_ring", "ring_capacity_bytes"]
 
 MAGIC = 0x5252544F  # 'OTRR'
 VERSION = 1
@@ -61,20 +61,24 @@ OFF_TAIL = 128
 OFF_DROPPED_STEPS = 192
 OFF_DROPPED_SPANS = 200
 OFF_WRITTEN_STEPS = 208
-REC_PAD, REC_STRING, REC_PHASE, REC_STEP = 0, 1, 2, 3
+REC_PAD, REC_STRING, REC_PHASE, REC_STEP, REC_QUEUED = 0, 1, 2, 3, 4
+#: What the reader returns in the place of a record the recorder's queue holds (a step the
+#: ring cannot carry, a ``run.monitor`` record): the next one in that queue, in this order.
+QUEUED = "queued"
 ATTR_BOOL, ATTR_INT, ATTR_FLOAT, ATTR_STR = 0, 1, 2, 3
 #: The longest string attribute value the ring carries (utf-8 bytes); longer go the queue.
 MAX_STRING_BYTES = 256
-_REC_HEAD = struct.Struct("<IHH")
-_STRING = struct.Struct("<IH2x")
-_PHASE = struct.Struct("<Iiii")
-_STEP = struct.Struct("<qqqiI")
-_STEP_PHASE = struct.Struct("<I4xqq")
-_ATTR = struct.Struct("<iHH")
-_Q = struct.Struct("<Q")
-_q = struct.Struct("<q")
-_d = struct.Struct("<d")
+REC_HEAD = struct.Struct("<IHH")
+STRING_BODY = struct.Struct("<IH2x")
+PHASE_BODY = struct.Struct("<Iiii")
+STEP_BODY = struct.Struct("<qqqiI")
+STEP_PHASE_BODY = struct.Struct("<I4xqq")
+ATTR_HEAD = struct.Struct("<iHH")
+U64 = struct.Struct("<Q")
+I64 = struct.Struct("<q")
+F64 = struct.Struct("<d")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_FULL: Any = []  # _attributes: the ring had no room for a key's definition
 # The rare fields of a step that the ring does not carry: a step with any of them set goes
 # the queue (records/step_records.py builds it as before).
 _RARE_FIELDS = ("phase_attrs", "dev", "span_ids", "trace_id", "queued_waits", "stall_events",
@@ -95,8 +99,8 @@ class StepRing:
         self.owner = owner
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.buffer = memoryview(self.map)
-        self.capacity = _Q.unpack_from(self.buffer, OFF_CAPACITY)[0]
-        if _q.unpack_from(self.buffer, 0)[0] & 0xFFFFFFFF != MAGIC or self.capacity + \
+        self.capacity = U64.unpack_from(self.buffer, OFF_CAPACITY)[0]
+        if I64.unpack_from(self.buffer, 0)[0] & 0xFFFFFFFF != MAGIC or self.capacity + \
                 HEADER_BYTES > size:
             self.close()
             raise ValueError("step ring: not a step ring (magic or size)")
@@ -127,11 +131,11 @@ class StepRing:
     def counters(self) -> dict[str, int]:
         """head, tail, steps dropped and written, spans dropped: a snapshot."""
         buf = self.buffer
-        return {"head": _Q.unpack_from(buf, OFF_HEAD)[0],
-                "tail": _Q.unpack_from(buf, OFF_TAIL)[0],
-                "dropped_steps": _Q.unpack_from(buf, OFF_DROPPED_STEPS)[0],
-                "dropped_spans": _Q.unpack_from(buf, OFF_DROPPED_SPANS)[0],
-                "written_steps": _Q.unpack_from(buf, OFF_WRITTEN_STEPS)[0]}
+        return {"head": U64.unpack_from(buf, OFF_HEAD)[0],
+                "tail": U64.unpack_from(buf, OFF_TAIL)[0],
+                "dropped_steps": U64.unpack_from(buf, OFF_DROPPED_STEPS)[0],
+                "dropped_spans": U64.unpack_from(buf, OFF_DROPPED_SPANS)[0],
+                "written_steps": U64.unpack_from(buf, OFF_WRITTEN_STEPS)[0]}
 
     def close(self) -> None:
         """Unmap and close the descriptor (the memory lives while another holds it)."""
@@ -152,11 +156,11 @@ def ring_attribute(value: Any) -> tuple[int, bytes] | None:
     """(type, encoded value) of an attribute value the ring carries, None for any other."""
     t = type(value)
     if t is bool:
-        return ATTR_BOOL, _q.pack(1 if value else 0)
+        return ATTR_BOOL, I64.pack(1 if value else 0)
     if t is int:
-        return (ATTR_INT, _q.pack(value)) if _I64_MIN <= value <= _I64_MAX else None
+        return (ATTR_INT, I64.pack(value)) if _I64_MIN <= value <= _I64_MAX else None
     if t is float:
-        return ATTR_FLOAT, _d.pack(value)
+        return ATTR_FLOAT, F64.pack(value)
     if t is str:
         raw = value.encode("utf-8", "surrogatepass")
         return (ATTR_STR, raw) if len(raw) <= MAX_STRING_BYTES else None
@@ -166,27 +170,50 @@ def ring_attribute(value: Any) -> tuple[int, bytes] | None:
 class StepRingWriter:
     """The producer: the hot path's twin of the C writer (``_recorder_c_ring.c``)."""
 
-    def __init__(self, ring: StepRing, drops: Any) -> None:
+    def __init__(self, ring: StepRing, recorder: Any) -> None:
         self.ring = ring
-        self.drops = drops
+        self.recorder = recorder  # its queue takes what the ring cannot carry
+        self.drops = recorder.drops
         self._buf = ring.buffer
         self._cap = ring.capacity
         self.phase_ids: dict[Any, int] = {}  # Phase object -> id, once its record is in
         self.string_ids: dict[str, int] = {}
 
     # -- the step ----------------------------------------------------------------------
-    def write_step(self, step: Any) -> bool:
-        """Write ``step``'s record (or count it dropped, the ring full); False when the
-        ring cannot carry it (not flat, failed, rare fields, attribute values it cannot
-        encode, times beyond 64 bits): the caller queues it as before. Never raises: it
-        runs at the end of every step, on the training thread."""
+    def write_step(self, record: Any) -> bool:
+        """Hand on a finished record: True, always (the caller has nothing left to do).
+
+        A flat step is written into the ring, or dropped and counted when it is full. A
+        record the ring cannot carry (not flat, failed, rare fields, attribute values it
+        cannot encode, times beyond 64 bits, a ``MonitorRecord``) goes to the recorder's
+        queue as before, then a ``QUEUED`` marker holds its place in the ring, so the
+        reader takes every record in the order they ended (the queue first: a reader that
+        sees the marker finds its record). Never raises: it runs at the end of every step,
+        on the training thread."""
         try:
-            return self._write_step(step)
-        except Exception:  # e.g. a mapping closed under it: the queue takes the step
-            return False
+            if self._write_step(record):
+                return True
+        except Exception:  # e.g. times of another type: the queue takes the step
+            pass
+        rec = self.recorder
+        queue = rec.queue
+        if len(queue) >= rec.max_queued:
+            rec.drops.add("record_queue_full", record.span_count())
+            return True
+        queue.append(record)
+        try:
+            off = self._reserve(8)
+        except Exception:
+            off = None
+        if off is None:
+            queue.pop()  # the marker did not fit: nothing reads it, it is dropped
+            return self._full(record)
+        REC_HEAD.pack_into(self._buf, off, 8, REC_QUEUED, 0)
+        self._publish(8)
+        return True
 
     def _write_step(self, step: Any) -> bool:
-        if step.error is not None:
+        if step.error is not None or getattr(step, "ev", None) is None:
             return False
         for name in _RARE_FIELDS:
             if getattr(step, name, None):
@@ -195,17 +222,11 @@ class StepRingWriter:
         n = len(ev)
         if n & 3 or not n:
             return False
-        attrs = step.attrs
-        encoded: list[tuple[int, int, bytes]] = []
-        if attrs:
-            for key, value in attrs.items():
-                enc = ring_attribute(value)
-                if enc is None or type(key) is not str:
-                    return False
-                kid = self._string_id(key)
-                if kid is None:
-                    return self._full(step)
-                encoded.append((kid, enc[0], enc[1]))
+        encoded = self._attributes(step.attrs) if step.attrs else []
+        if encoded is None:
+            return False
+        if encoded is _FULL:
+            return self._full(step)
         ids = self.phase_ids
         phases = []
         for i in range(0, n, 4):
@@ -231,32 +252,51 @@ class StepRingWriter:
             if sid is None:
                 return self._full(step)
             loader = sid
-        size = 8 + _STEP.size + _STEP_PHASE.size * len(phases)
+        return self._pack(step, (index, start_ns, end_ns, loader), phases, encoded)
+
+    def _pack(self, step: Any, fields: tuple[int, int, int, int],
+              phases: list[tuple[int, int, int]], encoded: list[tuple[int, int, bytes]]
+              ) -> bool:
+        """The step's record into the ring (its definitions are in), or counted dropped."""
+        size = 8 + STEP_BODY.size + STEP_PHASE_BODY.size * len(phases)
         for _, _, raw in encoded:
-            size += _ATTR.size + (len(raw) + 7) // 8 * 8
+            size += ATTR_HEAD.size + (len(raw) + 7) // 8 * 8
         off = self._reserve(size)
         if off is None:
             return self._full(step)
         buf = self._buf
-        _REC_HEAD.pack_into(buf, off, size, REC_STEP, len(phases))
-        _STEP.pack_into(buf, off + 8, index, start_ns, end_ns, loader,
-                        len(encoded))
-        pos = off + 8 + _STEP.size
+        REC_HEAD.pack_into(buf, off, size, REC_STEP, len(phases))
+        STEP_BODY.pack_into(buf, off + 8, *fields, len(encoded))
+        pos = off + 8 + STEP_BODY.size
         for pid, start, end in phases:
-            _STEP_PHASE.pack_into(buf, pos, pid, start, end)
-            pos += _STEP_PHASE.size
+            STEP_PHASE_BODY.pack_into(buf, pos, pid, start, end)
+            pos += STEP_PHASE_BODY.size
         for kid, kind, raw in encoded:
-            _ATTR.pack_into(buf, pos, kid, kind, len(raw))
-            pos += _ATTR.size
+            ATTR_HEAD.pack_into(buf, pos, kid, kind, len(raw))
+            pos += ATTR_HEAD.size
             buf[pos:pos + len(raw)] = raw
             pos += (len(raw) + 7) // 8 * 8
         self._publish(size)
         _add(buf, OFF_WRITTEN_STEPS, 1)
         return True
 
+    def _attributes(self, attrs: dict[str, Any]) -> list[tuple[int, int, bytes]] | None:
+        """(key id, type, value) of each root attribute; None when one cannot go in the
+        ring, ``_FULL`` when a new key's definition did not fit."""
+        encoded = []
+        for key, value in attrs.items():
+            enc = ring_attribute(value)
+            if enc is None or type(key) is not str:
+                return None
+            kid = self._string_id(key)
+            if kid is None:
+                return _FULL
+            encoded.append((kid, enc[0], enc[1]))
+        return encoded
+
     def _full(self, step: Any) -> bool:
         """The ring is full: drop this, the newest step, and count it."""
-        spans = 1 + len(step.ev) // 4
+        spans = step.span_count()
         _add(self._buf, OFF_DROPPED_STEPS, 1)
         _add(self._buf, OFF_DROPPED_SPANS, spans)
         self.drops.add("step_ring_full", spans)
@@ -269,13 +309,13 @@ class StepRingWriter:
             return sid
         raw = text.encode("utf-8", "surrogatepass")[:0xFFFF]
         sid = len(self.string_ids)
-        size = 8 + _STRING.size + (len(raw) + 7) // 8 * 8
+        size = 8 + STRING_BODY.size + (len(raw) + 7) // 8 * 8
         off = self._reserve(size)
         if off is None:
             return None
-        _REC_HEAD.pack_into(self._buf, off, size, REC_STRING, 0)
-        _STRING.pack_into(self._buf, off + 8, sid, len(raw))
-        self._buf[off + 8 + _STRING.size:off + 8 + _STRING.size + len(raw)] = raw
+        REC_HEAD.pack_into(self._buf, off, size, REC_STRING, 0)
+        STRING_BODY.pack_into(self._buf, off + 8, sid, len(raw))
+        self._buf[off + 8 + STRING_BODY.size:off + 8 + STRING_BODY.size + len(raw)] = raw
         self._publish(size)
         self.string_ids[text] = sid
         return sid
@@ -287,12 +327,12 @@ class StepRingWriter:
         if name is None or kind is None or loader is None:
             return None
         pid = len(self.phase_ids)
-        off = self._reserve(8 + _PHASE.size)
+        off = self._reserve(8 + PHASE_BODY.size)
         if off is None:
             return None
-        _REC_HEAD.pack_into(self._buf, off, 8 + _PHASE.size, REC_PHASE, 0)
-        _PHASE.pack_into(self._buf, off + 8, pid, name, kind, loader)
-        self._publish(8 + _PHASE.size)
+        REC_HEAD.pack_into(self._buf, off, 8 + PHASE_BODY.size, REC_PHASE, 0)
+        PHASE_BODY.pack_into(self._buf, off + 8, pid, name, kind, loader)
+        self._publish(8 + PHASE_BODY.size)
         self.phase_ids[phase] = pid
         return pid
 
@@ -301,8 +341,8 @@ class StepRingWriter:
         """The data offset where a record of ``size`` bytes goes (a PAD written first where
         it would cross the end), or None when the ring has no room for it."""
         buf, cap = self._buf, self._cap
-        head = _Q.unpack_from(buf, OFF_HEAD)[0]
-        tail = _Q.unpack_from(buf, OFF_TAIL)[0]
+        head = U64.unpack_from(buf, OFF_HEAD)[0]
+        tail = U64.unpack_from(buf, OFF_TAIL)[0]
         at = head % cap
         room_to_end = cap - at
         skip = room_to_end if room_to_end < size else 0
@@ -310,137 +350,40 @@ class StepRingWriter:
             return None
         if skip:
             if skip >= 8:
-                _REC_HEAD.pack_into(buf, HEADER_BYTES + at, skip, REC_PAD, 0)
-            _Q.pack_into(buf, OFF_HEAD, head + skip)  # the PAD is published on its own
+                REC_HEAD.pack_into(buf, HEADER_BYTES + at, skip, REC_PAD, 0)
+            U64.pack_into(buf, OFF_HEAD, head + skip)  # the PAD is published on its own
             at = 0
         return HEADER_BYTES + at
 
     def _publish(self, size: int) -> None:
         # The record's bytes are in memory before head moves (one thread, stores in order;
         # the C writer uses a release store).
-        head = _Q.unpack_from(self._buf, OFF_HEAD)[0]
-        _Q.pack_into(self._buf, OFF_HEAD, head + size)
+        head = U64.unpack_from(self._buf, OFF_HEAD)[0]
+        U64.pack_into(self._buf, OFF_HEAD, head + size)
+
+
+def attach_ring(recorder: Any, ring: StepRing) -> Any:
+    """Send ``recorder``'s finished records through ``ring`` from now on: the C writer where
+    the accelerator was built (its Python twin takes the rare cases), else the Python one.
+    Returns the writer, now ``recorder.ring``."""
+    from otel_train.recording.recorder import _recorder_c  # recorder.py imports this module
+
+    writer = StepRingWriter(ring, recorder)
+    if _recorder_c is not None:
+        recorder.ring = _recorder_c.RingWriterCore(ring.buffer, ring.capacity, writer.phase_ids,
+                                                   writer.string_ids, writer.write_step)
+    else:
+        recorder.ring = writer
+    return recorder.ring
+
+
+def detach_ring(recorder: Any) -> None:
+    """``recorder`` queues every record from now on; the C writer lets go of the memory."""
+    writer, recorder.ring = recorder.ring, None
+    release = getattr(writer, "release", None)
+    if release is not None:
+        release()
 
 
 def _add(buf: memoryview, offset: int, n: int) -> None:
-    _Q.pack_into(buf, offset, _Q.unpack_from(buf, offset)[0] + n)
-
-
-class RingPhase(PhaseEntry):
-    """A phase read back from the ring: name, kind and loader, as a ``Phase`` has them."""
-
-    __slots__ = ("name", "kind", "loader")
-
-    def __init__(self, name: str, kind: str, loader: str | None) -> None:
-        self.name = name
-        self.kind = kind
-        self.loader = loader
-
-    def __repr__(self) -> str:
-        return f"RingPhase({self.name!r}, {self.kind!r}, {self.loader!r})"
-
-
-class RingStep:
-    """A finished flat step read back from the ring, with the fields the record builder
-    (``records/step_records.py``) reads of a ``Step``; the rare ones are never set."""
-
-    __slots__ = ("index", "loader", "start_ns", "end_ns", "ev", "attrs")
-    error = None
-    phase_attrs = None
-    dev = None
-    span_ids = None
-    trace_id = 0
-    queued_waits = None
-    batch = None
-
-    def __init__(self, index: int, loader: str | None, start_ns: int, end_ns: int,
-                 ev: list[Any], attrs: dict[str, Any] | None) -> None:
-        self.index = index
-        self.loader = loader
-        self.start_ns = start_ns
-        self.end_ns = end_ns
-        self.ev = ev
-        self.attrs = attrs
-
-    def span_count(self) -> int:
-        """Spans this step will produce (root + phases)."""
-        return 1 + len(self.ev) // 4
-
-    def __repr__(self) -> str:
-        return f"<RingStep {self.index}>"
-
-
-class StepRingReader:
-    """The consumer: reads records up to ``head``, moves ``tail``; one reader at a time."""
-
-    def __init__(self, ring: StepRing) -> None:
-        self.ring = ring
-        self._buf = ring.buffer
-        self._cap = ring.capacity
-        self.strings: dict[int, str] = {}
-        self.phases: dict[int, RingPhase] = {}
-
-    def waiting_bytes(self) -> int:
-        """Bytes written and not yet read."""
-        buf = self._buf
-        return _Q.unpack_from(buf, OFF_HEAD)[0] - _Q.unpack_from(buf, OFF_TAIL)[0]
-
-    def read(self, max_steps: int | None = None) -> list[RingStep]:
-        """The steps written since the last read (at most ``max_steps``), in order."""
-        buf, cap = self._buf, self._cap
-        head = _Q.unpack_from(buf, OFF_HEAD)[0]
-        tail = _Q.unpack_from(buf, OFF_TAIL)[0]
-        out: list[RingStep] = []
-        while tail < head and (max_steps is None or len(out) < max_steps):
-            at = tail % cap
-            if cap - at < 8:  # too little room for a PAD: the writer skipped it
-                tail += cap - at
-                continue
-            size, kind, count = _REC_HEAD.unpack_from(buf, HEADER_BYTES + at)
-            if size < 8 or size > cap - at:
-                raise ValueError(f"step ring: corrupt record of {size} bytes at {tail}")
-            pos = HEADER_BYTES + at + 8
-            if kind == REC_STEP:
-                out.append(self._step(buf, pos, count))
-            elif kind == REC_STRING:
-                sid, length = _STRING.unpack_from(buf, pos)
-                start = pos + _STRING.size
-                self.strings[sid] = bytes(buf[start:start + length]).decode(
-                    "utf-8", "surrogatepass")
-            elif kind == REC_PHASE:
-                pid, name, kind_id, loader = _PHASE.unpack_from(buf, pos)
-                strings = self.strings
-                self.phases[pid] = RingPhase(strings[name], strings[kind_id],
-                                             strings[loader] if loader >= 0 else None)
-            tail += size
-            _Q.pack_into(buf, OFF_TAIL, tail)  # the record is read: its room is free
-        return out
-
-    def _step(self, buf: memoryview, pos: int, count: int) -> RingStep:
-        index, start_ns, end_ns, loader, n_attrs = _STEP.unpack_from(buf, pos)
-        pos += _STEP.size
-        phases = self.phases
-        ev: list[Any] = []
-        for _ in range(count):
-            pid, start, end = _STEP_PHASE.unpack_from(buf, pos)
-            pos += _STEP_PHASE.size
-            ev += (phases[pid], start, end, None)
-        attrs: dict[str, Any] | None = None
-        if n_attrs:
-            attrs = {}
-            strings = self.strings
-            for _ in range(n_attrs):
-                kid, kind, length = _ATTR.unpack_from(buf, pos)
-                pos += _ATTR.size
-                if kind == ATTR_STR:
-                    value: Any = bytes(buf[pos:pos + length]).decode("utf-8", "surrogatepass")
-                    pos += (length + 7) // 8 * 8
-                else:
-                    value = (_d.unpack_from(buf, pos)[0] if kind == ATTR_FLOAT
-                             else _q.unpack_from(buf, pos)[0])
-                    if kind == ATTR_BOOL:
-                        value = bool(value)
-                    pos += 8
-                attrs[strings[kid]] = value
-        return RingStep(index, self.strings[loader] if loader >= 0 else None, start_ns,
-                        end_ns, ev, attrs)
+    U64.pack_into(buf, offset, U64.unpack_from(buf, offset)[0] + n)

@@ -14,11 +14,14 @@ from train_helpers import clean_env  # noqa: F401  (clean_env: autouse)
 from otel_train.common.drop_counter import DropCounter
 from otel_train.recording import recorder as recorder_module
 from otel_train.recording.recorder import Recorder
+from otel_train.recording.step_ring_reader import StepRingReader
 from otel_train.recording.step_ring import (
     MAX_STRING_BYTES,
+    QUEUED,
     StepRing,
-    StepRingReader,
     StepRingWriter,
+    attach_ring,
+    detach_ring,
     ring_capacity_bytes,
 )
 
@@ -30,7 +33,7 @@ def _write(rec: Recorder, ring: StepRing, how: str) -> None:
     """Steps from now on go into ``ring``: attached to the recorder (the C writer where it
     was built), or the pure-Python writer called on each queued step afterwards."""
     if how == "attached":
-        rec.attach_ring(ring)
+        attach_ring(rec, ring)
 
 
 def _loop(rec: Recorder, n: int, attrs: bool = False) -> list:
@@ -53,7 +56,7 @@ def test_steps_come_back_in_order_with_their_times_phases_and_loader(how):
     _write(rec, ring, how)
     steps = _loop(rec, 20, attrs=True)
     if how == "python":
-        writer = StepRingWriter(ring, rec.drops)
+        writer = StepRingWriter(ring, Recorder(100, rec.drops, None))
         assert all(writer.write_step(s) for s in list(rec.queue))
         rec.queue.clear()
     assert not rec.queue  # every flat step went into the ring, none to the queue
@@ -72,7 +75,7 @@ def test_steps_come_back_in_order_with_their_times_phases_and_loader(how):
 def test_attribute_values_the_ring_carries_come_back_exactly_and_others_go_the_queue():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    rec.attach_ring(ring)
+    attach_ring(rec, ring)
     values = [True, False, 0, -(2**63), 2**63 - 1, 1.5, float("inf"), -0.0, "", "é" * 10,
               "x" * MAX_STRING_BYTES]
     for step in rec.steps(range(len(values)), None):
@@ -82,16 +85,18 @@ def test_attribute_values_the_ring_carries_come_back_exactly_and_others_go_the_q
     for i, step in enumerate(rec.steps(range(len(refused)), None)):
         step.set_attribute("v", refused[i])
     got = StepRingReader(ring).read()
+    assert got[len(values):] == [QUEUED] * len(refused)  # their places, in order
+    got = got[:len(values)]
     back = [s.attrs["v"] for s in got]
     assert back == values and [type(v) for v in back] == [type(v) for v in values]
     assert str(back[7]) == "-0.0" and all(s.attrs["name"] == "ok" for s in got)
     assert [s.attrs["v"] for s in rec.queue] == refused[:4] + [rec.queue[4].attrs["v"]]
 
 
-def test_steps_the_ring_cannot_carry_go_the_queue_in_their_place():
+def test_steps_the_ring_cannot_carry_go_the_queue_and_a_marker_holds_their_place():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    rec.attach_ring(ring)
+    attach_ring(rec, ring)
     for step in rec.steps(range(6), "train"):
         if step.index == 1:  # nested
             with step.phase("forward"), step.phase("attention"):
@@ -107,8 +112,14 @@ def test_steps_the_ring_cannot_carry_go_the_queue_in_their_place():
         else:
             with step.phase("forward"):
                 pass
-    assert [s.index for s in rec.queue] == [1, 2, 3, 4]
-    assert [s.index for s in StepRingReader(ring).read()] == [0, 5]
+    from otel_train.recording.recorder import MonitorRecord
+
+    with MonitorRecord(rec, "evaluate"):  # run.monitor between steps: the queue's too
+        pass
+    assert [getattr(s, "index", "monitor") for s in rec.queue] == [1, 2, 3, 4, "monitor"]
+    got = StepRingReader(ring).read()
+    assert [s if s == QUEUED else s.index for s in got] == [0, QUEUED, QUEUED, QUEUED, QUEUED, 5,
+                                                     QUEUED]
 
 
 @pytest.mark.parametrize("how", WRITERS)
@@ -119,7 +130,7 @@ def test_a_full_ring_drops_the_newest_steps_and_counts_them_then_takes_steps_aga
     _write(rec, ring, how)
     _loop(rec, 60)
     if how == "python":
-        writer = StepRingWriter(ring, drops)
+        writer = StepRingWriter(ring, Recorder(1000, drops, None))
         assert all(writer.write_step(s) for s in list(rec.queue))
         rec.queue.clear()
     reader = StepRingReader(ring)
@@ -144,11 +155,12 @@ def test_a_full_ring_drops_the_newest_steps_and_counts_them_then_takes_steps_aga
 def test_another_process_reads_the_ring_by_its_descriptor():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(ring_capacity_bytes(100))
-    rec.attach_ring(ring)
+    attach_ring(rec, ring)
     _loop(rec, 7, attrs=True)
     code = textwrap.dedent("""
         import sys
-        from otel_train.recording.step_ring import StepRing, StepRingReader
+        from otel_train.recording.step_ring import StepRing
+        from otel_train.recording.step_ring_reader import StepRingReader
         steps = StepRingReader(StepRing.open(int(sys.argv[1]))).read()
         print([(s.index, [p.name for p in s.ev[0::4]], s.attrs) for s in steps])
     """)
@@ -173,9 +185,9 @@ def test_a_ring_is_refused_when_too_small_or_not_a_ring():
 def test_a_detached_ring_sends_every_step_to_the_queue_again():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    rec.attach_ring(ring)
+    attach_ring(rec, ring)
     _loop(rec, 2)
-    rec.detach_ring()
+    detach_ring(rec)
     _loop(rec, 3)
     assert [s.index for s in rec.queue] == [2, 3, 4]
     assert [s.index for s in StepRingReader(ring).read()] == [0, 1]
