@@ -18,14 +18,14 @@ from typing import Any
 
 from bench_support import _fmt_ci
 
-IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+IN_PROCESS = ("otel-otlp", "otel-ring", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
               "otel-any-cpu", "otel-none", "otel-recorder", "instrument", "otel-sdk",
               "record-function", "timestamps")
 # otel-train runs exporting OTLP
-EXPORTING = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+EXPORTING = ("otel-otlp", "otel-ring", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
              "otel-any-cpu", "instrument")
 # Runs whose background can be frozen between blocks (an exporter process, no hooks to swap)
-FREEZABLE = ("otel-otlp", "otel-sampled", "otel-throughput", "otel-any-cpu")
+FREEZABLE = ("otel-otlp", "otel-ring", "otel-sampled", "otel-throughput", "otel-any-cpu")
 PEERS = ("torchtel", "traceml")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 
