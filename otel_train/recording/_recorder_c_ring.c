@@ -5,8 +5,9 @@
  * the shared-memory ring whose layout step_ring.py describes, and `head` is published with a
  * release store, so the reader (another process, or the span worker) that loads it with
  * acquire sees the record's bytes. Only the common case is done here: a step with no rare
- * field set, every phase and the loader already interned. Anything else (a new phase or
- * loader, root attributes, a full ring, which is counted, a step the ring cannot carry,
+ * field set but root attributes the ring carries (numbers, booleans, short strings), every
+ * phase, the loader and each key already interned. Anything else (a new phase, loader or
+ * key, another attribute value, a full ring, which is counted, a step the ring cannot carry,
  * whose place a QUEUED marker holds) goes to the Python writer (`slow_write`).
  */
 #include "_recorder_c.h"
@@ -21,6 +22,83 @@
 #define RING_STEP_BYTES 32       /* i64 index, start, end; i32 loader; u32 attributes */
 #define RING_STEP_PHASE_BYTES 24 /* u32 id, 4 pad, i64 start, i64 end */
 #define RING_MAX_PHASES 64       /* more: the Python writer */
+#define RING_MAX_ATTRS 16        /* more root attributes: the Python writer */
+#define RING_MAX_STRING 256      /* step_ring.MAX_STRING_BYTES */
+enum { RING_ATTR_BOOL, RING_ATTR_INT, RING_ATTR_FLOAT, RING_ATTR_STR };
+
+/* One root attribute as the ring carries it (step_ring.ring_attribute). */
+typedef struct {
+    int32_t key;
+    uint16_t type;
+    uint16_t length;  /* bytes of a string; 8 for a number */
+    const char *text; /* a string's utf-8 (borrowed from the str) */
+    char value[8];    /* a number's bytes */
+} RingAttr;
+
+static PyObject *s_attrs_name; /* "attrs" */
+
+/* The step's root attributes into `out`: their count, or -2 when the Python writer must
+ * decide (a new key, a value the C path does not encode), -1 on error. */
+static int
+ring_attributes(PyObject *attrs, PyObject *string_ids, RingAttr *out)
+{
+    if (!PyDict_CheckExact(attrs) || PyDict_GET_SIZE(attrs) > RING_MAX_ATTRS) {
+        return -2;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    int n = 0;
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+        RingAttr *a = &out[n++];
+        if (!PyUnicode_CheckExact(key)) {
+            return -2;
+        }
+        PyObject *id = PyDict_GetItemWithError(string_ids, key);
+        if (id == NULL) {
+            return PyErr_Occurred() ? -1 : -2; /* a new key: its definition first */
+        }
+        a->key = (int32_t)PyLong_AsLong(id);
+        a->text = NULL;
+        a->length = 8;
+        if (PyBool_Check(value)) {
+            int64_t v = value == Py_True;
+            a->type = RING_ATTR_BOOL;
+            memcpy(a->value, &v, 8);
+        }
+        else if (PyLong_CheckExact(value)) {
+            long long v = PyLong_AsLongLong(value);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -2; /* beyond 64 bits */
+            }
+            a->type = RING_ATTR_INT;
+            memcpy(a->value, &v, 8);
+        }
+        else if (PyFloat_CheckExact(value)) {
+            double v = PyFloat_AS_DOUBLE(value);
+            a->type = RING_ATTR_FLOAT;
+            memcpy(a->value, &v, 8);
+        }
+        else if (PyUnicode_CheckExact(value)) {
+            Py_ssize_t len;
+            const char *text = PyUnicode_AsUTF8AndSize(value, &len);
+            if (text == NULL) {
+                PyErr_Clear(); /* surrogates: the Python writer encodes them */
+                return -2;
+            }
+            if (len > RING_MAX_STRING) {
+                return -2;
+            }
+            a->type = RING_ATTR_STR;
+            a->length = (uint16_t)len;
+            a->text = text;
+        }
+        else {
+            return -2;
+        }
+    }
+    return n;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -123,11 +201,31 @@ otr_ring_write(PyObject *writer, PyObject *step)
     if (core->error != NULL && core->error != Py_None) {
         return slow_path(self, step); /* it leaves the queue's marker */
     }
-    /* A rare field (attributes, ids handed to user spans, device readings...) lives in the
-     * instance dict: the Python writer reads those. */
+    /* The rare fields (ids handed to user spans, device readings...) live in the instance
+     * dict: the Python writer reads those. Root attributes alone are encoded here. */
+    RingAttr attrs[RING_MAX_ATTRS];
+    int n_attrs = 0;
     PyObject **dictptr = _PyObject_GetDictPtr(step);
     if (dictptr != NULL && *dictptr != NULL && PyDict_GET_SIZE(*dictptr) > 0) {
-        return slow_path(self, step);
+        if (PyDict_GET_SIZE(*dictptr) != 1) {
+            return slow_path(self, step);
+        }
+        if (s_attrs_name == NULL && (s_attrs_name = PyUnicode_InternFromString("attrs")) == NULL) {
+            return -1;
+        }
+        PyObject *root = PyDict_GetItemWithError(*dictptr, s_attrs_name);
+        if (root == NULL) {
+            return PyErr_Occurred() ? -1 : slow_path(self, step);
+        }
+        if (root != Py_None && (!PyDict_CheckExact(root) || PyDict_GET_SIZE(root) > 0)) {
+            n_attrs = ring_attributes(root, self->string_ids, attrs);
+            if (n_attrs == -2) {
+                return slow_path(self, step);
+            }
+            if (n_attrs < 0) {
+                return -1;
+            }
+        }
     }
     PyObject *ev = core->ev;
     if (ev == NULL || !PyList_CheckExact(ev)) {
@@ -174,6 +272,9 @@ otr_ring_write(PyObject *writer, PyObject *step)
         return slow_path(self, step);
     }
     uint64_t size = 8 + RING_STEP_BYTES + RING_STEP_PHASE_BYTES * (uint64_t)phases;
+    for (int i = 0; i < n_attrs; i++) {
+        size += 8 + (attrs[i].text != NULL ? ((uint64_t)attrs[i].length + 7) / 8 * 8 : 8);
+    }
     char *base = (char *)self->view.buf;
     uint64_t *head_p = (uint64_t *)(base + RING_OFF_HEAD);
     uint64_t *tail_p = (uint64_t *)(base + RING_OFF_TAIL);
@@ -199,13 +300,29 @@ otr_ring_write(PyObject *writer, PyObject *step)
     memcpy(p + 16, &start, 8);
     memcpy(p + 24, &end, 8);
     memcpy(p + 32, &loader, 4);
-    memset(p + 36, 0, 4); /* no attributes */
+    uint32_t attr_count = (uint32_t)n_attrs;
+    memcpy(p + 36, &attr_count, 4);
     p += 8 + RING_STEP_BYTES;
     for (Py_ssize_t i = 0; i < phases; i++, p += RING_STEP_PHASE_BYTES) {
         memcpy(p, &ids[i], 4);
         memset(p + 4, 0, 4);
         memcpy(p + 8, &starts[i], 8);
         memcpy(p + 16, &ends[i], 8);
+    }
+    for (int i = 0; i < n_attrs; i++) {
+        RingAttr *a = &attrs[i];
+        memcpy(p, &a->key, 4);
+        memcpy(p + 4, &a->type, 2);
+        memcpy(p + 6, &a->length, 2);
+        p += 8;
+        if (a->text != NULL) {
+            memcpy(p, a->text, a->length);
+            p += ((uint64_t)a->length + 7) / 8 * 8;
+        }
+        else {
+            memcpy(p, a->value, 8);
+            p += 8;
+        }
     }
     /* Release: the record's bytes are visible before the head that covers them. */
     __atomic_store_n(head_p, head + size, __ATOMIC_RELEASE);

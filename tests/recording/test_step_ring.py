@@ -191,3 +191,32 @@ def test_a_detached_ring_sends_every_step_to_the_queue_again():
     _loop(rec, 3)
     assert [s.index for s in rec.queue] == [2, 3, 4]
     assert [s.index for s in StepRingReader(ring).read()] == [0, 1]
+
+
+@pytest.mark.skipif(not recorder_module.ACCELERATED, reason="the C accelerator is not built")
+def test_the_c_writer_writes_the_very_bytes_of_the_python_writer():
+    rec = Recorder(100, DropCounter(), None)
+    c_ring = StepRing.create(1 << 16)
+    attach_ring(rec, c_ring)  # the C writer: the Python one only for what is new
+    values = [1.25, -3, True, "warm", "é" * 3, 2**62, float("nan"), "", False]
+    ended = []
+    for step in rec.steps(range(40), loader="train"):
+        with step.phase("forward"):
+            pass
+        if step.index % 4 == 1:
+            with step.monitor("val_loss"):
+                pass
+        if step.index % 3:
+            step.set_attribute("loss", values[step.index % len(values)])
+            step.set_attribute("tokens", step.index * 1024)
+        if step.index == 20:
+            step.set_attribute("blob", "x" * 300)  # too long: the queue's, behind a marker
+        ended.append(step)
+    py_ring = StepRing.create(1 << 16)
+    side = Recorder(100, DropCounter(), None)
+    py = StepRingWriter(py_ring, side)
+    assert all(py.write_step(s) for s in ended)
+    head = c_ring.counters()["head"]
+    assert py_ring.counters() == c_ring.counters() and head > 40 * 64
+    assert bytes(c_ring.buffer[:256 + head]) == bytes(py_ring.buffer[:256 + head])
+    assert [s.index for s in rec.queue] == [s.index for s in side.queue] == [20]
