@@ -18,7 +18,7 @@ from typing import Any
 
 from bench_support import _fmt_ci
 
-IN_PROCESS = ("otel-otlp", "otel-ring", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
+IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
               "otel-any-cpu", "otel-none", "otel-recorder", "instrument", "otel-sdk",
               "record-function", "timestamps")
 # otel-train runs exporting OTLP
@@ -27,6 +27,8 @@ EXPORTING = ("otel-otlp", "otel-ring", "otel-thread", "otel-paused", "otel-sampl
 # Runs whose background can be frozen between blocks (an exporter process, no hooks to swap)
 FREEZABLE = ("otel-otlp", "otel-ring", "otel-sampled", "otel-throughput", "otel-any-cpu")
 PEERS = ("torchtel", "traceml")
+# Run only when named in --variants (not in the default list)
+OPT_IN = ("otel-ring",)
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 
 
