@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from typing import Any
 
@@ -31,10 +32,17 @@ class RingSource:
         self.ring = ring
         self._reader = StepRingReader(ring)
         self.pending: deque[Any] = deque()
+        # One reader at a time (the ring has one consumer): the worker's looks, a drain on
+        # the training thread (run.flush), the count at shutdown.
+        self._lock = threading.Lock()
         attach_ring(recorder, ring)
 
     def refill(self) -> int:
         """Move what the ring holds now into ``pending``; the number of records moved."""
+        with self._lock:
+            return self._refill_locked()
+
+    def _refill_locked(self) -> int:
         queue = self._recorder.queue
         pending = self.pending
         moved = 0

@@ -29,9 +29,9 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter, is_cold_step
 from otel_train.export.process.cpu import ProcessCpuReader
 from otel_train.pipeline.drain_schedule import ConsoleDrainClock, DrainSchedule
+from otel_train.pipeline.ring_source import RingSource
 from otel_train.recording.call_checks import detached
 from otel_train.recording.device_values import VALUE_WAIT_SECONDS, record_ready
-from otel_train.pipeline.ring_source import RingSource
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.envelope_records import StartupRecordMaker
 from otel_train.records.span_rows import record_span_count, view_from_record
@@ -146,7 +146,7 @@ class SpanBuildWorker:
         self._cpu_mark = thread_time_ns()
         rec = self._recorder
         q = self._records
-        refill = self._ring_source.refill if self._ring_source is not None else None
+        ring = self._ring_source is not None
         user_rows = self._route.user_rows
         tick = getattr(self._export, "tick", None)
         schedule = self._schedule
@@ -162,11 +162,8 @@ class SpanBuildWorker:
                 wait = poll
                 continue
             now = perf_counter_ns()
-            if refill is not None:
-                try:
-                    refill()
-                except Exception as exc:
-                    self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
+            if ring:
+                self._refill()
             schedule.observe(q)
             rows = user_rows is not None and user_rows.waiting
             if rows and not rows_since:
@@ -197,6 +194,17 @@ class SpanBuildWorker:
             wait = schedule.wait_seconds(q, now, bool(active), stepped=bool(ended))
             if rows_since:
                 wait = max(poll, min(wait, (rows_since + schedule.max_delay_ns - now) / 1e9))
+
+    def _refill(self) -> None:
+        """What the step ring holds now into the records to drain (step_ring="on"); never
+        raises (a drain may run on the training thread: run.flush(), run.costs())."""
+        source = self._ring_source
+        if source is None:
+            return
+        try:
+            source.refill()
+        except Exception as exc:
+            self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
 
     def _sleep(self, seconds: float, reads: bool) -> bool:
         """Until ``seconds`` pass, the worker is stopped, or (with the exporter process, whose
@@ -264,8 +272,7 @@ class SpanBuildWorker:
     def _drain_locked(self, deadline_ns: int | None) -> int:
         cpu0 = thread_time_ns()
         try:
-            if self._ring_source is not None:
-                self._ring_source.refill()
+            self._refill()
             return self._drain_records(self._route, deadline_ns)
         finally:
             end_drain = getattr(self._export, "end_drain", None)

@@ -90,7 +90,7 @@ class PureRecorderCore:
     """The recorder's hot fields as plain attributes: the twin of ``_recorder_c.RecorderCore``
     (which keeps them in C slots that the C phases and step loop read directly)."""
 
-    ring: Any = None  # the step ring's writer, or None (recorder.Recorder.attach_ring)
+    ring: Any = None  # the step ring's writer, or None (step_ring.attach_ring)
 
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,

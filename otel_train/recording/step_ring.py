@@ -2,8 +2,8 @@
 
 A single-producer, single-consumer byte ring of length-prefixed records in memory that can
 be shared with another process (a ``memfd`` mapped ``MAP_SHARED``, or an unlinked temporary
-file where there is no ``memfd_create``; either is inherited by the exporter process as a
-descriptor). The training thread is the one producer: at a step's end it writes the step's
+file where there is no ``memfd_create``; another process maps it from an inherited
+descriptor, ``StepRing.open``). The training thread is the one producer: at a step's end it writes the step's
 record (index, start, end, loader, each phase's id with its start and end, the root's
 attribute values that are numbers, booleans or short strings) and moves ``head``; the one
 consumer reads records up to ``head`` and moves ``tail``. Phase names, kinds, loaders and
@@ -20,16 +20,20 @@ Layout (little-endian; ``HEADER_BYTES`` of header, then ``capacity`` bytes of da
 A record starts at an 8-byte boundary with ``u32 length (a multiple of 8), u16 type,
 u16 count``; a record never wraps: where it does not fit before the end of the data, a
 ``PAD`` record fills the rest and it starts at offset 0. Types: ``QUEUED`` (no body: a
-record the recorder's queue holds comes here in order), ``STRING`` (u32 id, u16 length, utf-8), ``PHASE`` (u32 id, i32 name,
-i32 kind, i32 loader string ids; -1: none), ``STEP`` (count phases; i64 index, i64 start_ns,
-i64 end_ns, i32 loader string id, u32 attribute count; per phase u32 id, 4 pad, i64 start,
-i64 end; per attribute i32 key id, u16 type, u16 length, then 8 bytes of value or the
-string's bytes padded to 8).
+record the recorder's queue holds comes here, in order), ``STRING`` (u32 id, u16 length,
+utf-8), ``PHASE`` (u32 id, i32 name, i32 kind, i32 loader string ids; -1: none), ``STEP``
+(count phases; i64 index, i64 start_ns, i64 end_ns, i32 loader string id, u32 attribute
+count; per phase u32 id, 4 pad, i64 start, i64 end; per attribute i32 key id, u16 type,
+u16 length, then 8 bytes of value or the string's bytes padded to 8).
 
 A full ring drops the newest step, counted (``steps dropped``, and the recorder's
 ``DropCounter`` under ``step_ring_full``): the producer never touches ``tail``, so dropping
 the oldest would mean writing what the reader owns. The producer writes a record's bytes,
-then publishes ``head`` (in C with a release store; the consumer loads it with acquire).
+then publishes ``head``: in C with a release store; in Python with a plain store after the
+record's, which x86 keeps in that order, as it keeps the Python reader's load of ``head``
+before its loads of the record. In one process the GIL orders both sides; a reader in
+another process on a weaker memory model (ARM) would need an acquire load of ``head``,
+which only a C reader gives.
 
 Usage::
 
