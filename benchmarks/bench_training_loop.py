@@ -11,6 +11,8 @@ Variants, each compared with the bare loop:
 - ``otel-otlp``: otel-train exporting OTLP/HTTP to a real local receiver (the receivers of
   ``tests/otlp_receivers.py``, in their own process as a collector would be), Prometheus
   metrics served and the console report on (it goes to stderr, sent to /dev/null);
+- ``otel-ring`` (only when named in ``--variants``): ``otel-otlp`` with ``step_ring="on"``
+  (finished flat steps through the shared-memory step ring, read by the span worker);
 - ``otel-none``: otel-train with ``exporter="none"`` (spans built, metrics derived, no export);
 - ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
   drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
@@ -135,6 +137,7 @@ from bench_loop_tables import (  # noqa: E402
     FREEZABLE,
     HEADER,
     IN_PROCESS,
+    OPT_IN,
     PEER_MODULES,
     PEERS,
     _report_variant,
@@ -206,6 +209,7 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             export_process=variant != "otel-thread",
             sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None,
             background_cpus="off" if variant == "otel-any-cpu" else "auto",
+            step_ring="on" if variant == "otel-ring" else "off",
             **(THROUGHPUT if variant == "otel-throughput" else {}))
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
@@ -554,8 +558,9 @@ def main(argv: list[str] | None = None) -> int:
         args.pairs, args.eval_every = 2, 5
         threads = [1]
         args.variants = [v for v in args.variants if v not in PEERS]
-    for bad in set(args.variants) - set(IN_PROCESS + PEERS):
-        raise SystemExit(f"--variants: unknown variant {bad!r}; known: {IN_PROCESS + PEERS}")
+    for bad in set(args.variants) - set(IN_PROCESS + PEERS + OPT_IN):
+        raise SystemExit(f"--variants: unknown variant {bad!r}; known: "
+                         f"{IN_PROCESS + PEERS + OPT_IN}")
     if args.frozen_background:
         for bad in set(args.variants) - set(FREEZABLE):
             raise SystemExit(f"--frozen-background: variant {bad!r} has no background to "

@@ -409,6 +409,7 @@ class Run:
         rec = self._recorder
         rec.closed = True
         rec.queue = deque(maxlen=0)  # the child's copy records nothing (the parent exports)
+        rec.ring = None  # nor writes into the parent's step ring, shared memory it maps too
         rec.drops = DropCounter()  # fresh: the inherited lock may be held by a lost thread
         rec.held = None
         rec._held_lock = threading.RLock()

@@ -23,12 +23,13 @@ _FORK_SCRIPT = textwrap.dedent("""
     import faulthandler, os, random, sys, time
     import otel_train
 
-    endpoint, status_dir = sys.argv[1], sys.argv[2]
+    endpoint, status_dir, step_ring = sys.argv[1], sys.argv[2], sys.argv[3]
     rng = random.Random(7)
     children = []
     with otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint, run_id="parent",
                               prometheus_port=0, console=False, status_dir=status_dir,
                               export_interval_seconds=0.01, device_sync="off",
+                              step_ring=step_ring,
                               shutdown_timeout_seconds=15) as run:  # a loaded CI machine
         for step in run.steps(range(240)):
             with step.phase("forward"):
@@ -79,10 +80,12 @@ _FORK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_random_forks_never_hang_nor_export_the_parents_spans_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("step_ring", ["off", "on"])
+def test_random_forks_never_hang_nor_export_the_parents_spans_twice(tmp_path: Path,
+                                                                     step_ring: str) -> None:
     with HttpOtlpReceiver() as recv:
         proc = subprocess.run(
-            [sys.executable, "-c", _FORK_SCRIPT, recv.endpoint, str(tmp_path)],
+            [sys.executable, "-c", _FORK_SCRIPT, recv.endpoint, str(tmp_path), step_ring],
             capture_output=True, text=True, timeout=100)
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("CHILDREN"))
@@ -116,7 +119,8 @@ _TRAIN_SCRIPT = textwrap.dedent("""
     run = otel_train.start_run(exporter="otlp", otlp_endpoint=endpoint, run_id="sig",
                                prometheus_port=None, console=False, status_dir=status_dir,
                                export_interval_seconds=0.05, shutdown_timeout_seconds=1.0,
-                               costs_interval_seconds=3600, device_sync="off")
+                               costs_interval_seconds=3600, device_sync="off",
+                               step_ring=sys.argv[4] if len(sys.argv) > 4 else "off")
 
     def loop():
         for step in run.steps(range(10**9)):
@@ -136,11 +140,11 @@ _TRAIN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _signal_training(tmp_path: Path, recv: HttpOtlpReceiver, sig: int, use_with: bool
-                     ) -> tuple[subprocess.CompletedProcess[str], float]:
+def _signal_training(tmp_path: Path, recv: HttpOtlpReceiver, sig: int, use_with: bool,
+                     step_ring: str = "off") -> tuple[subprocess.CompletedProcess[str], float]:
     proc = subprocess.Popen(
         [sys.executable, "-c", _TRAIN_SCRIPT, recv.endpoint, str(tmp_path),
-         "with" if use_with else "bare"],
+         "with" if use_with else "bare", step_ring],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -174,9 +178,12 @@ def _stuck_report(proc: subprocess.Popen[str]) -> str:
             f"{alive})\nprocesses:\n{left}\nstderr (end):\n{(err or '')[-6000:]}")
 
 
-def test_sigterm_flushes_writes_costs_and_dies_of_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("step_ring", ["off", "on"])
+def test_sigterm_flushes_writes_costs_and_dies_of_sigterm(tmp_path: Path, step_ring: str
+                                                          ) -> None:
     with HttpOtlpReceiver() as recv:
-        done, took = _signal_training(tmp_path, recv, signal.SIGTERM, use_with=False)
+        done, took = _signal_training(tmp_path, recv, signal.SIGTERM, use_with=False,
+                                      step_ring=step_ring)
         spans = recv.spans()
     assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
     assert took < 1.0 + 2.0, f"SIGTERM took {took:.2f}s to end the run"

@@ -8,9 +8,10 @@ import threading
 # (steps recorded faster than the background could build them), ``export_queue_full``
 # (exporter slower than training), ``export_failed`` (the collector refused or was
 # unreachable), ``shutdown_timeout`` (still queued or in flight when the shutdown bound ran
-# out), ``build_error``.
+# out), ``build_error``, ``step_ring_full`` (step_ring="on": steps ended faster than the
+# background read the ring).
 DROP_REASONS = ("record_queue_full", "export_queue_full", "export_failed", "shutdown_timeout",
-                "build_error")
+                "build_error", "step_ring_full")
 
 
 class DropCounter:

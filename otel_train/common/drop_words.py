@@ -27,6 +27,7 @@ REASON_WORDS = {
     "export_queue_full": "dropped from a full export queue (the oldest first)",
     "record_queue_full": "dropped from a full step-record queue (the oldest first)",
     "build_error": "could not be made into spans",
+    "step_ring_full": "dropped from a full step ring (the newest first)",
 }
 
 

@@ -195,6 +195,15 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "ignores the launcher's SIGINT/SIGTERM (the run's shutdown flushes through it) and "
         "leaves when the run ends or the training process dies; if it cannot start, export "
         "falls back to a thread."),
+    "step_ring": OptionDoc(
+        "export", "`on`: the hot path writes each finished flat step into a shared-memory ring "
+        "instead of queuing the Python object; `off` (the default): every step is queued",
+        details="A flat step (phases one after another, none failed) with root attribute "
+        "values that are numbers, booleans or short strings is written as a compact record "
+        "at its end (in C where the accelerator was built); any other step, and `run.monitor` "
+        "records, are queued as before, a marker in the ring holding their place. A full "
+        "ring drops the newest step, counted as `step_ring_full`. The span worker of the "
+        "training process reads the ring; the exporter process does not read it yet."),
     "export_process_nice": OptionDoc(
         "export", "with `export_process`: the exporter process's niceness, added to the "
         "training process's (0..19; 0: the same priority)",

@@ -72,6 +72,7 @@ from otel_train.pipeline.plan import (
     process_failed,
 )
 from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
+from otel_train.pipeline.ring_source import RingSource
 from otel_train.pipeline.span_worker import (
     CONSOLE_MAX_DRAIN_DELAY_SECONDS,
     MAX_DRAIN_DELAY_SECONDS,
@@ -81,6 +82,7 @@ from otel_train.pipeline.span_worker import (
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.device import DeviceTiming
 from otel_train.recording.recorder import Recorder
+from otel_train.recording.step_ring import StepRing, ring_capacity_bytes
 from otel_train.records.envelope_records import startup_maker
 from otel_train.records.step_records import (
     StepRecordBuilder,
@@ -272,11 +274,26 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                              export=export if isinstance(export, ExportProcessClient) else None,
                              startup=startup_maker(derived.settings["envelope"],
                                                    self_cost.started_ns, builder.offset_ns,
-                                                   options.startup_span))
+                                                   options.startup_span),
+                             ring_source=_ring_source(options, recorder))
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,
                         builder=builder, worker=worker, background=background)
+
+
+def _ring_source(options: RunOptions, recorder: Recorder) -> RingSource | None:
+    """With ``step_ring="on"``: the step ring, attached to the recorder (its steps go there
+    from now on) and read by the span worker; None when off or where it cannot be made (a
+    warning; the queue takes every step)."""
+    if options.step_ring != "on":
+        return None
+    try:
+        return RingSource(recorder, StepRing.create(ring_capacity_bytes(options.max_queued_steps)))
+    except (OSError, ValueError) as exc:
+        _log.warning("otel-train: step_ring=on: the ring could not be made (%r); steps are "
+                     "queued as with step_ring=off", exc)
+        return None
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,

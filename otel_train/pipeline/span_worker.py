@@ -29,6 +29,7 @@ from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import SelfCostMeter, is_cold_step
 from otel_train.export.process.cpu import ProcessCpuReader
 from otel_train.pipeline.drain_schedule import ConsoleDrainClock, DrainSchedule
+from otel_train.pipeline.ring_source import RingSource
 from otel_train.recording.call_checks import detached
 from otel_train.recording.device_values import VALUE_WAIT_SECONDS, record_ready
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
@@ -83,8 +84,10 @@ class SpanBuildWorker:
         console_every_steps: int | None = None,
         console_min_interval_seconds: float = 0.0,
         startup: StartupRecordMaker | None = None,
+        ring_source: RingSource | None = None,
     ) -> None:
         self._recorder = recorder
+        self._ring_source = ring_source  # step_ring="on": the ring, merged with the queue
         # On an accelerator, records may hold device values or events still on their way
         # (device_values.py): checked before each is built. Never on CPU.
         probes = getattr(recorder, "probes", None)
@@ -128,6 +131,13 @@ class SpanBuildWorker:
         self._exporter_cpu: ProcessCpuReader | None = None  # the exporter's /proc stat, kept open
         self.paused = False  # benchmarks pause the worker to time the hot path alone
 
+    @property
+    def _records(self) -> Any:
+        """The records to drain, in order: the ring's merged with the queue, or the queue
+        (read each time: a forked child's run swaps the queue out)."""
+        source = self._ring_source
+        return source.pending if source is not None else self._recorder.queue
+
     def start(self) -> None:
         """Start the worker thread."""
         self._thread.start()
@@ -135,7 +145,8 @@ class SpanBuildWorker:
     def _run(self) -> None:
         self._cpu_mark = thread_time_ns()
         rec = self._recorder
-        q = rec.queue
+        q = self._records
+        ring = self._ring_source is not None
         user_rows = self._route.user_rows
         tick = getattr(self._export, "tick", None)
         schedule = self._schedule
@@ -151,6 +162,8 @@ class SpanBuildWorker:
                 wait = poll
                 continue
             now = perf_counter_ns()
+            if ring:
+                self._refill()
             schedule.observe(q)
             rows = user_rows is not None and user_rows.waiting
             if rows and not rows_since:
@@ -181,6 +194,17 @@ class SpanBuildWorker:
             wait = schedule.wait_seconds(q, now, bool(active), stepped=bool(ended))
             if rows_since:
                 wait = max(poll, min(wait, (rows_since + schedule.max_delay_ns - now) / 1e9))
+
+    def _refill(self) -> None:
+        """What the step ring holds now into the records to drain (step_ring="on"); never
+        raises (a drain may run on the training thread: run.flush(), run.costs())."""
+        source = self._ring_source
+        if source is None:
+            return
+        try:
+            source.refill()
+        except Exception as exc:
+            self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
 
     def _sleep(self, seconds: float, reads: bool) -> bool:
         """Until ``seconds`` pass, the worker is stopped, or (with the exporter process, whose
@@ -248,6 +272,7 @@ class SpanBuildWorker:
     def _drain_locked(self, deadline_ns: int | None) -> int:
         cpu0 = thread_time_ns()
         try:
+            self._refill()
             return self._drain_records(self._route, deadline_ns)
         finally:
             end_drain = getattr(self._export, "end_drain", None)
@@ -273,7 +298,7 @@ class SpanBuildWorker:
         ended ``VALUE_WAIT_SECONDS`` ago or the worker is stopping: then it is built without
         them, and they are counted (records/attribute_values.py).
         """
-        q = self._recorder.queue
+        q = self._records
         wait_device = self._wait_device
         while q:
             if deadline_ns is not None and perf_counter_ns() > deadline_ns:
@@ -318,7 +343,7 @@ class SpanBuildWorker:
         first_start: int | None = None
         first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
-            if isinstance(record, Step):
+            if not isinstance(record, MonitorRecord):  # a Step, or a RingStep
                 steps += 1
                 if first_start is None:
                     first_start = record.start_ns
@@ -403,10 +428,20 @@ class SpanBuildWorker:
                 except Exception as exc:
                     self._warn.warning("send", "otel-train: could not hand the last spans "
                                        "to export: %r", exc)
+        lost = 0
+        source = self._ring_source
+        if source is not None:
+            try:
+                source.detach()  # from now on a late record is queued, and counted below
+                lost += source.waiting_spans()
+            except Exception as exc:
+                self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
+            source.pending.clear()
         left = self._recorder.queue
         if left:
-            lost = sum(r.span_count() for r in list(left))
+            lost += sum(r.span_count() for r in list(left))
             left.clear()
+        if lost:
             self._drops.add("shutdown_timeout", lost)
 
     def _close_wake_pipe(self) -> None:

@@ -26,7 +26,7 @@
  * this module calls time.perf_counter_ns itself.
  *
  * Sources: this file (the interned names, RecorderCore, the module), _recorder_c_phase.c,
- * _recorder_c_step.c, _recorder_c_loop.c, _recorder_c_rows.c (off the hot path: a flat
+ * _recorder_c_step.c, _recorder_c_loop.c, _recorder_c_ring.c (the step ring's writer), _recorder_c_rows.c (off the hot path: a flat
  * step's phase rows for the span worker); _recorder_c.h shares the structs and helpers.
  */
 #include "_recorder_c.h"
@@ -50,7 +50,8 @@ RecorderCore_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNU
     if (self == NULL) {
         return NULL;
     }
-    PyObject **none_slots[] = {&self->ev, &self->current, &self->held, &self->queue};
+    PyObject **none_slots[] = {&self->ev, &self->current, &self->held, &self->queue,
+                                &self->ring};
     for (size_t i = 0; i < sizeof(none_slots) / sizeof(none_slots[0]); i++) {
         Py_INCREF(Py_None);
         *none_slots[i] = Py_None;
@@ -70,6 +71,7 @@ RecorderCore_traverse(RecorderCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->ev);
     Py_VISIT(self->current);
+    Py_VISIT(self->ring);
     Py_VISIT(self->held);
     Py_VISIT(self->closed);
     Py_VISIT(self->next_index);
@@ -84,6 +86,7 @@ RecorderCore_clear(RecorderCore *self)
 {
     Py_CLEAR(self->ev);
     Py_CLEAR(self->current);
+    Py_CLEAR(self->ring);
     Py_CLEAR(self->held);
     Py_CLEAR(self->closed);
     Py_CLEAR(self->next_index);
@@ -111,6 +114,8 @@ static PyMemberDef RecorderCore_members[] = {
      "perf_counter_ns of the last step's end (0: none yet)"},
     {"queue", T_OBJECT_EX, offsetof(RecorderCore, queue), 0, "finished steps"},
     {"max_queued", T_OBJECT_EX, offsetof(RecorderCore, max_queued), 0, "the queue's bound"},
+    {"ring", T_OBJECT_EX, offsetof(RecorderCore, ring), 0,
+     "the step ring's writer (a finished flat step goes there), or None"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -187,6 +192,7 @@ PyInit__recorder_c(void)
     struct { const char *name; PyTypeObject *type; } types[] = {
         {"RecorderCore", &otr_RecorderCore_Type}, {"PhaseCore", &otr_PhaseCore_Type},
         {"StepCore", &otr_StepCore_Type}, {"StepLoop", &otr_StepLoop_Type},
+        {"RingWriterCore", &otr_RingWriterCore_Type},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         if (PyType_Ready(types[i].type) < 0) {

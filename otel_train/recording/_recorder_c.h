@@ -19,7 +19,7 @@ extern PyObject *otr_one;             /* 1, for next_index + 1 */
 extern PyObject *otr_zero;            /* 0: a step's end_ns until it ends */
 
 extern PyTypeObject otr_RecorderCore_Type, otr_PhaseCore_Type, otr_StepCore_Type,
-    otr_StepLoop_Type;
+    otr_StepLoop_Type, otr_RingWriterCore_Type;
 
 /* The recorder's hot fields (see _recorder_c.c). */
 typedef struct {
@@ -32,6 +32,7 @@ typedef struct {
     PyObject *last_step_end_ns;
     PyObject *queue;            /* finished steps for the background */
     PyObject *max_queued;
+    PyObject *ring;             /* the step ring's writer (_recorder_c_ring.c), or None */
 } RecorderCore;
 
 /* A phase's fields (see _recorder_c_phase.c; _recorder_c_rows.c reads them too). */
@@ -100,6 +101,9 @@ store(PyObject **slot, PyObject *value)
 
 /* 1 if the step has ended, 0 if not, -1 on error (_recorder_c_step.c). */
 int otr_step_ended(StepCore *self);
+
+/* 1: the step ring carried `step`, 0: not, -1: error (_recorder_c_ring.c). */
+int otr_ring_write(PyObject *writer, PyObject *step);
 
 /* A flat step's phase rows, or None (_recorder_c_rows.c). */
 PyObject *otr_flat_phase_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

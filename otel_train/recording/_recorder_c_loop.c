@@ -155,6 +155,24 @@ end_step(StepLoop *self, PyObject *step)
         store(&rc->ev, Py_None);
     }
     Py_XSETREF(rc->last_step_end_ns, end); /* steals end */
+    if (rc->ring != NULL && rc->ring != Py_None) {
+        /* The step ring: a flat step's record goes to shared memory, not the queue. */
+        int carried = Py_IS_TYPE(rc->ring, &otr_RingWriterCore_Type)
+                          ? otr_ring_write(rc->ring, step)
+                          : -2;
+        if (carried == -2) {
+            PyObject *r = PyObject_CallMethod(rc->ring, "write_step", "O", step);
+            carried = r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+        }
+        if (carried < 0) {
+            /* Never raised into training: the queue takes the step (built as before). */
+            PyErr_Clear();
+        }
+        else if (carried > 0) {
+            return 0;
+        }
+    }
     Py_ssize_t limit = rc->max_queued != NULL ? PyLong_AsSsize_t(rc->max_queued) : 0;
     if (limit == -1 && PyErr_Occurred()) {
         return -1;

@@ -90,13 +90,14 @@ class PureRecorderCore:
     """The recorder's hot fields as plain attributes: the twin of ``_recorder_c.RecorderCore``
     (which keeps them in C slots that the C phases and step loop read directly)."""
 
+    ring: Any = None  # the step ring's writer, or None (step_ring.attach_ring)
+
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
               step_type: type, nested_error: Callable[[Any], Exception],
               max_steps: int | None = None) -> Iterator[Any]:
     """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``."""
-    plain = rec.plain
-    sync = rec.synchronize  # the step's start already synchronized: data starts clean
+    plain, sync = rec.plain, rec.synchronize  # a step's start synced: data starts clean
     new_step = step_type.__new__
     train_lookup, monitor_lookup = rec.phase_lookup, rec.monitor_lookup
     it: Iterator[Any] | None = None
@@ -146,7 +147,9 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
             rec.current = rec.ev = None
         rec.last_step_end_ns = end
         queue = rec.queue  # read per step: a forked child's run swaps it out
-        if len(queue) < rec.max_queued:
+        if rec.ring is not None:  # the step ring takes it (or queues it behind a marker)
+            rec.ring.write_step(step)
+        elif len(queue) < rec.max_queued:
             queue.append(step)
         else:
             rec.drops.add("record_queue_full", step.span_count())

@@ -101,8 +101,7 @@ _step_loop: Any = _recorder_c.StepLoop if _recorder_c is not None else pure_twin
 #: builder; None on the pure twin, whose builder runs its Python twin
 #: (records/step_records.py ``_flat_phases``).
 FLAT_PHASE_ROWS: Any = _recorder_c.flat_phase_rows if _recorder_c is not None else None
-# The pure twin's running steps shadow phase/monitor with the tables' lookups (see
-# PureStepCore).
+# The pure twin's running steps shadow phase/monitor with the tables' lookups (PureStepCore).
 _SHADOWED_LOOKUPS = _recorder_c is None
 
 
@@ -278,6 +277,7 @@ class Recorder(_RecorderCore):
         self.phase_lookup = self.train_phases.__getitem__
         self.monitor_lookup = self.monitor_phases.__getitem__
         self.schedule = schedule or DueSchedule()  # step.due's (schedule.py): every-N if None
+        self.ring: Any = None  # the step ring's writer (step_ring.attach_ring), or None
 
     def phase(self, name: str, kind: str, loader: str | None = None) -> Phase:
         """The reusable Phase for (name, kind, loader)."""
@@ -328,10 +328,8 @@ class Recorder(_RecorderCore):
             if self.held is not None:
                 self.release_held()  # one held step at a time: the earlier one goes first
             self.held = step
-        elif len(self.queue) < self.max_queued:
-            self.queue.append(step)
         else:
-            self.drops.add("record_queue_full", step.span_count())
+            self.submit(step)
 
     def device_step_start(self, step: Step) -> None:
         """The device side of a step's start (device_sync or events mode only)."""
@@ -371,6 +369,8 @@ class Recorder(_RecorderCore):
 
     def submit(self, record: Step | MonitorRecord) -> None:
         """Queue a finished record for the background; count it if the queue is full."""
+        if self.ring is not None and self.ring.write_step(record):
+            return  # the step ring took it (written, queued behind a marker, or dropped)
         q = self.queue
         if len(q) < self.max_queued:
             q.append(record)

@@ -28,10 +28,10 @@ ROUTES = ("process", "in-process", "fallback")
 TARGETS = ("grpc", "http/protobuf", "file")
 
 
-def _train(run: otel_train.Run) -> None:
+def _train(run: otel_train.Run, phase_attribute: bool = True) -> None:
     """Steps of every shape, a user span opened with the OTel API inside a phase, and
     monitoring between steps."""
-    run_shaped_steps(run, 4, phase_attribute=True)
+    run_shaped_steps(run, 4 if phase_attribute else 6, phase_attribute=phase_attribute)
     tracer = trace.get_tracer("user.code", "1.0")
     with run.step() as step:
         with step.phase("forward"):
@@ -79,8 +79,9 @@ def _comparable(spans: list[ReceivedSpan]) -> list[str]:
 
 
 def _run_route(route: str, target: str, tmp_path: Path, endpoint: str | None,
-               monkeypatch: pytest.MonkeyPatch) -> otel_train.Run:
-    options: dict = {"prometheus_port": None, "console": False, "run_id": "routes",
+               monkeypatch: pytest.MonkeyPatch, flat: bool = False, **extra: object
+               ) -> otel_train.Run:
+    options: dict = {**extra, "prometheus_port": None, "console": False, "run_id": "routes",
                      "service_name": "routes", "status_dir": str(tmp_path),
                      "export_interval_seconds": 0.05, "export_process": route != "in-process"}
     if target == "file":
@@ -91,15 +92,15 @@ def _run_route(route: str, target: str, tmp_path: Path, endpoint: str | None,
         if route == "fallback":  # the exporter process exits as it starts
             patch.setattr("otel_train.export.process.launch._BOOT", "import sys; sys.exit(3)")
         run = otel_train.start_run(**options)
-        _train(run)
+        _train(run, phase_attribute=not flat)
         run.shutdown(timeout=20)
     return run
 
 
-def _delivered(route: str, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-               ) -> list[ReceivedSpan]:
+def _delivered(route: str, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               **extra: object) -> list[ReceivedSpan]:
     if target == "file":
-        run = _run_route(route, target, tmp_path, None, monkeypatch)
+        run = _run_route(route, target, tmp_path, None, monkeypatch, **extra)
         spans = _file_spans(tmp_path / "spans.jsonl")
     else:
         receiver = GrpcOtlpReceiver() if target == "grpc" else HttpOtlpReceiver()
@@ -133,3 +134,19 @@ def test_every_route_delivers_the_same_spans_to_every_target(tmp_path: Path,
     # The user span nests under its phase on every route.
     user = json.loads(next(s for s in want if json.loads(s)[0] == "user-work"))
     assert user[2] == "forward" and user[8] == "user.code"
+
+
+def test_the_step_ring_delivers_the_same_spans_on_every_route(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch):
+    """step_ring="on": flat steps go through the shared-memory ring, the others (a failed
+    phase, nested phases, attributes it cannot carry, run.monitor) through the queue; the
+    span file holds the same spans as with the ring off, on each route, none dropped."""
+    want = _comparable(_delivered("in-process", "file", tmp_path / "off", monkeypatch,
+                                  flat=True))
+    for route in ROUTES:
+        path = tmp_path / "ring" / route
+        run = _run_route(route, "file", path, None, monkeypatch, flat=True, step_ring="on")
+        assert run.dropped_spans() == {}, route
+        counters = run._telemetry.worker._ring_source.ring.counters()
+        assert counters["written_steps"] >= 2 and counters["tail"] == counters["head"], route
+        assert _comparable(_file_spans(path / "spans.jsonl")) == want, route

@@ -67,7 +67,8 @@ def test_the_pure_python_twin_passes_the_hot_path_tests():
     files = ["recording/test_recorder.py", "recording/test_step_events.py",
              "recording/test_step_phase_events.py", "recording/test_monitor_record.py",
              "recording/test_device.py", "recording/test_device_events.py",
-             "recording/test_context.py", "recording/test_step_loop.py"]
+             "recording/test_context.py", "recording/test_step_loop.py",
+             "recording/test_step_ring.py"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
         cwd=TESTS, env=_env(True), capture_output=True, text=True, timeout=110)

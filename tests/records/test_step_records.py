@@ -375,3 +375,88 @@ def test_flat_phase_rows_in_c_equal_the_pure_python_twin_and_both_refuse_other_l
         FLAT_PHASE_ROWS([object(), t, t + 1, None], None, 1, 0, "data")
     with pytest.raises(TypeError):
         FLAT_PHASE_ROWS((), None, 1, 0, "data")
+
+
+@pytest.mark.parametrize("writer", ["attached", "python"])
+def test_records_built_from_the_step_ring_equal_those_built_from_the_steps(writer):
+    """The step ring's records (recording/step_ring.py) give the same span records as the
+    steps they were written from: flat steps with loaders, own-loader and monitoring phases,
+    root attribute values; the steps the ring refuses are the queue's, built as before."""
+    import random
+
+    from otel_train.recording.step_ring_reader import StepRingReader
+    from otel_train.recording.step_ring import (
+        StepRing,
+            StepRingWriter,
+        attach_ring,
+    )
+
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    if writer == "attached":  # the C writer where the accelerator was built
+        attach_ring(rec, ring)
+    ended = []
+    for step in rec.steps(range(8), loader="train"):
+        with step.phase("forward"):
+            pass
+        with rec.phase("val_data", "monitor", "val"):  # a loader of its own
+            pass
+        with step.monitor("val_loss"):
+            pass
+        if step.index % 2:
+            step.set_attribute("loss", step.index / 3)
+            step.set_attribute("tag", "warm" if step.index > 3 else "cold")
+            step.set_attribute("finite", True)
+            step.set_attribute("tokens", 2**40 + step.index)
+        if step.index == 6:
+            step.set_attribute("big", torch.tensor(2.5))  # a tensor: the queue's
+        ended.append(step)
+    ended.append(nested_step(rec, index=8))
+    ended += [Step(rec, 9, None), Step(rec, 10, "eval")]  # a step with no phase; a loader
+    with ended[-1].phase("forward"):
+        pass
+    for s in ended[-2:]:
+        s._finish(None)
+    if writer == "python":
+        side = Recorder(100, rec.drops, None)  # its queue takes what the ring cannot carry
+        py = StepRingWriter(ring, side)
+        assert all(py.write_step(s) for s in list(rec.queue))
+        left = list(side.queue)
+    else:
+        left = list(rec.queue)
+    from_ring = [s for s in StepRingReader(ring).read() if s != "queued"]
+    assert sorted([s.index for s in from_ring] + [s.index for s in left]) == list(range(11))
+    assert [s.index for s in left] == [6, 8, 9]  # the tensor, the nested step, no phase
+    by_index = {s.index: s for s in ended}
+
+    def fixed() -> StepRecordBuilder:  # one epoch offset for both
+        return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, 10**18)
+
+    random.seed(7)
+    want = [fixed().record(by_index[s.index]) for s in from_ring]
+    random.seed(7)
+    got = [fixed().record(s) for s in from_ring]
+    assert got == want and len(got) == 8
+    assert any(r[6].get("loss") for r in got) and got[-1][6]["train.dataloader"] == "eval"
+    # Odd event lists, as the recorder writes them: the ring takes exactly the flat ones.
+    from otel_train.recording.step_events import flat_events
+
+    odd_ring = StepRing.create(1 << 16)
+    side = Recorder(100, DropCounter(), None)
+    py = StepRingWriter(odd_ring, side)
+    taken = []
+    for n, ev in enumerate(_recorded_event_lists()):
+        step = Step(rec, 100 + n, "train")
+        step._finish(None)
+        step.ev = ev
+        queued = len(side.queue)
+        assert py.write_step(step)
+        assert (len(side.queue) == queued) == (bool(ev) and flat_events(ev) is not None), ev
+        if flat_events(ev) is not None:
+            taken.append(step)
+    random.seed(3)
+    want = [fixed().record(s) for s in taken]
+    random.seed(3)
+    assert [fixed().record(s) for s in StepRingReader(odd_ring).read() if s != "queued"
+            ] == want
+    assert len(want) >= 3

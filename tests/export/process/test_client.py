@@ -839,8 +839,9 @@ class _KillingReceiver(GrpcOtlpReceiver):
 
 
 @pytest.mark.timeout(180)  # ~17 s on an idle 2-core VM; room for a loaded one
+@pytest.mark.parametrize("step_ring", ["off", "on"])
 def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_every_round(
-        tmp_path: Path) -> None:
+        tmp_path: Path, step_ring: str) -> None:
     # The child is killed (SIGKILL) while it streams batches to a real collector, 10 times
     # in a row: in even rounds by the collector between taking a batch and answering it, in
     # odd rounds at a random moment. The collector's own count is the truth of what was
@@ -860,7 +861,7 @@ def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_eve
             run = start_test_run(tmp_path / f"round{round_}", exporter="otlp",
                                  otlp_endpoint=recv.endpoint, otlp_protocol="grpc",
                                  spans_path=None, export_interval_seconds=0.01,
-                                 export_batch_size=64)
+                                 export_batch_size=64, step_ring=step_ring)
             client = run._telemetry.export
             run.flush(timeout_seconds=20)  # the child is up
             killer = None

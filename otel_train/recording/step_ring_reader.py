@@ -1,0 +1,170 @@
+"""The step ring read back: ``StepRingReader`` turns its records into ``RingStep`` objects.
+
+The consumer side of ``step_ring.py`` (whose docstring holds the layout): it reads records
+from ``tail`` up to ``head`` (the C writer publishes ``head`` with a release store; on the
+platforms CPython's ``struct`` reads here, a load that sees ``head`` sees the bytes before
+it), keeps the strings and phases each definition record sends, and moves ``tail`` past each
+record it has read, which frees its room for the writer. A ``RingStep`` has the fields the
+record builder (``records/step_records.py``) reads of a ``Step``, so a step from the ring is
+built by the same code as one from the queue.
+
+Usage::
+
+    reader = StepRingReader(StepRing.open(fd))
+    for item in reader.read():   # RingStep, or QUEUED where the queue holds the record
+        ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_train.recording.step_events import PhaseEntry
+from otel_train.recording.step_ring import (
+    ATTR_BOOL,
+    ATTR_FLOAT,
+    ATTR_HEAD,
+    ATTR_STR,
+    F64,
+    HEADER_BYTES,
+    I64,
+    OFF_HEAD,
+    OFF_TAIL,
+    PHASE_BODY,
+    QUEUED,
+    REC_HEAD,
+    REC_PHASE,
+    REC_QUEUED,
+    REC_STEP,
+    REC_STRING,
+    STEP_BODY,
+    STEP_PHASE_BODY,
+    STRING_BODY,
+    U64,
+    StepRing,
+)
+
+__all__ = ["RingPhase", "RingStep", "StepRingReader"]
+
+
+class RingPhase(PhaseEntry):
+    """A phase read back from the ring: name, kind and loader, as a ``Phase`` has them."""
+
+    __slots__ = ("name", "kind", "loader")
+
+    def __init__(self, name: str, kind: str, loader: str | None) -> None:
+        self.name = name
+        self.kind = kind
+        self.loader = loader
+
+    def __repr__(self) -> str:
+        return f"RingPhase({self.name!r}, {self.kind!r}, {self.loader!r})"
+
+
+class RingStep:
+    """A finished flat step read back from the ring, with the fields the record builder
+    (``records/step_records.py``) reads of a ``Step``; the rare ones are never set."""
+
+    __slots__ = ("index", "loader", "start_ns", "end_ns", "ev", "attrs")
+    error = None
+    phase_attrs = None
+    dev = None
+    span_ids = None
+    trace_id = 0
+    queued_waits = None
+    batch = None
+
+    def __init__(self, index: int, loader: str | None, start_ns: int, end_ns: int,
+                 ev: list[Any], attrs: dict[str, Any] | None) -> None:
+        self.index = index
+        self.loader = loader
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.ev = ev
+        self.attrs = attrs
+
+    def span_count(self) -> int:
+        """Spans this step will produce (root + phases)."""
+        return 1 + len(self.ev) // 4
+
+    def __repr__(self) -> str:
+        return f"<RingStep {self.index}>"
+
+
+class StepRingReader:
+    """The consumer: reads records up to ``head``, moves ``tail``; one reader at a time."""
+
+    def __init__(self, ring: StepRing) -> None:
+        self.ring = ring
+        self._buf = ring.buffer
+        self._cap = ring.capacity
+        self.strings: dict[int, str] = {}
+        self.phases: dict[int, RingPhase] = {}
+
+    def waiting_bytes(self) -> int:
+        """Bytes written and not yet read."""
+        buf = self._buf
+        return U64.unpack_from(buf, OFF_HEAD)[0] - U64.unpack_from(buf, OFF_TAIL)[0]
+
+    def read(self, max_steps: int | None = None) -> list[RingStep | str]:
+        """The steps written since the last read (at most ``max_steps``), in order, with
+        ``QUEUED`` in the place of each record the recorder's queue holds."""
+        buf, cap = self._buf, self._cap
+        head = U64.unpack_from(buf, OFF_HEAD)[0]
+        tail = U64.unpack_from(buf, OFF_TAIL)[0]
+        out: list[RingStep | str] = []
+        while tail < head and (max_steps is None or len(out) < max_steps):
+            at = tail % cap
+            if cap - at < 8:  # too little room for a PAD: the writer skipped it
+                tail += cap - at
+                continue
+            size, kind, count = REC_HEAD.unpack_from(buf, HEADER_BYTES + at)
+            if size < 8 or size > cap - at:
+                raise ValueError(f"step ring: corrupt record of {size} bytes at {tail}")
+            pos = HEADER_BYTES + at + 8
+            if kind == REC_STEP:
+                out.append(self._step(buf, pos, count))
+            elif kind == REC_STRING:
+                sid, length = STRING_BODY.unpack_from(buf, pos)
+                start = pos + STRING_BODY.size
+                self.strings[sid] = bytes(buf[start:start + length]).decode(
+                    "utf-8", "surrogatepass")
+            elif kind == REC_QUEUED:
+                out.append(QUEUED)  # type: ignore[arg-type]
+            elif kind == REC_PHASE:
+                pid, name, kind_id, loader = PHASE_BODY.unpack_from(buf, pos)
+                strings = self.strings
+                self.phases[pid] = RingPhase(strings[name], strings[kind_id],
+                                             strings[loader] if loader >= 0 else None)
+            tail += size
+            U64.pack_into(buf, OFF_TAIL, tail)  # the record is read: its room is free
+        return out
+
+    def _step(self, buf: memoryview, pos: int, count: int) -> RingStep:
+        index, start_ns, end_ns, loader, n_attrs = STEP_BODY.unpack_from(buf, pos)
+        pos += STEP_BODY.size
+        phases = self.phases
+        ev: list[Any] = []
+        for _ in range(count):
+            pid, start, end = STEP_PHASE_BODY.unpack_from(buf, pos)
+            pos += STEP_PHASE_BODY.size
+            ev += (phases[pid], start, end, None)
+        attrs: dict[str, Any] | None = None
+        if n_attrs:
+            attrs = {}
+            strings = self.strings
+            for _ in range(n_attrs):
+                kid, kind, length = ATTR_HEAD.unpack_from(buf, pos)
+                pos += ATTR_HEAD.size
+                if kind == ATTR_STR:
+                    value: Any = bytes(buf[pos:pos + length]).decode("utf-8", "surrogatepass")
+                    pos += (length + 7) // 8 * 8
+                else:
+                    value = (F64.unpack_from(buf, pos)[0] if kind == ATTR_FLOAT
+                             else I64.unpack_from(buf, pos)[0])
+                    if kind == ATTR_BOOL:
+                        value = bool(value)
+                    pos += 8
+                attrs[strings[kid]] = value
+        return RingStep(index, self.strings[loader] if loader >= 0 else None, start_ns,
+                        end_ns, ev, attrs)

@@ -1,0 +1,82 @@
+"""The step ring read by the span worker (step_ring="on"): records in the order they ended,
+the queue's in their places; a full ring's drops in the run's accounting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from train_helpers import clean_env  # noqa: F401  (autouse fixture)
+
+import otel_train
+from otel_train.common.drop_counter import DropCounter
+from otel_train.pipeline.ring_source import RingSource
+from otel_train.recording.recorder import MonitorRecord, Recorder
+from otel_train.recording.step_ring import StepRing
+from otel_train.rundir.span_files import read_otlp_json_lines
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_ring_steps_and_queued_records_come_back_in_the_order_they_ended():
+    rec = Recorder(100, DropCounter(), None)
+    source = RingSource(rec, StepRing.create(1 << 16))
+    for step in rec.steps(range(5), "train"):
+        with step.phase("forward"):
+            pass
+        if step.index == 2:
+            step.set_attribute("weights", [1.0, 2.0])  # a sequence: the queue's
+    with MonitorRecord(rec, "evaluate"):
+        pass
+    for step in rec.steps(range(2), "train"):
+        pass
+    assert source.refill() == 8
+    got = [type(r).__name__ + str(getattr(r, "index", "")) for r in source.pending]
+    assert got == ["RingStep0", "RingStep1", "Step2", "RingStep3", "RingStep4",
+                   "MonitorRecord", "RingStep5", "RingStep6"]
+    assert not rec.queue and source.refill() == 0
+    source.detach()
+    for step in rec.steps(range(1), "train"):
+        pass
+    assert len(rec.queue) == 1 and source.refill() == 0  # detached: queued, no marker
+
+
+def _spans_per_step(path: Path) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for line in read_otlp_json_lines(path):
+        for rs in line["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    attrs = {a["key"]: a["value"] for a in span["attributes"]}
+                    step = int(attrs["train.step"]["intValue"])
+                    counts[step] = counts.get(step, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("export_process", [True, False])
+def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_is_emitted(
+        tmp_path: Path, export_process: bool):
+    run = otel_train.start_run(
+        exporter="jsonl", spans_path=str(tmp_path / "spans.jsonl"), prometheus_port=None,
+        console=False, status_dir=str(tmp_path), run_id="ring-full", step_ring="on",
+        max_queued_steps=64, export_process=export_process, startup_span=False)
+    worker = run._telemetry.worker
+    worker.paused = True  # nothing reads the ring: it fills (64 KiB: ~300 steps of 4 spans)
+    steps = 1000
+    for step in run.steps(range(steps), loader="train"):
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+        with step.monitor("val_loss"):
+            pass
+    ring = worker._ring_source.ring
+    written, dropped = ring.counters()["written_steps"], ring.counters()["dropped_steps"]
+    assert written + dropped == steps and 100 < written < steps
+    worker.paused = False
+    run.shutdown(timeout=30)
+    drops = run.dropped_spans()
+    assert drops == {"step_ring_full": 5 * dropped}
+    delivered = _spans_per_step(tmp_path / "spans.jsonl")
+    assert set(delivered.values()) == {5} and sorted(delivered) == list(range(written))
+    assert sum(delivered.values()) + drops["step_ring_full"] == 5 * steps  # emitted
