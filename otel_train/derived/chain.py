@@ -97,7 +97,8 @@ class StepChain:
     """The derived-metrics processors of one run, in order, and their state as plain data."""
 
     def __init__(self, settings: dict[str, Any], self_cost: Any,
-                 console_stream: TextIO | None = None) -> None:
+                 console_stream: TextIO | None = None,
+                 sampler_downstream: Any = None) -> None:
         s = settings
         window, warmup, world = s["window"], s["warmup"], s["world_size"]
         # With the console on, the slow-step and budget warnings wait for the console's
@@ -144,7 +145,7 @@ class StepChain:
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).
-        self.sampler: StepTailSampler | None = build_step_sampler(s)
+        self.sampler: StepTailSampler | None = build_step_sampler(s, sampler_downstream)
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
                                           "budget": self.budget, "metrics": self.metrics,
                                           "device": self.device, "comm": self.comm,

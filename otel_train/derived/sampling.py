@@ -122,8 +122,10 @@ def sampling_settings(options: RunOptions, identity: Any) -> dict[str, Any]:
             "summary_every_seconds": options.summary_every_seconds}
 
 
-def build_step_sampler(settings: dict[str, Any]) -> StepTailSampler | None:
-    """The chain's tail sampler from its settings; None: every step is exported.
+def build_step_sampler(settings: dict[str, Any],
+                       downstream: SpanProcessor | None = None) -> StepTailSampler | None:
+    """The chain's tail sampler from its settings; None: every step is exported. Kept user
+    spans go on to ``downstream`` (the exporter process's client), if any.
 
     A rank that sends no ordinary steps (export_ranks) or sends summaries instead keeps
     ratio 0 and no first or monitoring steps: only slow, failed, stalled and truncated steps
@@ -134,10 +136,10 @@ def build_step_sampler(settings: dict[str, Any]) -> StepTailSampler | None:
     if routine and not s.get("summary"):
         if s.get("sample_ratio") is None:
             return None
-        return StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+        return StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"], downstream)
     summary = (StepSummary(s["summary_every_steps"], s["summary_every_seconds"])
                if s.get("summary") else None)
-    return StepTailSampler(0.0, 0, keep_monitor=False, summary=summary)
+    return StepTailSampler(0.0, 0, downstream, keep_monitor=False, summary=summary)
 
 
 def at_scale_banner(options: RunOptions, identity: Any) -> list[str]:

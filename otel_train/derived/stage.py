@@ -71,7 +71,8 @@ class DerivedMetricsStage:
     def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
                  collectors: Sequence[Any] = (),
-                 attribute_drops: DropCounter | None = None) -> None:
+                 attribute_drops: DropCounter | None = None,
+                 sampler_downstream: Any = None) -> None:
         self.options = options
         self.identity = identity
         self.drops = drops
@@ -84,7 +85,9 @@ class DerivedMetricsStage:
         # The job envelope: this process's start, and what a previous attempt left (goodput.py).
         self.settings["envelope"] = envelope_settings(
             self.costs_path, now_epoch_ns_of(self_cost.started_ns))
-        self.chain = StepChain(self.settings, self_cost)
+        # The tail sampler's kept user spans go on to ``sampler_downstream`` (the exporter
+        # process's client, where the metrics stay in this process).
+        self.chain = StepChain(self.settings, self_cost, sampler_downstream=sampler_downstream)
         self.slow, self.overhead = self.chain.slow, self.chain.overhead
         self.budget = self.chain.budget
         self.metrics, self.gpu_steps = self.chain.metrics, self.chain.gpu_steps

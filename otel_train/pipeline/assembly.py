@@ -71,7 +71,13 @@ from otel_train.pipeline.plan import (
     plan_pipeline,
     process_failed,
 )
-from otel_train.pipeline.record_sinks import FanOutSink, ProcessSink, RecordSink, StageSink
+from otel_train.pipeline.record_sinks import (
+    NullExport,
+    ProcessSink,
+    RecordSink,
+    SinkExport,
+    StageSink,
+)
 from otel_train.pipeline.span_worker import (
     CONSOLE_MAX_DRAIN_DELAY_SECONDS,
     MAX_DRAIN_DELAY_SECONDS,
@@ -101,7 +107,8 @@ class RunTelemetry:
                  global_provider: RunScopedTracerProvider | None,
                  sdk_provider: TracerProvider | None, export: Any,
                  derived: DerivedMetricsStage, builder: StepRecordBuilder,
-                 worker: SpanBuildWorker, background: BackgroundCpus | None = None) -> None:
+                 worker: SpanBuildWorker, background: BackgroundCpus | None = None,
+                 client: ExportProcessClient | None = None) -> None:
         self.plan = plan
         self.export_plan = plan.export
         self.provider_mode = plan.provider_mode
@@ -111,6 +118,7 @@ class RunTelemetry:
         self.global_provider = global_provider
         self.sdk_provider = sdk_provider
         self.export = export  # the export stage or the exporter process's client, or None
+        self.client = client  # the exporter process's client, or None
         self.derived = derived
         self.builder = builder
         self.worker = worker
@@ -183,9 +191,8 @@ class RunTelemetry:
         gp = self.global_provider
         if gp is not None:
             gp.after_fork_in_child()  # user spans in the child go nowhere
-        fork_hook = getattr(self.export, "after_fork_in_child", None)
-        if fork_hook is not None:
-            fork_hook()  # the exporter process belongs to the parent
+        if self.client is not None:
+            self.client.after_fork_in_child()  # the exporter process belongs to the parent
         self.derived.after_fork_in_child()
 
 
@@ -248,18 +255,23 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # derived-metrics stage mirrors the registry's families over OTLP.
     # Read here, on the training thread: the CPU it runs on now is the one kept free.
     background = BackgroundCpus.resolve(options.background_cpus)
-    export, collectors, plan = _build_export(plan, options, environment, provider, builder,
-                                             drops, background)
+    built = _build_export(plan, options, environment, provider, builder, drops, background)
+    plan, export = built.plan, built.export
+    # Where the metrics stay here, the tail sampler's kept user spans go to the exporter
+    # process's client (they wait in the sampler for their step's decision).
+    downstream = (built.client if plan.tail_sampler and plan.metrics_where != THERE
+                  else None)
     try:
         derived = DerivedMetricsStage(options, identity, status_dir, recorder, drops,
-                                      self_cost, collectors=collectors,
-                                      attribute_drops=builder.attribute_drops)
+                                      self_cost, collectors=built.collectors,
+                                      attribute_drops=builder.attribute_drops,
+                                      sampler_downstream=downstream)
     except BaseException:
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started
         raise
-    route = _row_route(plan, derived, export, provider, builder, drops)
-    sdk_provider = (_user_span_provider(resource, sampler, plan, route, export, derived)
+    route = _row_route(plan, derived, built, provider, builder, drops)
+    sdk_provider = (_user_span_provider(resource, sampler, plan, route, built.client, derived)
                     if mode == MODE_OURS else None)
     # With the console on, a step it prints a fast line for is drained at the next poll:
     # read next to the script's own output, a console line is only useful on time.
@@ -269,21 +281,38 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                                       else MAX_DRAIN_DELAY_SECONDS),
                              console_every_steps=options.log_every if options.console else None,
                              console_min_interval_seconds=fast_log_min_interval_seconds(options),
-                             export=export if isinstance(export, ExportProcessClient) else None,
                              startup=startup_maker(derived.settings["envelope"],
                                                    self_cost.started_ns, builder.offset_ns,
                                                    options.startup_span))
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,
-                        builder=builder, worker=worker, background=background)
+                        builder=builder, worker=worker, background=background,
+                        client=built.client)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltExport:
+    """The export ``_build_export`` built: the exporter process's ``client`` or the in-process
+    ``stage`` (or neither), the metrics collectors it brings, and the plan as built."""
+
+    plan: PipelinePlan
+    client: ExportProcessClient | None = None
+    stage: BoundedBatchSpanProcessor | None = None
+    collectors: tuple[Any, ...] = ()
+
+    @property
+    def export(self) -> ExportProcessClient | BoundedBatchSpanProcessor | None:
+        """What is flushed and shut down with the run."""
+        return self.client if self.client is not None else self.stage
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,
                   provider: Any, builder: StepRecordBuilder, drops: DropCounter,
-                  background: BackgroundCpus) -> tuple[Any, list[Any], PipelinePlan]:
-    """The export the plan names (the client, the stage, or None), the metrics collectors it
-    brings, and the plan as built (the fallback's, should the exporter process not start)."""
+                  background: BackgroundCpus) -> BuiltExport:
+    """The export the plan names (the client, the stage, or neither), the metrics collectors
+    it brings, and the plan as built (the fallback's, should the exporter process not
+    start)."""
     factory = builder.factory
 
     def in_process_stage(exporter: Any = None) -> BoundedBatchSpanProcessor:
@@ -305,60 +334,61 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
         else:
             plan = dataclasses.replace(
                 plan, export=dataclasses.replace(plan.export, process_pid=client.pid))
-            return client, [ExporterProcessCpuCollector(client, builder.rank)], plan
+            return BuiltExport(plan, client=client,
+                               collectors=(ExporterProcessCpuCollector(client, builder.rank),))
     if plan.route != ROUTE_STAGE:
-        return None, [], plan
+        return BuiltExport(plan)
     exporter = None
     if plan.app_exporter:
         found = exporter_like_application(provider)
         if found is None:  # its settings could not be read after all: planned without it
             plan = plan_pipeline(options, dataclasses.replace(environment, app_exporter=None))
             if plan.route != ROUTE_STAGE:
-                return None, [], plan
+                return BuiltExport(plan)
         else:
             exporter = found[0]
     stage = in_process_stage(exporter)
     stage.use_rows(factory)
-    return stage, [], plan
+    return BuiltExport(plan, stage=stage)
 
 
-def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, export: Any, provider: Any,
-               builder: StepRecordBuilder, drops: DropCounter) -> RowRoute:
+def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, built: BuiltExport,
+               provider: Any, builder: StepRecordBuilder, drops: DropCounter) -> RowRoute:
     """Where the span worker's drains go: the metrics (here, unless the plan moves them to
-    the exporter process), then the route's sink(s)."""
+    the exporter process), then the route's export."""
     metrics: Any = derived.shared
     sampler = derived.sampler if plan.tail_sampler else None
     sinks: list[RecordSink] = []
     user_rows = None
-    if isinstance(export, ExportProcessClient):
+    client = built.client
+    if client is not None:
         if plan.metrics_where == THERE:
             # There, user spans wait for their step's decision in the exporter process too
             # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps the
             # counts it sends back.
-            derived.run_in_exporter_process(export)
-            export.sample_when_taken_over(sampler)
+            derived.run_in_exporter_process(client)
+            client.sample_when_taken_over(sampler)
             metrics = sampler = None
-        elif sampler is not None:
-            sampler.downstream = export  # user spans wait here for their step's decision
-        sinks.append(ProcessSink(export, sampler, drops))
-    elif export is not None:
+        sinks.append(ProcessSink(client, sampler, drops))
+    elif built.stage is not None:
         user_rows = UserSpanRows(drops, derived.options.max_queued_spans)
-        sinks.append(StageSink(export, sampler))
+        sinks.append(StageSink(built.stage, sampler))
     if plan.joins_application:
         sinks.append(ApplicationProviderSink(provider, builder.factory))
-    sink = sinks[0] if len(sinks) == 1 else FanOutSink(sinks) if sinks else None
-    return RowRoute(metrics, sink, builder.rank, user_rows)
+    export = SinkExport(sinks, process=client) if sinks else NullExport()
+    return RowRoute(metrics, export, builder.rank, user_rows)
 
 
 def _user_span_provider(resource: Any, sampler: Sampler, plan: PipelinePlan, route: RowRoute,
-                        export: Any, derived: DerivedMetricsStage) -> TracerProvider:
+                        client: ExportProcessClient | None,
+                        derived: DerivedMetricsStage) -> TracerProvider:
     """The SDK provider behind otel-train's global one: user spans opened with the OTel API
     go from it into the route (as rows at once, or to the exporter process's client)."""
     sdk_provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
     if route.user_rows is not None:
         sdk_provider.add_span_processor(route.user_rows)
-    elif isinstance(export, ExportProcessClient):
+    elif client is not None:
         local_sampler = derived.sampler if (plan.tail_sampler
                                             and plan.metrics_where != THERE) else None
-        sdk_provider.add_span_processor(local_sampler or export)
+        sdk_provider.add_span_processor(local_sampler or client)
     return sdk_provider

@@ -51,7 +51,7 @@ from otel_train.recording.step_events import (
     in_progress,
     open_monitoring,
 )
-from otel_train.recording.step_counts import StepCounts
+from otel_train.recording.step_counts import BatchCounter, StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
 
 if TYPE_CHECKING:
@@ -244,8 +244,12 @@ class Recorder(_RecorderCore):
         monitor_synchronize: Callable[[], None] | None = None,
         keep_value: Callable[[Any], Any] | None = None,
         schedule: DueSchedule | None = None,
+        batch_counter: BatchCounter | None = None,
     ) -> None:
         self.queue: deque[Step | MonitorRecord] = deque()
+        # Counts a batch given to ``step.count(batch=...)`` as ``run.steps`` does (None: no
+        # option asks for anything per batch; the shape alone is not read then).
+        self.batch_counter = batch_counter
         self.max_queued = max_queued
         self.drops = drops
         self.synchronize = synchronize

@@ -133,7 +133,7 @@ class StepCounts:
         micro-batch); ``tokens`` / ``samples`` win over it. Never syncs.
         """
         if batch is not None:
-            counter = getattr(self._recorder, "batch_counter", None)
+            counter = self._recorder.batch_counter
             if counter is not None:
                 counter.count_into(self, batch, add=True)
         if tokens is None and samples is None:
