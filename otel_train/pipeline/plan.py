@@ -35,8 +35,7 @@ from pathlib import Path
 from otel_train.common.export_ranks import resolve_export_ranks, routine_export
 from otel_train.common.options import RunOptions
 from otel_train.common.sdk_config import ExportPlan, plan_export
-from otel_train.derived.otlp_metrics import plan_metrics
-from otel_train.derived.sampling import resolve_sample_ratio
+from otel_train.pipeline.settings import plan_metrics, resolve_sample_ratio
 
 # Provider modes.
 MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provider
@@ -270,3 +269,10 @@ def process_failed(options: RunOptions, environment: PipelineEnvironment,
                    why: str) -> PipelinePlan:
     """The plan after the exporter process could not start: the in-process stage."""
     return plan_pipeline(options, dataclasses.replace(environment, process_failed=why))
+
+
+def app_exporter_unreadable(options: RunOptions,
+                            environment: PipelineEnvironment) -> PipelinePlan:
+    """The plan after the application's exporter settings could not be read after all:
+    made without them."""
+    return plan_pipeline(options, dataclasses.replace(environment, app_exporter=None))

@@ -22,7 +22,8 @@ step carries the count (``train.flops``), the matmuls' dtype and the device's pe
 
 Usage::
 
-    counter = BatchCounter.from_options(options)         # None: nothing to do per batch
+    counter = BatchCounter.for_run(CountSettings(tokens_per_step=..., samples_per_step=...))
+                                                          # None: nothing to do per batch
     loader = counter.counted(loader, recorder)            # run.steps wraps the loader
     step.count(tokens=4096)                               # or per step, by hand
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
@@ -148,6 +150,16 @@ class StepCounts:
             attrs[A.SAMPLES] = checked_count("samples", samples, keep)
 
 
+@dataclass(frozen=True)
+class CountSettings:
+    """What a run counts per batch (pipeline/settings.py ``count_settings``)."""
+
+    tokens_per_step: Any = None  # an int (filled in by the background), a callable or None
+    samples_per_step: Any = None
+    count_flops: bool = False  # count step 1's FLOPs with torch's FlopCounterMode
+    find_peak: bool = False  # flops_per_step given without a peak: the table's, once
+
+
 class BatchCounter:
     """Counts each batch per the options; runs the one FLOP-counted step."""
 
@@ -169,11 +181,10 @@ class BatchCounter:
         self._refresh()
 
     @classmethod
-    def from_options(cls, options: Any) -> BatchCounter | None:
+    def for_run(cls, settings: CountSettings) -> BatchCounter | None:
         """The counter a run needs, or None when nothing is done per batch."""
-        counter = cls(options.tokens_per_step, options.samples_per_step, options.count_flops,
-                      options.flops_per_step is not None
-                      and options.peak_flops_per_second is None)
+        counter = cls(settings.tokens_per_step, settings.samples_per_step,
+                      settings.count_flops, settings.find_peak)
         return counter if counter.active else None
 
     def _refresh(self) -> None:
