@@ -32,6 +32,7 @@ from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
+from otel_train.pipeline.plan import PipelineEnvironment, plan_pipeline
 from otel_train.pipeline.settings import chain_settings, derived_settings
 from otel_train.recording.recorder import FLAT_PHASE_ROWS, Recorder, Step
 from otel_train.common.self_cost import SelfCostMeter
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         ):
             opts = RunOptions.resolve(environ={}, console=console, prometheus_port=prometheus,
                                       status_dir=tmp, costs_interval_seconds=3600.0)
-            pipe = DerivedMetricsStage(derived_settings(opts, ident), ident, Path(tmp),
+            plan = plan_pipeline(opts, PipelineEnvironment(env={}))
+            pipe = DerivedMetricsStage(derived_settings(opts, ident, plan), ident, Path(tmp),
                                        Recorder(1, drops, None), drops, SelfCostMeter())
             if pipe.console is not None:
                 pipe.console._stream = io.StringIO()  # measure formatting, not the terminal

@@ -37,7 +37,6 @@ from opentelemetry import trace as trace_api
 from otel_train import process_hooks
 from otel_train.pipeline.assembly import assemble_run
 from otel_train.pipeline.telemetry import DisabledTelemetry, RunTelemetry
-from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.monitor_record import CheckpointRecord
 from otel_train.recording.device import DeviceTiming
 from otel_train.common import attributes as A
@@ -51,7 +50,6 @@ from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.recording.step_counts import BatchCounter
 from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
-from otel_train.common.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
 _EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
@@ -86,24 +84,20 @@ class Run:
         self._telemetry: RunTelemetry | DisabledTelemetry = parts.telemetry
         self._profiling: ProfileCapture | None = parts.profiling
         self._report_at_shutdown = parts.writes_report
-        if self.disabled_by is not None:
-            self._context_token = None
-            self._banner()
-            return
-        ident = self.identity
-        self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
-
-        # User spans opened inside a phase nest under it: one proxy span, attached once.
-        self._proxy = ActivePhaseSpan(self._recorder, ident.run_id, new_span_id,
-                                      self._telemetry.is_sampled)
-        self._context_token = context_api.attach(
-            trace_api.set_span_in_context(self._proxy))
-        self._context_thread = threading.get_ident()
-        self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
-        atexit.register(self._atexit)
-        process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
+        self._context_token = None
+        if self.disabled_by is None:
+            self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
+            # User spans opened inside a phase nest under it: one proxy span, attached once.
+            self._proxy = parts.proxy
+            self._context_token = context_api.attach(
+                trace_api.set_span_in_context(self._proxy))
+            self._context_thread = threading.get_ident()
+            self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
+            atexit.register(self._atexit)
+            process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
-        self.self_cost.note_ready()
+        if self.disabled_by is None:
+            self.self_cost.note_ready()
 
     # -- public API ---------------------------------------------------------------------
     @property

@@ -23,7 +23,7 @@ share one Prometheus; ``job``/``instance`` come from ``service.name`` and
 
 Usage::
 
-    plan = plan_metrics(options)                     # pipeline/settings.py: MetricsPlan(prometheus=True, otlp=True,...)
+    plan = plan_metrics(options)                     # pipeline/plan.py: MetricsPlan(prometheus=True, otlp=True,...)
     otlp = OtlpMetricsSpanProcessor(create_metric_exporter(plan), prometheus_processor,
                                     run_id="r1", resource=resource)
     shared = SharedStepSpanProcessor([..., prometheus_processor, otlp])

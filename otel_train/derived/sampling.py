@@ -32,7 +32,7 @@ frame's span records and user span rows, and the counts come back with the chain
 
 Usage::
 
-    ratio = resolve_sample_ratio(options)              # pipeline/settings.py: option, else
+    ratio = resolve_sample_ratio(options)              # pipeline/plan.py: option, else
                                                        # OTEL_TRACES_SAMPLER(_ARG)
     sampler = StepTailSampler(ratio, keep_first_steps=10, downstream=export_processor)
     worker sinks: [*derived_metrics_processors, sampler]

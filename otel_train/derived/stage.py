@@ -9,7 +9,7 @@ then to the exporter.
 
 Usage::
 
-    settings = derived_settings(options, identity)     # pipeline/settings.py
+    settings = derived_settings(options, identity, plan)  # pipeline/settings.py
     pipeline = DerivedMetricsStage(settings, identity, status_dir, recorder, drops, self_cost)
     pipeline.start()               # ValueError when the Prometheus port is taken
     for span in spans: pipeline.processors[0].on_end(span)

@@ -4,9 +4,9 @@
 counter and recorder, then the telemetry: ``assemble_telemetry`` gathers the environment
 (``environment.py``), asks ``plan.py`` for the plan (the route, where the derived metrics
 run, which processors exist, the export target, and why) and builds exactly that: the
-TracerProvider for user spans, the derived-metrics stage (its settings from
-``settings.py``), the export (the exporter process's client, or the in-process stage), the
-``Export`` the span worker hands records to, and the worker. Nothing is started here and
+TracerProvider for user spans, the derived-metrics stage (its settings from ``settings.py``,
+made from the options and the plan), the export (the exporter process's client, or the
+in-process stage), the ``Export`` the span worker hands records to, and the worker. Nothing is started here and
 nothing is set on a part after it is made. ``Run`` holds the public API only and delegates to
 the ``RunParts`` this returns (``telemetry.py``: ``RunTelemetry``).
 
@@ -48,6 +48,7 @@ from otel_train.common.identity import RunIdentity, resolve_identity, resource_a
 from otel_train.common.options import RunOptions
 from otel_train.common.sdk_config import build_resource
 from otel_train.common.self_cost import SelfCostMeter
+from otel_train.common.trace_ids import new_span_id
 from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.export.exporters import create_exporter
 from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
@@ -92,6 +93,7 @@ from otel_train.pipeline.span_worker import (
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.pipeline.profile_spans import span_emitter
+from otel_train.recording.context import ActivePhaseSpan
 from otel_train.recording.device import DeviceTiming, device_value_copier, resolve_device_timing
 from otel_train.recording.device_probes import resolve_device_probes
 from otel_train.recording.hot_path_cost import calibrate_hot_path
@@ -123,6 +125,7 @@ class RunParts:
     counter: BatchCounter | None  # tokens, samples, the FLOP-counted step; None: nothing
     telemetry: RunTelemetry | DisabledTelemetry
     profiling: ProfileCapture | None = None  # profile_on_slow_steps, profile_next
+    proxy: ActivePhaseSpan | None = None  # the current phase, as the OTel API's current span
     disabled_by: str | None = None
     writes_report: bool = False  # report.html at shutdown (option report, else console)
 
@@ -170,8 +173,9 @@ def assemble_run(options: RunOptions, drops: DropCounter, started_ns: int) -> Ru
     # report.html at shutdown: rank 0, when spans go to the run directory's files.
     writes_report = (identity.rank == 0 and telemetry.export_plan.kind == "jsonl"
                      and report_enabled(options))
+    proxy = ActivePhaseSpan(recorder, identity.run_id, new_span_id, telemetry.is_sampled)
     return RunParts(identity, status_dir, device, self_cost, recorder, counter, telemetry,
-                    profiling, writes_report=writes_report)
+                    profiling, proxy, writes_report=writes_report)
 
 
 def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: Path,
@@ -183,7 +187,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                                   identity.rank, identity.world_size,
                                                   local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
-    stage_settings = derived_settings(options, identity)
+    stage_settings = derived_settings(options, identity, plan)
     # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py); an
     # application's provider brings its own resource.
     resource = (provider.resource if mode == MODE_APP

@@ -10,25 +10,21 @@ counter, and whether a report is written. No module in ``recording/``, ``records
 
 Usage::
 
-    settings = derived_settings(options, identity)    # DerivedSettings for DerivedMetricsStage
+    plan = plan_pipeline(options, environment)        # plan.py: the route, sampling, metrics
+    settings = derived_settings(options, identity, plan)  # DerivedSettings for the stage
     counts = count_settings(options)                  # CountSettings for BatchCounter.for_run
-    plan = plan_metrics(options)                      # MetricsPlan(prometheus=True, otlp=...)
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any
 
 from otel_train.common import attributes as A
 from otel_train.common.export_ranks import ExportRanks, resolve_export_ranks, routine_export
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
-from otel_train.common.rate_limited_log import warn_once
-from otel_train.common.sdk_config import sdk_disabled
-from otel_train.derived.otlp_metrics import MetricsPlan
 from otel_train.derived.stage import DerivedSettings
+from otel_train.pipeline.plan import PipelinePlan, resolve_sample_ratio
 from otel_train.recording.step_counts import CountSettings
 
 __all__ = [
@@ -37,28 +33,22 @@ __all__ = [
     "count_settings",
     "derived_settings",
     "fast_log_min_interval_seconds",
-    "plan_metrics",
     "report_enabled",
-    "resolve_sample_ratio",
     "sampling_settings",
 ]
 
 
 def derived_settings(options: RunOptions, identity: RunIdentity,
-                     env: Mapping[str, str] | None = None) -> DerivedSettings:
+                     plan: PipelinePlan) -> DerivedSettings:
     """What ``DerivedMetricsStage`` is built from: the chain's settings, where the metrics
-    go, its threads' intervals and its endpoint. Each option is read once, here."""
-    ratio = resolve_sample_ratio(options, env)
-    metrics = plan_metrics(options, env)
-    min_interval_seconds = fast_log_min_interval_seconds(options)
-    routine, summary = routine_export(options, identity.rank, identity.world_size,
-                                      identity.local_rank)
-    ranks = resolve_export_ranks(options.export_ranks, identity.world_size)
+    go, its threads' intervals and its endpoint; the sampling and metrics decisions are the
+    plan's (``plan_pipeline``), not made again."""
+    routine, summary = plan.export_routine, plan.export_summary
     return DerivedSettings(
-        chain=_chain(options, identity, min_interval_seconds,
-                     _sampling(options, ratio, routine, summary)),
-        metrics=metrics, service_name=options.service_name,
-        at_scale_lines=tuple(_at_scale_lines(options, ranks, routine, summary)),
+        chain=_chain(options, identity, fast_log_min_interval_seconds(options),
+                     _sampling(options, plan.sample_ratio, routine, summary)),
+        metrics=plan.metrics, service_name=options.service_name,
+        at_scale_lines=tuple(_at_scale_lines(options, plan.export_ranks, routine, summary)),
         console=bool(options.console),
         budget=options.budget, critical=options.critical,
         budget_action=options.budget_action,
@@ -129,33 +119,6 @@ def fast_log_min_interval_seconds(options: RunOptions) -> float:
     return options.console_min_interval_seconds
 
 
-def resolve_sample_ratio(options: RunOptions,
-                         env: Mapping[str, str] | None = None) -> float | None:
-    """The share of ordinary steps to keep; None: no sampling (keep everything).
-
-    The ``sample_ratio`` option wins; else ``OTEL_TRACES_SAMPLER=traceidratio`` or
-    ``parentbased_traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` (SDK semantics: a bad or
-    missing argument means 1.0). ``always_off`` keeps its SDK meaning (nothing exported): it
-    is left to the SDK sampler, not turned into a ratio.
-    """
-    if options.sample_ratio is not None:
-        return None if options.sample_ratio >= 1.0 else float(options.sample_ratio)
-    env = os.environ if env is None else env
-    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-    if name not in ("traceidratio", "parentbased_traceidratio"):
-        return None
-    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-    try:
-        ratio = float(raw)
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(raw)
-    except ValueError:
-        warn_once("OTEL_TRACES_SAMPLER_ARG", "otel-train: OTEL_TRACES_SAMPLER_ARG=%r is not a "
-                  "ratio from 0 to 1; keeping every step", raw)
-        return None
-    return None if ratio >= 1.0 else ratio
-
-
 def sampling_settings(options: RunOptions, identity: Any) -> dict[str, Any]:
     """The sampler's part of the chain's settings (plain data: it crosses the pipe)."""
     routine, summary = routine_export(options, identity.rank, identity.world_size,
@@ -194,57 +157,3 @@ def _at_scale_lines(options: RunOptions, choice: ExportRanks, routine: bool,
     else:
         what = "every step"
     return [f"  ranks   -> export_ranks={choice.describe()}: this rank exports {what}"]
-
-
-def plan_metrics(options: RunOptions, env: Mapping[str, str] | None = None) -> MetricsPlan:
-    """Decide from ``metrics_exporter`` (or ``OTEL_METRICS_EXPORTER``) and the OTLP settings.
-
-    ``prometheus`` (the default) serves the endpoint; ``otlp`` pushes, and then the endpoint
-    is served only when ``prometheus_port`` was given explicitly; ``prometheus,otlp`` both.
-    """
-    env = os.environ if env is None else env
-    raw = options.metrics_exporter
-    source = options.where("metrics_exporter")
-    if raw is None:
-        raw = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
-        source = "OTEL_METRICS_EXPORTER"
-    names = {n.strip() for n in (raw or "").split(",") if n.strip()}
-    unknown = names - {"otlp", "prometheus", "none", "console"}
-    if unknown:
-        if source == "OTEL_METRICS_EXPORTER":
-            warn_once("OTEL_METRICS_EXPORTER", "otel-train: OTEL_METRICS_EXPORTER=%r: "
-                      "only otlp, prometheus and none are used; ignoring %s", raw,
-                      sorted(unknown))
-        names -= unknown
-    if not names:
-        names = {"prometheus"}
-    otlp = "otlp" in names and not sdk_disabled(env)
-    explicit_port = "prometheus_port" in options.sources
-    prometheus = "prometheus" in names or explicit_port
-    if options.prometheus_port is None:
-        prometheus = False
-    if not otlp:
-        return MetricsPlan(prometheus, False)
-    protocol = _metrics_protocol(options, env)
-    endpoint = None
-    if not env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") and options.otlp_endpoint:
-        endpoint = options.otlp_endpoint
-        if protocol == "http/protobuf":
-            endpoint = endpoint.rstrip("/")
-            if not endpoint.endswith("/v1/metrics"):
-                endpoint += "/v1/metrics"
-    return MetricsPlan(prometheus, True, protocol, endpoint)
-
-
-def _metrics_protocol(options: RunOptions, env: Mapping[str, str]) -> str:
-    raw = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "").strip()
-    if not raw:
-        if options.otlp_protocol:
-            return options.otlp_protocol
-        raw = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
-    if raw in ("grpc", "http/protobuf"):
-        return raw
-    if raw:
-        warn_once("metrics-protocol", "otel-train: OTLP metrics protocol %r is not supported "
-                  "(grpc, http/protobuf); using http/protobuf", raw)
-    return "http/protobuf"
