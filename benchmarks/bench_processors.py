@@ -33,11 +33,13 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_train.derived.chain import StepChain, chain_settings, feed_records
+from otel_train.derived.chain import StepChain, feed_records
 from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
+from otel_train.pipeline.plan import PipelineEnvironment, plan_pipeline
+from otel_train.pipeline.settings import chain_settings, derived_settings
 from otel_train.recording.recorder import FLAT_PHASE_ROWS, Recorder, Step
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
@@ -94,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         ):
             opts = RunOptions.resolve(environ={}, console=console, prometheus_port=prometheus,
                                       status_dir=tmp, costs_interval_seconds=3600.0)
-            pipe = DerivedMetricsStage(opts, ident, Path(tmp), Recorder(1, drops, None), drops,
-                                   SelfCostMeter())
+            plan = plan_pipeline(opts, PipelineEnvironment(env={}))
+            pipe = DerivedMetricsStage(derived_settings(opts, ident, plan), ident, Path(tmp),
+                                       Recorder(1, drops, None), drops, SelfCostMeter())
             if pipe.console is not None:
                 pipe.console._stream = io.StringIO()  # measure formatting, not the terminal
             # As the span worker does: the views of a chunk of span records, fed at once.

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import sys
 import threading
@@ -36,54 +35,24 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
 from otel_train import process_hooks
-from otel_train.pipeline.assembly import (
-    DisabledTelemetry,
-    RunTelemetry,
-    assemble_telemetry,
-    disabled_reason,
-)
-from otel_train.recording.context import ActivePhaseSpan
+from otel_train.pipeline.assembly import assemble_run
+from otel_train.pipeline.telemetry import DisabledTelemetry, RunTelemetry
 from otel_train.recording.monitor_record import CheckpointRecord
-from otel_train.recording.device import (
-    DeviceTiming,
-    device_value_copier,
-    resolve_device_timing,
-)
-from otel_train.recording.device_probes import resolve_device_probes
-from otel_train.recording.hot_path_cost import calibrate_hot_path
+from otel_train.recording.device import DeviceTiming
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.drop_words import run_dropped_summary
-from otel_train.common.identity import RunIdentity, resolve_identity
+from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
 from otel_train.recording.collectives import CollectiveLog
-from otel_train.recording.recorder import (
-    MonitorRecord,
-    Phase,
-    Recorder,
-    Step,
-)
+from otel_train.recording.recorder import MonitorRecord, Phase, Step
 from otel_train.pipeline.profile_capture import ProfileCapture
-from otel_train.pipeline.profile_spans import span_emitter
-from otel_train.recording.schedule import DueSchedule
 from otel_train.recording.step_counts import BatchCounter
 from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
 from otel_train.common.sdk_config import ExportPlan
-from otel_train.common.self_cost import SelfCostMeter
-from otel_train.common.trace_ids import new_span_id
 
 _log = logging.getLogger("otel_train")
 _EXIT_TEARDOWN_RESERVE_SECONDS = 0.5
-
-
-def _resolve_device(options: RunOptions) -> DeviceTiming:
-    """``device_sync`` resolved here, with the probes it and ``memory_peaks`` ask for."""
-    device = resolve_device_timing(options.device_sync)
-    probes = resolve_device_probes(device.make_event, device.device_type,
-                                   options.device_events_every_steps, options.memory_peaks,
-                                   host_clock_only=options.device_sync == "off",
-                                   work=device.work)
-    return dataclasses.replace(device, probes=probes)
 
 
 def start_run(**options: Any) -> Run:
@@ -104,59 +73,31 @@ class Run:
         self._closed = False
         self._lock = threading.Lock()
         self.drops = DropCounter()
-        self._profiling: ProfileCapture | None = None  # profile_on_slow_steps, profile_next
-        self.disabled_by = disabled_reason(options)
-        if self.disabled_by is not None:
-            # Disabled means off: no collective, no device sync, no thread, socket or file.
-            self.identity: RunIdentity = RunIdentity(
-                options.run_id or "disabled", options.rank or 0, options.world_size or 1,
-                options.local_rank or 0, "option" if options.run_id else "disabled")
-            self.status_dir = Path(options.status_dir or "otel-train-runs")
-            self.device: DeviceTiming = resolve_device_timing("off")
-            self.self_cost = SelfCostMeter(0.0)
-            self._recorder = Recorder(1, DropCounter(), None)
-            self._recorder.queue = deque(maxlen=0)  # finished steps are let go, for free
-            self._counter: BatchCounter | None = None
-            self._telemetry: RunTelemetry | DisabledTelemetry = DisabledTelemetry(
-                self.disabled_by)
-            self._context_token = None
-            self._banner()
-            return
-        self.identity = resolve_identity(
-            options.run_id, options.rank, options.world_size, options.local_rank)
-        ident = self.identity
-        self.status_dir = Path(options.status_dir or Path("otel-train-runs") / ident.run_id)
-        self.device = device = _resolve_device(options)
-        hot_path = calibrate_hot_path()
-        self.self_cost = SelfCostMeter(hot_path.warm_ns_per_span, started_ns=started_ns,
-                                       window_steps=options.recent_window_steps,
-                                       cold_ns_per_span=hot_path.cold_ns_per_span)
-        if device.device_type != "cpu":
-            self.self_cost.device_work = device.work  # syncs, events, peaks, copies: timed
-        self._recorder = Recorder(options.max_queued_steps, self.drops, device.synchronize,
-                                  device.probes, device.monitor_synchronize,
-                                  device_value_copier(device),
-                                  DueSchedule(options.budget_action == "govern", ident.rank,
-                                              ident.world_size, ident.run_id))
-        # Tokens, samples, the FLOP-counted step (None: nothing to do per batch).
-        self._counter = self._recorder.batch_counter = BatchCounter.from_options(options)  # type: ignore[attr-defined]
-        self._telemetry = assemble_telemetry(
-            options, ident, self.status_dir, self._recorder, self.drops, self.self_cost,
-            self.device)
-        self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
-
-        # User spans opened inside a phase nest under it: one proxy span, attached once.
-        self._proxy = ActivePhaseSpan(self._recorder, ident.run_id, new_span_id,
-                                      self._telemetry.is_sampled)
-        self._context_token = context_api.attach(
-            trace_api.set_span_in_context(self._proxy))
-        self._context_thread = threading.get_ident()
-        self._profiling = self._make_profiling()
-        self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
-        atexit.register(self._atexit)
-        process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
+        parts = assemble_run(options, self.drops, started_ns)  # every part, built: none started
+        self.disabled_by = parts.disabled_by
+        self.identity: RunIdentity = parts.identity
+        self.status_dir = parts.status_dir
+        self.device: DeviceTiming = parts.device
+        self.self_cost = parts.self_cost
+        self._recorder = parts.recorder
+        self._counter: BatchCounter | None = parts.counter
+        self._telemetry: RunTelemetry | DisabledTelemetry = parts.telemetry
+        self._profiling: ProfileCapture | None = parts.profiling
+        self._report_at_shutdown = parts.writes_report
+        self._context_token = None
+        if self.disabled_by is None:
+            self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
+            # User spans opened inside a phase nest under it: one proxy span, attached once.
+            self._proxy = parts.proxy
+            self._context_token = context_api.attach(
+                trace_api.set_span_in_context(self._proxy))
+            self._context_thread = threading.get_ident()
+            self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
+            atexit.register(self._atexit)
+            process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
         self._banner()
-        self.self_cost.note_ready()
+        if self.disabled_by is None:
+            self.self_cost.note_ready()
 
     # -- public API ---------------------------------------------------------------------
     @property
@@ -192,12 +133,7 @@ class Run:
     def collective_log(self) -> CollectiveLog | None:
         """Where this run's collectives are timed (``otel_train.instrument_ddp``); None when
         disabled. Made on first use: a run without it adds nothing per step."""
-        builder = getattr(self._telemetry, "builder", None)
-        if builder is None:
-            return None
-        if builder.collectives is None:
-            builder.collectives = CollectiveLog()
-        return builder.collectives
+        return self._telemetry.collective_log()
 
     def steps(self, iterable: Iterable[Any], loader: str | None = "train",
               max_steps: int | None = None) -> Iterator[Step]:
@@ -351,8 +287,8 @@ class Run:
         process_hooks.untrack(self)
         # How many spans did not arrive, why and where they were going, in words.
         telemetry = self._telemetry
-        dropped = run_dropped_summary(self.drops.counts(), getattr(telemetry, "export_plan", None),
-                                      getattr(telemetry, "export", None))
+        dropped = run_dropped_summary(self.drops.counts(), telemetry.export_plan,
+                                      telemetry.export)
         if dropped is not None:
             _log.warning("%s", dropped)
         if self._writes_report():
@@ -419,24 +355,10 @@ class Run:
             pass
         self._telemetry.after_fork_in_child()
 
-    def _make_profiling(self) -> ProfileCapture:
-        """The profile capture (profile_on_slow_steps, profile_next); imports no torch."""
-        tel = self._telemetry
-        assert isinstance(tel, RunTelemetry)
-        slow = tel.derived.slow  # its count comes back from the exporter process's chain
-        provider = tel.sdk_provider
-        emit = span_emitter(provider, tel.is_sampled) if provider is not None else None
-        opts = self.options
-        return ProfileCapture(self._recorder, self.status_dir, self.identity.run_id,
-                              opts.profile_on_slow_steps, opts.profile_min_interval_seconds,
-                              slow, emit)
-
     def _writes_report(self) -> bool:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,
         when spans go to the run directory's files."""
-        from otel_train.rundir.report import report_enabled
-        return (self.disabled_by is None and self.identity.rank == 0
-                and self.export_plan.kind == "jsonl" and report_enabled(self.options))
+        return self._report_at_shutdown
 
     def _banner(self) -> None:
         ident = self.identity
@@ -454,7 +376,7 @@ class Run:
             f"  metrics -> {self.prometheus_url + '/metrics' if self.prometheus_url else 'off'}",
             f"  timing  -> {self.device.describe()}",
         ]
-        scale_out = self._telemetry.derived.scale_out_banner()  # metrics over OTLP, sampling
+        scale_out = self._telemetry.scale_out_banner()  # metrics over OTLP, sampling
         if scale_out:
             lines.append(scale_out)
         if self._writes_report():

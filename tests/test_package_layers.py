@@ -296,3 +296,41 @@ def test_docstrings_and_comments_name_only_modules_that_exist() -> None:
                 if name not in names and name != "train.py":
                     missing.append(f"{path.relative_to(repo)}:{n}: {name}")
     assert missing == [], "modules that do not exist:\n" + "\n".join(missing)
+# Options are resolved once, in pipeline/ (pipeline/settings.py, pipeline/plan.py), into each
+# part's own settings: no part below the pipeline reads RunOptions.
+SETTINGS_ONLY_PACKAGES = ("recording", "records", "derived", "export", "rundir")
+
+
+def _runoptions_imports(module: str, path: Path) -> list[str]:
+    """``module:line`` for each import of the name ``RunOptions`` in a module's source."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and any(
+                alias.name == "RunOptions" for alias in node.names):
+            found.append(f"{module}:{node.lineno}")
+        elif isinstance(node, ast.Attribute) and node.attr == "RunOptions":
+            found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def _options_below_pipeline(modules: dict[str, Path]) -> list[str]:
+    return [hit for name, path in sorted(modules.items())
+            if name.split(".")[1:2] and name.split(".")[1] in SETTINGS_ONLY_PACKAGES
+            for hit in _runoptions_imports(name, path)]
+
+
+def test_no_part_below_the_pipeline_imports_run_options() -> None:
+    below = _options_below_pipeline(_modules())
+    assert below == [], ("RunOptions read below pipeline/ (give the part its own settings, "
+                         "made in pipeline/settings.py):\n" + "\n".join(below))
+
+
+def test_the_settings_check_catches_a_derived_module_that_imports_run_options(
+        tmp_path: Path) -> None:
+    bad = tmp_path / "console.py"
+    bad.write_text("from otel_train.common.options import RunOptions\n"
+                   "import otel_train.common.options as o\nx = o.RunOptions\n")
+    modules = {"otel_train.derived.console": bad,
+               "otel_train.pipeline.settings": PACKAGE / "pipeline" / "settings.py"}
+    assert _options_below_pipeline(modules) == ["otel_train.derived.console:1",
+                                                "otel_train.derived.console:3"]

@@ -24,6 +24,8 @@ from otel_train.common.export_ranks import SPAN_MODES, parse_export_ranks
 
 ENV_PREFIX = "OTEL_TRAIN_"
 DEFAULT_PROMETHEUS_PORT = 9464
+# Also what a run directory without a costs file is read with (rundir/compare_read.py).
+DEFAULT_WARMUP_STEPS = 5
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -102,7 +104,7 @@ class RunOptions:
     profile_min_interval_seconds: float = 600.0
     # The first N steps (compilation, caches, allocator) are warm-up: reported apart, out
     # of the slow-step baseline and of the steady-state figures the budget and advisor use.
-    warmup_steps: int = 5
+    warmup_steps: int = DEFAULT_WARMUP_STEPS
     # The console's full breakdown prints on steps whose monitoring is at least this share
     # of the step, or that ran one of eval_operations; other steps get the fast line only.
     console_breakdown_min_share: float = 0.05

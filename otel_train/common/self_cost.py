@@ -130,7 +130,8 @@ class SelfCostMeter:
 
     def __init__(self, hot_path_ns_per_span: float = 0.0, started_ns: int | None = None,
                  training_tid: int | None = None, window_steps: int = 100,
-                 cold_ns_per_span: float | None = None) -> None:
+                 cold_ns_per_span: float | None = None,
+                 device_work: DeviceWorkClock | None = None) -> None:
         self.hot_path_ns_per_span = hot_path_ns_per_span
         self.cold_ns_per_span = (hot_path_ns_per_span if cold_ns_per_span is None
                                  else max(hot_path_ns_per_span, cold_ns_per_span))
@@ -158,7 +159,7 @@ class SelfCostMeter:
         self._training_thread_drained = False  # in the interval being sampled
         # The device work otel-train adds on the training thread (syncs, events, allocator
         # reads, tensor copies), timed where it happens; None on CPU (device_work.py).
-        self.device_work: DeviceWorkClock | None = None
+        self.device_work = device_work
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:

@@ -9,7 +9,7 @@ order, except the last four, which take it view by view together, so a console l
 the figures as of its own step. ``DerivedMetricsStage`` (derived/stage.py) builds this chain
 in the training process; with the exporter process (export/process/child.py) and
 ``metrics_in_export_process`` on, the exporter process builds it too from the same
-``chain_settings`` and feeds it, and the training process's chain becomes a copy: it loads
+``chain_settings`` (pipeline/settings.py) and feeds it, and the training process's chain becomes a copy: it loads
 the state the exporter process sends once a second (``StepChain.load_state``) and
 serves ``/metrics``, ``run.costs()`` and the watchdog's typical step from it. Nothing in the
 training process then spends its GIL on these processors; if the exporter process dies,
@@ -17,7 +17,7 @@ the copy takes over from its last state.
 
 Usage::
 
-    settings = chain_settings(options, identity)          # plain data: it crosses the pipe
+    settings = chain_settings(options, identity)  # pipeline/settings.py: plain data, it crosses the pipe
     chain = StepChain(settings, self_cost)
     shared = SharedStepSpanProcessor(chain.processors)
     shared.on_views(views)                                # a frame of StepViews, in order
@@ -33,15 +33,13 @@ from typing import Any, TextIO
 from otel_train.derived.budget import BudgetSpanProcessor
 from otel_train.derived.device_metrics import DeviceMetricsSpanProcessor
 from otel_train.derived.comm_metrics import CommMetricsSpanProcessor
-from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
+from otel_train.derived.console import ConsoleReportSpanProcessor
 from otel_train.derived.goodput import GoodputSpanProcessor
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
-from otel_train.common.identity import RunIdentity
-from otel_train.common.options import RunOptions
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
 from otel_train.common.rate_limited_log import RateLimitedLogger
-from otel_train.derived.sampling import StepTailSampler, build_step_sampler, sampling_settings
+from otel_train.derived.sampling import StepTailSampler, build_step_sampler
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.derived.throughput import ThroughputCollector, ThroughputSpanProcessor
@@ -68,36 +66,12 @@ def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]
         shared.on_views(views)  # never raises: it guards each processor
 
 
-def chain_settings(options: RunOptions, identity: RunIdentity) -> dict[str, Any]:
-    """What the chain is built from, as plain data (it goes to the exporter process)."""
-    return {
-        "rank": identity.rank, "run_id": identity.run_id, "world_size": identity.world_size,
-        "window": options.recent_window_steps, "warmup": options.warmup_steps,
-        "slow_step_factor": options.slow_step_factor,
-        "slow_step_seconds": options.slow_step_seconds,
-        "budget": options.budget, "critical": options.critical,
-        "slow_operation_seconds": options.slow_operation_seconds,
-        "console": bool(options.console), "log_every": options.log_every,
-        "console_breakdown_min_share": options.console_breakdown_min_share,
-        "eval_operations": list(options.eval_operations),
-        "console_min_interval_seconds": fast_log_min_interval_seconds(options),
-        # Tail sampling, export_ranks, summary mode; decided after these processors.
-        **sampling_settings(options, identity),
-        "metrics_rank_label": options.metrics_rank_label,
-        # Throughput (derived/throughput.py): ints only, a callable is counted per batch.
-        "throughput": {k: v if isinstance(v, (int, float)) else None for k, v in (
-            ("tokens_per_step", options.tokens_per_step),
-            ("samples_per_step", options.samples_per_step),
-            ("flops_per_step", options.flops_per_step),
-            ("peak_flops_per_second", options.peak_flops_per_second))},
-    }
-
-
 class StepChain:
     """The derived-metrics processors of one run, in order, and their state as plain data."""
 
     def __init__(self, settings: dict[str, Any], self_cost: Any,
-                 console_stream: TextIO | None = None) -> None:
+                 console_stream: TextIO | None = None,
+                 sampler_downstream: Any = None) -> None:
         s = settings
         window, warmup, world = s["window"], s["warmup"], s["world_size"]
         # With the console on, the slow-step and budget warnings wait for the console's
@@ -144,7 +118,7 @@ class StepChain:
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).
-        self.sampler: StepTailSampler | None = build_step_sampler(s)
+        self.sampler: StepTailSampler | None = build_step_sampler(s, sampler_downstream)
         self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
                                           "budget": self.budget, "metrics": self.metrics,
                                           "device": self.device, "comm": self.comm,

@@ -1,7 +1,8 @@
 """Two-tier console report, as hand-timed training loops print it (to stderr).
 
 - Fast log, every ``log_every`` steps; with ``log_every`` left at its default, at most
-  once per ``min_interval_seconds`` too (1 s; ``fast_log_min_interval_seconds``: an explicit
+  once per ``min_interval_seconds`` too (1 s; pipeline/settings.py
+  ``fast_log_min_interval_seconds``: an explicit
   ``log_every`` is honoured as given; the slow steps explained in full get their line). One
   line with the step time and its phases, then the budget verdict with the figure that
   drives it first (the steady state, ``BudgetVerdict``); recent and total follow where they
@@ -37,7 +38,7 @@
 
 Usage::
 
-    interval = fast_log_min_interval_seconds(options)   # 0 when log_every was set
+    interval = settings["console_min_interval_seconds"]  # 0 when log_every was set
     console = ConsoleReportSpanProcessor(log_every=10, overhead=overhead, budget=budget,
                                          min_interval_seconds=interval)
     provider.add_span_processor(console)
@@ -51,7 +52,6 @@ from typing import TextIO
 
 from otel_train.common.units import percent_of
 from otel_train.common import attributes as A
-from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor, VerdictContext
 from otel_train.derived.device_metrics import bound_line, oom_line
 from otel_train.derived.overhead import OverheadSpanProcessor
@@ -80,17 +80,6 @@ _WHY = {
     A.PHASE_VAL_LOSS: "validation set too large or inefficient",
     OTHER: "time outside any phase (status updates, display, untimed work)",
 }
-
-
-def fast_log_min_interval_seconds(options: RunOptions) -> float:
-    """The fast log's time floor: only for a ``log_every`` left at its default.
-
-    An explicit ``log_every`` (argument or ``OTEL_TRAIN_LOG_EVERY``) is what the user asked
-    to read: no floor, unless ``console_min_interval_seconds`` was set explicitly too.
-    """
-    if "log_every" in options.sources and "console_min_interval_seconds" not in options.sources:
-        return 0.0
-    return options.console_min_interval_seconds
 
 
 class ConsoleReportSpanProcessor(StepViewProcessor):

@@ -23,7 +23,7 @@ share one Prometheus; ``job``/``instance`` come from ``service.name`` and
 
 Usage::
 
-    plan = plan_metrics(options)                     # MetricsPlan(prometheus=True, otlp=True,...)
+    plan = plan_metrics(options)                     # pipeline/plan.py: MetricsPlan(prometheus=True, otlp=True,...)
     otlp = OtlpMetricsSpanProcessor(create_metric_exporter(plan), prometheus_processor,
                                     run_id="r1", resource=resource)
     shared = SharedStepSpanProcessor([..., prometheus_processor, otlp])
@@ -33,10 +33,9 @@ Usage::
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +52,11 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from otel_train.common import attributes as A
 from otel_train.common import sdk_private
 from otel_train.common.identity import resource_attributes
-from otel_train.common.options import RunOptions
 from otel_train.derived.prometheus_metrics import (
     DEFAULT_BUCKETS,
     PrometheusMetricsSpanProcessor,
 )
-from otel_train.common.rate_limited_log import warn_once
-from otel_train.common.sdk_config import build_resource, sdk_disabled
+from otel_train.common.sdk_config import build_resource
 from otel_train.records.steps_view import P_DURATION, P_KEY, StepView, StepViewProcessor
 
 METER_NAME = "otel_train"
@@ -141,60 +138,6 @@ class MetricsPlan:
         return where + (" and prometheus" if self.prometheus else "")
 
 
-def plan_metrics(options: RunOptions, env: Mapping[str, str] | None = None) -> MetricsPlan:
-    """Decide from ``metrics_exporter`` (or ``OTEL_METRICS_EXPORTER``) and the OTLP settings.
-
-    ``prometheus`` (the default) serves the endpoint; ``otlp`` pushes, and then the endpoint
-    is served only when ``prometheus_port`` was given explicitly; ``prometheus,otlp`` both.
-    """
-    env = os.environ if env is None else env
-    raw = options.metrics_exporter
-    source = options.where("metrics_exporter")
-    if raw is None:
-        raw = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
-        source = "OTEL_METRICS_EXPORTER"
-    names = {n.strip() for n in (raw or "").split(",") if n.strip()}
-    unknown = names - {"otlp", "prometheus", "none", "console"}
-    if unknown:
-        if source == "OTEL_METRICS_EXPORTER":
-            warn_once("OTEL_METRICS_EXPORTER", "otel-train: OTEL_METRICS_EXPORTER=%r: "
-                      "only otlp, prometheus and none are used; ignoring %s", raw,
-                      sorted(unknown))
-        names -= unknown
-    if not names:
-        names = {"prometheus"}
-    otlp = "otlp" in names and not sdk_disabled(env)
-    explicit_port = "prometheus_port" in options.sources
-    prometheus = "prometheus" in names or explicit_port
-    if options.prometheus_port is None:
-        prometheus = False
-    if not otlp:
-        return MetricsPlan(prometheus, False)
-    protocol = _metrics_protocol(options, env)
-    endpoint = None
-    if not env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") and options.otlp_endpoint:
-        endpoint = options.otlp_endpoint
-        if protocol == "http/protobuf":
-            endpoint = endpoint.rstrip("/")
-            if not endpoint.endswith("/v1/metrics"):
-                endpoint += "/v1/metrics"
-    return MetricsPlan(prometheus, True, protocol, endpoint)
-
-
-def _metrics_protocol(options: RunOptions, env: Mapping[str, str]) -> str:
-    raw = env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "").strip()
-    if not raw:
-        if options.otlp_protocol:
-            return options.otlp_protocol
-        raw = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
-    if raw in ("grpc", "http/protobuf"):
-        return raw
-    if raw:
-        warn_once("metrics-protocol", "otel-train: OTLP metrics protocol %r is not supported "
-                  "(grpc, http/protobuf); using http/protobuf", raw)
-    return "http/protobuf"
-
-
 def create_metric_exporter(plan: MetricsPlan) -> MetricExporter:
     """The SDK's OTLP metric exporter for ``plan`` (it reads OTEL_EXPORTER_OTLP_METRICS_*)."""
     kwargs: dict[str, Any] = {}
@@ -211,9 +154,9 @@ def create_metric_exporter(plan: MetricsPlan) -> MetricExporter:
     return HttpMetricExporter(**kwargs)
 
 
-def metrics_resource(options: RunOptions, identity: Any) -> Resource:
+def metrics_resource(service_name: str, identity: Any) -> Resource:
     """The resource the run's spans carry (service, run, rank's instance, host, pod)."""
-    return build_resource(options.service_name, resource_attributes(identity))
+    return build_resource(service_name, resource_attributes(identity))
 
 
 class OtlpMetricsSpanProcessor(StepViewProcessor):

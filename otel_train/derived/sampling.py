@@ -32,9 +32,9 @@ frame's span records and user span rows, and the counts come back with the chain
 
 Usage::
 
-    ratio = resolve_sample_ratio(options)              # option, else OTEL_TRACES_SAMPLER(_ARG)
-    sampler = StepTailSampler(ratio, keep_first_steps=10)
-    sampler.downstream = export_processor              # the bounded export stage
+    ratio = resolve_sample_ratio(options)              # pipeline/plan.py: option, else
+                                                       # OTEL_TRACES_SAMPLER(_ARG)
+    sampler = StepTailSampler(ratio, keep_first_steps=10, downstream=export_processor)
     worker sinks: [*derived_metrics_processors, sampler]
     recs, rows = sampler.filter_frame(recs, rows)      # in the exporter process
 """
@@ -42,9 +42,8 @@ Usage::
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry.context import Context
@@ -54,9 +53,6 @@ from opentelemetry.trace import StatusCode
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.common import attributes as A
-from otel_train.common.export_ranks import resolve_export_ranks, routine_export
-from otel_train.common.options import RunOptions
-from otel_train.common.rate_limited_log import warn_once
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_EVENTS,
@@ -86,46 +82,10 @@ _TRACE_ID_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT
 _ERROR = StatusCode.ERROR
 
 
-def resolve_sample_ratio(options: RunOptions,
-                         env: Mapping[str, str] | None = None) -> float | None:
-    """The share of ordinary steps to keep; None: no sampling (keep everything).
-
-    The ``sample_ratio`` option wins; else ``OTEL_TRACES_SAMPLER=traceidratio`` or
-    ``parentbased_traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` (SDK semantics: a bad or
-    missing argument means 1.0). ``always_off`` keeps its SDK meaning (nothing exported): it
-    is left to the SDK sampler, not turned into a ratio.
-    """
-    if options.sample_ratio is not None:
-        return None if options.sample_ratio >= 1.0 else float(options.sample_ratio)
-    env = os.environ if env is None else env
-    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-    if name not in ("traceidratio", "parentbased_traceidratio"):
-        return None
-    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-    try:
-        ratio = float(raw)
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(raw)
-    except ValueError:
-        warn_once("OTEL_TRACES_SAMPLER_ARG", "otel-train: OTEL_TRACES_SAMPLER_ARG=%r is not a "
-                  "ratio from 0 to 1; keeping every step", raw)
-        return None
-    return None if ratio >= 1.0 else ratio
-
-
-def sampling_settings(options: RunOptions, identity: Any) -> dict[str, Any]:
-    """The sampler's part of the chain's settings (plain data: it crosses the pipe)."""
-    routine, summary = routine_export(options, identity.rank, identity.world_size,
-                                      identity.local_rank)
-    return {"sample_ratio": resolve_sample_ratio(options),
-            "sample_keep_first_steps": options.sample_keep_first_steps,
-            "export_routine": routine, "summary": summary and routine,
-            "summary_every_steps": options.summary_every_steps,
-            "summary_every_seconds": options.summary_every_seconds}
-
-
-def build_step_sampler(settings: dict[str, Any]) -> StepTailSampler | None:
-    """The chain's tail sampler from its settings; None: every step is exported.
+def build_step_sampler(settings: dict[str, Any],
+                       downstream: SpanProcessor | None = None) -> StepTailSampler | None:
+    """The chain's tail sampler from its settings; None: every step is exported. Kept user
+    spans go on to ``downstream`` (the exporter process's client), if any.
 
     A rank that sends no ordinary steps (export_ranks) or sends summaries instead keeps
     ratio 0 and no first or monitoring steps: only slow, failed, stalled and truncated steps
@@ -136,28 +96,10 @@ def build_step_sampler(settings: dict[str, Any]) -> StepTailSampler | None:
     if routine and not s.get("summary"):
         if s.get("sample_ratio") is None:
             return None
-        return StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"])
+        return StepTailSampler(s["sample_ratio"], s["sample_keep_first_steps"], downstream)
     summary = (StepSummary(s["summary_every_steps"], s["summary_every_seconds"])
                if s.get("summary") else None)
-    return StepTailSampler(0.0, 0, keep_monitor=False, summary=summary)
-
-
-def at_scale_banner(options: RunOptions, identity: Any) -> list[str]:
-    """Start-up lines for export_ranks and summary mode ([] when every rank sends steps)."""
-    choice = resolve_export_ranks(options.export_ranks, identity.world_size)
-    routine, summary = routine_export(options, identity.rank, identity.world_size,
-                                      identity.local_rank)
-    if choice.kind == "all" and not summary:
-        return []
-    if not routine:
-        what = "only slow, failed, stalled and truncated steps (metrics: every step)"
-    elif summary:
-        what = (f"one {A.SUMMARY_SPAN_NAME} span per {options.summary_every_steps} steps or "
-                f"{options.summary_every_seconds:g} s, plus slow, failed, stalled and "
-                "truncated steps")
-    else:
-        what = "every step"
-    return [f"  ranks   -> export_ranks={choice.describe()}: this rank exports {what}"]
+    return StepTailSampler(0.0, 0, downstream, keep_monitor=False, summary=summary)
 
 
 class StepTailSampler(SpanProcessor):

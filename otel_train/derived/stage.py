@@ -9,7 +9,8 @@ then to the exporter.
 
 Usage::
 
-    pipeline = DerivedMetricsStage(options, identity, status_dir, recorder, drops, self_cost)
+    settings = derived_settings(options, identity, plan)  # pipeline/settings.py
+    pipeline = DerivedMetricsStage(settings, identity, status_dir, recorder, drops, self_cost)
     pipeline.start()               # ValueError when the Prometheus port is taken
     for span in spans: pipeline.processors[0].on_end(span)
     pipeline.costs()               # the content of monitoring_costs.json
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from otel_train.derived import otlp_metrics as om
 from otel_train.derived.console import ConsoleReportSpanProcessor
 from otel_train.derived.costs import CostsFileWriter, CostsReport, add_own_cost, build_costs
 from otel_train.common.files import write_json_atomic
-from otel_train.derived.chain import StepChain, chain_settings, feed_records
+from otel_train.derived.chain import StepChain, feed_records
 from otel_train.common.drop_counter import DropCounter
 from otel_train.derived.goodput import (
     GoodputCollector,
@@ -46,9 +48,9 @@ from otel_train.derived.goodput import (
 from otel_train.derived.gpu import NvmlGpuSampler
 from otel_train.derived.governor import IntervalCollector, governor_thread
 from otel_train.common.identity import RunIdentity
-from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT, RunOptions
+from otel_train.common.options import DEFAULT, DEFAULT_PROMETHEUS_PORT
 from otel_train.recording.recorder import Recorder
-from otel_train.derived.sampling import SampledOutCollector, at_scale_banner
+from otel_train.derived.sampling import SampledOutCollector
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 from otel_train.derived.stall_stacks import StallStacks
@@ -56,6 +58,32 @@ from otel_train.derived.watchdog import StallWatchdog
 
 _log = logging.getLogger("otel_train")
 _DEFAULT_PORT_TRIES = 100  # default port taken: try the next ones, then any free port
+
+
+@dataclass(frozen=True)
+class DerivedSettings:
+    """What the stage is built from (pipeline/settings.py ``derived_settings``)."""
+
+    chain: dict[str, Any]  # StepChain's settings: plain data, it crosses the pipe
+    metrics: om.MetricsPlan  # Prometheus endpoint, OTLP, both or neither
+    service_name: str  # the OTLP metrics' resource
+    at_scale_lines: tuple[str, ...]  # export_ranks / summary mode, for the banner
+    console: bool
+    budget: float
+    critical: float
+    budget_action: str
+    watchdog_interval_seconds: float
+    stall_seconds: float | None
+    stall_min_seconds: float
+    slow_operation_seconds: float | None
+    stall_stacks: Any  # stall_stacks' timer: False, True or seconds
+    stall_stacks_signal: Any
+    gpu_sample_interval_seconds: float
+    costs_interval_seconds: float
+    prometheus_host: str
+    prometheus_port: Any  # a port, 0 (any free one), None (off) or DEFAULT (9464 + local rank)
+    prometheus_port_source: str = "prometheus_port"  # where it was set, for the error
+    prometheus_host_source: str = "prometheus_host"
 
 
 def costs_file_name(identity: RunIdentity) -> str:
@@ -68,23 +96,23 @@ def costs_file_name(identity: RunIdentity) -> str:
 class DerivedMetricsStage:
     """Builds, starts and stops the derived-metrics processors of one run."""
 
-    def __init__(self, options: RunOptions, identity: RunIdentity, status_dir: Path,
+    def __init__(self, settings: DerivedSettings, identity: RunIdentity, status_dir: Path,
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
                  collectors: Sequence[Any] = (),
-                 attribute_drops: DropCounter | None = None) -> None:
-        self.options = options
+                 attribute_drops: DropCounter | None = None, sampler_downstream: Any = None
+                 ) -> None:
+        self.stage_settings = options = settings
         self.identity = identity
         self.drops = drops
-        # Device values left out of their spans, by reason (records/attribute_values.py).
-        self.attribute_drops = attribute_drops or DropCounter()
+        self.attribute_drops = attribute_drops or DropCounter()  # device values left out
         self.status_dir = Path(status_dir)
         self.self_cost = self_cost
-        self.settings = chain_settings(options, identity)
+        self.settings = dict(settings.chain)
         self.costs_path = self.status_dir / costs_file_name(identity)
         # The job envelope: this process's start, and what a previous attempt left (goodput.py).
         self.settings["envelope"] = envelope_settings(
             self.costs_path, now_epoch_ns_of(self_cost.started_ns))
-        self.chain = StepChain(self.settings, self_cost)
+        self.chain = StepChain(self.settings, self_cost, sampler_downstream=sampler_downstream)
         self.slow, self.overhead = self.chain.slow, self.chain.overhead
         self.budget = self.chain.budget
         self.metrics, self.gpu_steps = self.chain.metrics, self.chain.gpu_steps
@@ -137,7 +165,7 @@ class DerivedMetricsStage:
 
     def _stall_stacks(self) -> StallStacks | None:
         """The stall stacks files (made on the thread that starts the run: the training one)."""
-        opts = self.options
+        opts = self.stage_settings
         if not opts.stall_stacks and opts.stall_stacks_signal is None:
             return None
         return StallStacks(self.status_dir / "stalls", self.identity.rank,
@@ -183,12 +211,12 @@ class DerivedMetricsStage:
         if self.sampler is not None:
             self.metrics.registry.register(SampledOutCollector(self.sampler,
                                                                self.identity.rank))
-        self.metrics_plan = om.plan_metrics(self.options)
+        self.metrics_plan = self.stage_settings.metrics
         if not self.metrics_plan.otlp:
             return None
         proc = om.OtlpMetricsSpanProcessor(
             om.create_metric_exporter(self.metrics_plan), self.metrics, self.identity.run_id,
-            om.metrics_resource(self.options, self.identity))
+            om.metrics_resource(self.stage_settings.service_name, self.identity))
         chain.insert(chain.index(self.metrics) + 1, proc)
         return proc
 
@@ -197,7 +225,7 @@ class DerivedMetricsStage:
         lines = []
         if self.metrics_plan.otlp:
             lines.append(f"  metrics -> {self.metrics_plan.describe()}")
-        lines += at_scale_banner(self.options, self.identity)
+        lines += self.stage_settings.at_scale_lines
         if self.sampler is not None and self.sampler.keep_monitor:
             lines.append(f"  sampled -> {self.sampler.ratio:.0%} of ordinary steps by trace id; "
                          "slow, failed, monitoring and first steps always")
@@ -209,13 +237,13 @@ class DerivedMetricsStage:
         The default port (9464 + local rank) moves to the next free one when taken, with one
         warning; an explicit port that is taken raises ``ValueError`` (it was asked for).
         """
-        port = self.options.prometheus_port
+        port = self.stage_settings.prometheus_port
         if not self.metrics_plan.prometheus:  # metrics over OTLP only (plan_metrics)
             port = None
         if port is DEFAULT:
-            self.prometheus_url = self._serve_default(self.options.prometheus_host)
+            self.prometheus_url = self._serve_default(self.stage_settings.prometheus_host)
         elif port is not None:
-            self.prometheus_url = self._serve(self.options.prometheus_host, port)
+            self.prometheus_url = self._serve(self.stage_settings.prometheus_host, port)
         if self.prometheus_url is not None:
             self._write_targets_file()
         self._started = True
@@ -261,7 +289,7 @@ class DerivedMetricsStage:
                 _log.warning("otel-train: cannot write %s: %r", path, exc)
 
     def _serve(self, host: str, port: int) -> str:
-        opts = self.options
+        opts = self.stage_settings
         try:
             return self.metrics.start_server(host, port)
         except OSError as exc:
@@ -270,11 +298,11 @@ class DerivedMetricsStage:
                        f"{self.identity.local_rank})"
                        if opts.prometheus_port is DEFAULT else "")
                 raise ValueError(
-                    f"{opts.where('prometheus_port')}: port {port}{how} on {host} is already "
+                    f"{opts.prometheus_port_source}: port {port}{how} on {host} is already "
                     "in use; choose another with prometheus_port= or OTEL_TRAIN_PROMETHEUS_PORT, "
                     "0 for a free port, or None to turn the metrics endpoint off") from exc
             raise ValueError(
-                f"{opts.where('prometheus_host')}={host!r} with {opts.where('prometheus_port')}"
+                f"{opts.prometheus_host_source}={host!r} with {opts.prometheus_port_source}"
                 f"={port}: cannot serve metrics there: {exc}") from exc
 
     def costs(self) -> CostsReport:
@@ -287,7 +315,7 @@ class DerivedMetricsStage:
             # one step only is a one-off (a final evaluation), not waiting for a second call.
             evidence_gap = self.budget.evidence_gap(run_over=self._run_over)
             envelope = self.goodput.envelope() if self.goodput is not None else None
-        data = build_costs(snapshot, self.options.budget, self.options.critical,
+        data = build_costs(snapshot, self.stage_settings.budget, self.stage_settings.critical,
                            slow_steps=slow_steps, slow_operations=slow_ops,
                            run_id=self.identity.run_id,
                            governing=self.schedule.describe())
@@ -344,7 +372,7 @@ class DerivedMetricsStage:
         self.watchdog.stop(left(0.3))
         self.gpu_sampler.stop(left(0.3))
         self.shared.shutdown()  # the processors' last lines (the slow steps not yet said)
-        if self.options.console and self.goodput is not None:
+        if self.stage_settings.console and self.goodput is not None:
             # The run's last console line, after everything said about its steps.
             print(f"otel-train: {envelope_line(self.costs().get('envelope') or {})}",
                   file=sys.stderr, flush=True)

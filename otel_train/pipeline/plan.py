@@ -28,15 +28,16 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_train.common.export_ranks import resolve_export_ranks, routine_export
+from otel_train.common.export_ranks import ExportRanks, resolve_export_ranks, routine_export
 from otel_train.common.options import RunOptions
-from otel_train.common.sdk_config import ExportPlan, plan_export
-from otel_train.derived.otlp_metrics import plan_metrics
-from otel_train.derived.sampling import resolve_sample_ratio
+from otel_train.common.sdk_config import ExportPlan, plan_export, sdk_disabled
+from otel_train.derived.otlp_metrics import MetricsPlan
+from otel_train.common.rate_limited_log import warn_once
 
 # Provider modes.
 MODE_OURS = "ours"  # otel-train's RunScopedTracerProvider is the global provider
@@ -90,6 +91,12 @@ class PipelinePlan:
     app_exporter: bool  # the in-process stage sends where the application's exporter does
     user_spans: str  # what happens to spans users open with the OTel API
     reasons: tuple[str, ...]
+    # What the derived-metrics settings are made from (settings.py ``derived_settings``).
+    sample_ratio: float | None = None  # None: no ratio (every ordinary step)
+    metrics: MetricsPlan = MetricsPlan(False, False)
+    export_routine: bool = True  # this rank exports its ordinary steps (export_ranks)
+    export_summary: bool = False  # ... as summaries (span_mode="summary")
+    export_ranks: ExportRanks = ExportRanks("all")
 
     def describe(self) -> str:
         """The plan as lines for a person: the decisions, then why."""
@@ -110,15 +117,19 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
     if env.disabled_by is not None:
         return _disabled_plan(env)
     reasons: list[str] = []
-    export, own, joins_app, app_exporter = _export_target(options, env, reasons)
-    route = _route(options, env, export, own, joins_app, reasons)
+    # What the options and the environment say, resolved first; then the decisions.
     ratio = resolve_sample_ratio(options, env.env)
-    otlp_metrics = plan_metrics(options, env.env).otlp
+    metrics = plan_metrics(options, env.env)
+    otlp_metrics = metrics.otlp
     routine, summary = routine_export(options, env.rank, env.world_size, env.local_rank)
+    ranks = resolve_export_ranks(options.export_ranks, env.world_size)
+    target = plan_export(options, env.status_dir, env.rank, env.world_size, env.env)
+    export, own, joins_app, app_exporter = _export_target(options, env, target, reasons)
+    route = _route(options, env, export, own, joins_app, reasons)
     tail = ((ratio is not None or not routine or summary)
             and route in (ROUTE_PROCESS, ROUTE_STAGE))
     _sampling_reasons(ratio, route, tail, env, reasons)
-    _export_ranks_reasons(options, env, routine, summary, reasons)
+    _export_ranks_reasons(options, env, ranks, routine, summary, reasons)
     where = _metrics_where(options, env, route, otlp_metrics, tail, joins_app, reasons)
     reasons.append("console report: " + ("on (console=True)" if options.console
                                          else "off (console=False)"))
@@ -128,7 +139,9 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
         route=route, export=export, provider_mode=env.provider_mode, metrics_where=where,
         tail_sampler=tail, otlp_metrics=otlp_metrics,
         console=options.console, joins_application=joins_app, app_exporter=app_exporter,
-        user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons))
+        user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons),
+        sample_ratio=ratio, metrics=metrics, export_routine=routine, export_summary=summary,
+        export_ranks=ranks)
 
 
 def _disabled_plan(env: PipelineEnvironment) -> PipelinePlan:
@@ -141,10 +154,9 @@ def _disabled_plan(env: PipelineEnvironment) -> PipelinePlan:
                  "works",))
 
 
-def _export_target(options: RunOptions, env: PipelineEnvironment, reasons: list[str]
-                   ) -> tuple[ExportPlan, bool, bool, bool]:
+def _export_target(options: RunOptions, env: PipelineEnvironment, plan: ExportPlan,
+                   reasons: list[str]) -> tuple[ExportPlan, bool, bool, bool]:
     """(export plan, made from the plan?, joins the application?, the app's endpoint?)."""
-    plan = plan_export(options, env.status_dir, env.rank, env.world_size, env.env)
     if env.provider_mode != MODE_APP:
         reasons.append(f"export target: {plan.describe()} (exporter option / "
                        "OTEL_TRACES_EXPORTER / OTLP endpoint; a span file when none is set)")
@@ -209,9 +221,8 @@ def _sampling_reasons(ratio: float | None, route: str, tail: bool, env: Pipeline
                        "and are never exported")
 
 
-def _export_ranks_reasons(options: RunOptions, env: PipelineEnvironment, routine: bool,
-                          summary: bool, reasons: list[str]) -> None:
-    choice = resolve_export_ranks(options.export_ranks, env.world_size)
+def _export_ranks_reasons(options: RunOptions, env: PipelineEnvironment, choice: ExportRanks,
+                          routine: bool, summary: bool, reasons: list[str]) -> None:
     if choice.kind == "all" and not summary:
         return
     what = ("summary spans" if summary else "every step's spans") if routine else (
@@ -270,3 +281,83 @@ def process_failed(options: RunOptions, environment: PipelineEnvironment,
                    why: str) -> PipelinePlan:
     """The plan after the exporter process could not start: the in-process stage."""
     return plan_pipeline(options, dataclasses.replace(environment, process_failed=why))
+
+
+def app_exporter_unreadable(options: RunOptions,
+                            environment: PipelineEnvironment) -> PipelinePlan:
+    """The plan after the application's exporter settings could not be read after all:
+    made without them."""
+    return plan_pipeline(options, dataclasses.replace(environment, app_exporter=None))
+
+
+def resolve_sample_ratio(options: RunOptions,
+                         env: Mapping[str, str] | None = None) -> float | None:
+    """The share of ordinary steps to keep; None: no sampling (keep everything).
+
+    The ``sample_ratio`` option wins; else ``OTEL_TRACES_SAMPLER=traceidratio`` or
+    ``parentbased_traceidratio`` with ``OTEL_TRACES_SAMPLER_ARG`` (SDK semantics: a bad or
+    missing argument means 1.0). ``always_off`` keeps its SDK meaning (nothing exported): it
+    is left to the SDK sampler, not turned into a ratio.
+    """
+    if options.sample_ratio is not None:
+        return None if options.sample_ratio >= 1.0 else float(options.sample_ratio)
+    env = os.environ if env is None else env
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if name not in ("traceidratio", "parentbased_traceidratio"):
+        return None
+    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    try:
+        ratio = float(raw)
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(raw)
+    except ValueError:
+        warn_once("OTEL_TRACES_SAMPLER_ARG", "otel-train: OTEL_TRACES_SAMPLER_ARG=%r is not a "
+                  "ratio from 0 to 1; keeping every step", raw)
+        return None
+    return None if ratio >= 1.0 else ratio
+
+
+def plan_metrics(options: RunOptions, env: Mapping[str, str] | None = None) -> MetricsPlan:
+    """Decide from ``metrics_exporter`` (or ``OTEL_METRICS_EXPORTER``) and the OTLP settings.
+
+    ``prometheus`` (the default) serves the endpoint; ``otlp`` pushes, and then the endpoint
+    is served only when ``prometheus_port`` was given explicitly; ``prometheus,otlp`` both.
+    """
+    env = os.environ if env is None else env
+    raw = options.metrics_exporter
+    source = options.where("metrics_exporter")
+    if raw is None:
+        raw = env.get("OTEL_METRICS_EXPORTER", "").strip().lower()
+        source = "OTEL_METRICS_EXPORTER"
+    names = {n.strip() for n in (raw or "").split(",") if n.strip()}
+    unknown = names - {"otlp", "prometheus", "none", "console"}
+    if unknown:
+        if source == "OTEL_METRICS_EXPORTER":
+            warn_once("OTEL_METRICS_EXPORTER", "otel-train: OTEL_METRICS_EXPORTER=%r: "
+                      "only otlp, prometheus and none are used; ignoring %s", raw,
+                      sorted(unknown))
+        names -= unknown
+    if not names:
+        names = {"prometheus"}
+    otlp = "otlp" in names and not sdk_disabled(env)
+    explicit_port = "prometheus_port" in options.sources
+    prometheus = "prometheus" in names or explicit_port
+    if options.prometheus_port is None:
+        prometheus = False
+    if not otlp:
+        return MetricsPlan(prometheus, False)
+    protocol = (env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "").strip()
+                or options.otlp_protocol or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip())
+    if protocol not in ("grpc", "http/protobuf"):
+        if protocol:
+            warn_once("metrics-protocol", "otel-train: OTLP metrics protocol %r is not "
+                      "supported (grpc, http/protobuf); using http/protobuf", protocol)
+        protocol = "http/protobuf"
+    endpoint = None
+    if not env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") and options.otlp_endpoint:
+        endpoint = options.otlp_endpoint
+        if protocol == "http/protobuf":
+            endpoint = endpoint.rstrip("/")
+            if not endpoint.endswith("/v1/metrics"):
+                endpoint += "/v1/metrics"
+    return MetricsPlan(prometheus, True, protocol, endpoint)

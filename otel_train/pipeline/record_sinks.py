@@ -11,11 +11,16 @@ where it runs in this process, then hands the records on:
 - ``application_export.ApplicationProviderSink``: an application's own span processors, the
   one place span records become SDK spans in this process.
 
+The span worker holds one :class:`Export`: :class:`SinkExport` gives each drain to the route's
+sinks and, with the exporter process, ends each drain, ticks between drains and sleeps on the
+process's pipes; :class:`NullExport` where nothing is exported.
+
 Usage::
 
-    sink = StageSink(stage, sampler)
-    sink.on_records(records, user_rows)   # one drain
-    sink.close()                          # the worker stopped: spans still held go out
+    export = SinkExport([StageSink(stage, sampler)])
+    export.on_records(records, user_rows)   # one drain
+    export.end_drain()                      # the exporter process's frame (none here)
+    export.close()                          # the worker stopped: spans still held go out
 """
 
 from __future__ import annotations
@@ -34,6 +39,57 @@ if TYPE_CHECKING:
     from otel_train.export.stage import BoundedBatchSpanProcessor
 
 _log = logging.getLogger("otel_train")
+
+
+class Export(Protocol):
+    """What the span worker calls on the route's export, and nothing else."""
+
+    #: The exporter process's pid (its CPU is counted as own cost); None without one.
+    pid: int | None
+    #: True when ``wait_for_io`` sleeps on the exporter process's pipes.
+    waits_on_io: bool
+
+    def on_records(self, records: Sequence[tuple[Any, ...]],
+                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+        """Hand one drain on; never raises."""
+
+    def end_drain(self) -> None:
+        """The drain is complete (the exporter process gets one frame per drain)."""
+
+    def tick(self, reports: bool) -> None:
+        """Between drains: hand over what waits; read the exporter process's reports when
+        ``reports`` (its report pipe was readable)."""
+
+    def wait_for_io(self, seconds: float, wake_fd: int) -> bool:
+        """Sleep until the exporter process reports, ``wake_fd`` is readable or ``seconds``
+        pass; True when its reports are readable."""
+
+    def close(self) -> None:
+        """The worker stopped: hand on what is still held."""
+
+
+class NullExport:
+    """The export of a route that exports nothing: every call does nothing."""
+
+    pid: int | None = None
+    waits_on_io = False
+
+    def on_records(self, records: Sequence[tuple[Any, ...]],
+                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+        """Nothing is exported."""
+
+    def end_drain(self) -> None:
+        """No exporter process."""
+
+    def tick(self, reports: bool) -> None:
+        """No exporter process."""
+
+    def wait_for_io(self, seconds: float, wake_fd: int) -> bool:
+        """Never called (``waits_on_io`` is False); no reports."""
+        return False
+
+    def close(self) -> None:
+        """Nothing is held."""
 
 
 class RecordSink(Protocol):
@@ -111,17 +167,43 @@ class ProcessSink:
             self.sampler.shutdown()
 
 
-class FanOutSink:
-    """Several sinks, each given every drain (our export and an application's processors)."""
+class SinkExport(NullExport):
+    """The route's export: each drain to every sink in turn (our export, an application's
+    processors); with the exporter process's ``process`` client, its drain ends, ticks and
+    sleeps on its pipes."""
 
-    def __init__(self, sinks: Sequence[RecordSink]) -> None:
+    def __init__(self, sinks: Sequence[RecordSink],
+                 process: ExportProcessClient | None = None) -> None:
         self.sinks = tuple(sinks)
+        self._process = process
+        self.waits_on_io = process is not None
+
+    @property
+    def pid(self) -> int | None:  # type: ignore[override]
+        """The exporter process's pid, None without one."""
+        return None if self._process is None else self._process.pid
 
     def on_records(self, records: Sequence[tuple[Any, ...]],
                    rows: Sequence[tuple[Any, ...]] = ()) -> None:
         """Each sink in turn."""
         for sink in self.sinks:
             sink.on_records(records, rows)
+
+    def end_drain(self) -> None:
+        """One frame per drain to the exporter process."""
+        if self._process is not None:
+            self._process.end_drain()
+
+    def tick(self, reports: bool) -> None:
+        """Between drains: the exporter process's user spans, frames, reports."""
+        if self._process is not None:
+            self._process.tick(reports)
+
+    def wait_for_io(self, seconds: float, wake_fd: int) -> bool:
+        """The exporter process's pipes, or ``wake_fd``, or ``seconds``."""
+        if self._process is None:
+            return False
+        return self._process.wait_for_io(seconds, wake_fd)
 
     def close(self) -> None:
         """Each sink in turn."""

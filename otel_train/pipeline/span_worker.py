@@ -9,7 +9,7 @@ sink (``record_sinks.py``). No ``ReadableSpan`` is made here.
 
 Usage::
 
-    route = RowRoute(derived.shared, StageSink(stage, sampler), rank, user_rows)
+    route = RowRoute(derived.shared, SinkExport([StageSink(stage, sampler)]), rank, user_rows)
     worker = SpanBuildWorker(recorder, builder, route, drops, self_cost)
     worker.start(); ...; worker.stop(1.0)
 """
@@ -38,8 +38,9 @@ from otel_train.records.span_rows import C_ATTRS, record_span_count, view_from_r
 from otel_train.records.step_records import StepRecordBuilder
 from otel_train.records.steps_view import SharedStepSpanProcessor
 
+from otel_train.pipeline.record_sinks import Export, NullExport
+
 if TYPE_CHECKING:
-    from otel_train.pipeline.record_sinks import RecordSink
     from otel_train.pipeline.user_spans import UserSpanRows
 
 _log = logging.getLogger("otel_train")
@@ -57,12 +58,12 @@ _SAMPLE_EVERY_NS = 250_000_000
 class RowRoute:
     """Where a drain goes: its ``StepView``s to the derived metrics (``metrics.on_views``;
     None where the exporter process feeds them), then its records and the user spans' rows
-    to ``export`` (None: nothing is exported)."""
+    to ``export`` (``NullExport()``: nothing is exported)."""
 
-    def __init__(self, metrics: SharedStepSpanProcessor | None, export: RecordSink | None,
+    def __init__(self, metrics: SharedStepSpanProcessor | None, export: Export | None,
                  rank: Any, user_rows: UserSpanRows | None = None) -> None:
         self.metrics = metrics
-        self.export = export
+        self.export: Export = NullExport() if export is None else export
         self.rank = rank
         self.user_rows = user_rows
 
@@ -80,7 +81,6 @@ class SpanBuildWorker:
         poll_interval_seconds: float = 0.05,
         drain_at_records: int = 256,
         max_drain_delay_seconds: float = MAX_DRAIN_DELAY_SECONDS,
-        export: Any = None,
         console_every_steps: int | None = None,
         console_min_interval_seconds: float = 0.0,
         startup: StartupRecordMaker | None = None,
@@ -94,9 +94,9 @@ class SpanBuildWorker:
         self._wait_device = (getattr(recorder, "keep_value", detached) is not detached
                              or getattr(probes, "make_event", None) is not None)
         self._route = route
-        # The exporter process's client, told when a drain ends (``end_drain``: one frame
-        # per drain) and ticked between drains (``tick``: user spans, the child's counts).
-        self._export = export
+        # The route's one export: told when a drain ends (``end_drain``: the exporter
+        # process's frame) and ticked between drains (``tick``: user spans, the child's counts).
+        self._export = route.export
         self._builder = builder
         # The train.startup record, made with the first step's (records/envelope_records.py).
         self._startup = startup
@@ -118,7 +118,7 @@ class SpanBuildWorker:
         self._stop = threading.Event()
         # Wakes a worker sleeping on the exporter process's pipes (``wait_for_io``) at stop.
         self._wake_r = self._wake_w = -1
-        if getattr(export, "wait_for_io", None) is not None:
+        if self._export.waits_on_io:
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_w, False)
         self._drain_lock = threading.Lock()
@@ -148,7 +148,8 @@ class SpanBuildWorker:
         q = self._records
         ring = self._ring_source is not None
         user_rows = self._route.user_rows
-        tick = getattr(self._export, "tick", None)
+        export = self._export
+        reads = export.waits_on_io  # the exporter process: ticked between drains
         schedule = self._schedule
         poll = schedule.poll_ns / 1e9
         rows_since = 0  # perf_counter_ns the user spans' rows were first seen waiting
@@ -157,7 +158,7 @@ class SpanBuildWorker:
             if self.paused:  # nothing is read while paused: a readable pipe must not wake it
                 self._stop.wait(poll)
                 continue
-            reports = self._sleep(wait, tick is not None)
+            reports = self._sleep(wait, reads)
             if self.paused or self._stop.is_set():
                 wait = poll
                 continue
@@ -182,9 +183,9 @@ class SpanBuildWorker:
                 # by the drain's own CPU, not by the whole look's.
                 self._sample_cost()
                 now = perf_counter_ns()
-            elif tick is not None:
+            elif reads:
                 try:
-                    tick(reports)  # between drains: user spans, frames the pipe could not take
+                    export.tick(reports)  # between drains: user spans, frames the pipe could not take
                 except Exception as exc:
                     self._warn.warning("send", "otel-train: exporter hand-over failed: %r",
                                        exc)
@@ -210,12 +211,11 @@ class SpanBuildWorker:
         """Until ``seconds`` pass, the worker is stopped, or (with the exporter process, whose
         reports the next look reads: ``reads``) the child reports or the pipe takes what
         waits; True when the child's reports are readable."""
-        wait_for_io = getattr(self._export, "wait_for_io", None)
-        if wait_for_io is None or self._wake_r < 0 or not reads:
+        if self._wake_r < 0 or not reads:
             self._stop.wait(seconds)
             return False
         try:
-            return bool(wait_for_io(seconds, self._wake_r))
+            return bool(self._export.wait_for_io(seconds, self._wake_r))
         except Exception as exc:  # never a busy loop: sleep the time instead
             self._warn.warning("wait", "otel-train: waiting on the exporter process: %r", exc)
             self._stop.wait(seconds)
@@ -258,7 +258,7 @@ class SpanBuildWorker:
 
     def _exporter_cpu_ns(self) -> int | None:
         """The exporter process's CPU so far (ns), None without one or where unreadable."""
-        pid = getattr(self._export, "pid", None)
+        pid = self._export.pid
         if pid is None:
             return None
         reader = self._exporter_cpu
@@ -275,13 +275,11 @@ class SpanBuildWorker:
             self._refill()
             return self._drain_records(self._route, deadline_ns)
         finally:
-            end_drain = getattr(self._export, "end_drain", None)
-            if end_drain is not None:
-                try:
-                    end_drain()  # one frame per drain to the exporter process
-                except Exception as exc:
-                    self._warn.warning("send", "otel-train: could not hand spans to the "
-                                       "exporter: %r", exc)
+            try:
+                self._export.end_drain()  # one frame per drain to the exporter process
+            except Exception as exc:
+                self._warn.warning("send", "otel-train: could not hand spans to the "
+                                   "exporter: %r", exc)
             used = thread_time_ns() - cpu0
             if threading.current_thread() is self._thread:
                 pass  # the worker's own CPU is counted by _sample_cost, with its wait
@@ -371,8 +369,8 @@ class SpanBuildWorker:
             made.append(rec)
         if views:
             metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
-        if route.export is not None and (made or rows):
-            self._hand_on(route.export, made, rows)
+        if made or rows:
+            self._hand_on(self._export, made, rows)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built - cold, cold)  # once per drain: a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)
@@ -396,11 +394,11 @@ class SpanBuildWorker:
         made.append(rec)
         return record_span_count(rec)
 
-    def _hand_on(self, sink: RecordSink, made: list[tuple[Any, ...]],
+    def _hand_on(self, export: Export, made: list[tuple[Any, ...]],
                  rows: list[tuple[Any, ...]]) -> None:
         try:
-            sink.on_records(made, rows)
-        except Exception as exc:  # a sink must never stop the flow
+            export.on_records(made, rows)
+        except Exception as exc:  # an export must never stop the flow
             self._drops.add("export_failed", sum(map(record_span_count, made)) + len(rows))
             self._warn.warning("send", "otel-train: could not queue spans for export: %r", exc)
 
@@ -422,12 +420,11 @@ class SpanBuildWorker:
             route.user_rows.close()  # a span ending from now on is counted, not kept
         if not self._thread.is_alive():
             self.drain(deadline)
-            if route.export is not None:
-                try:
-                    route.export.close()
-                except Exception as exc:
-                    self._warn.warning("send", "otel-train: could not hand the last spans "
-                                       "to export: %r", exc)
+            try:
+                self._export.close()
+            except Exception as exc:
+                self._warn.warning("send", "otel-train: could not hand the last spans "
+                                   "to export: %r", exc)
         lost = 0
         source = self._ring_source
         if source is not None:

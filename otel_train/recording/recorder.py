@@ -42,16 +42,10 @@ from otel_train.recording.call_checks import (
 )
 from otel_train.recording.monitor_record import MonitorRecord
 from otel_train.recording.schedule import DueSchedule
-from otel_train.recording.step_events import (
-    DecodedPhase,
-    PhaseEntry,
-    active_ordinal,
-    decode_events,
-    flat_events,
-    in_progress,
-    open_monitoring,
-)
-from otel_train.recording.step_counts import StepCounts
+from otel_train.recording.step_events import (DecodedPhase, PhaseEntry, active_ordinal,
+                                              decode_events, flat_events, in_progress,
+                                              open_monitoring)
+from otel_train.recording.step_counts import BatchCounter, StepCounts
 from otel_train.recording.step_phase_events import StepPhaseEvents
 
 if TYPE_CHECKING:
@@ -243,8 +237,11 @@ class Recorder(_RecorderCore):
         monitor_synchronize: Callable[[], None] | None = None,
         keep_value: Callable[[Any], Any] | None = None,
         schedule: DueSchedule | None = None,
+        batch_counter: BatchCounter | None = None,
+        keep_finished: bool = True,  # False (a disabled run): finished steps go, for free
     ) -> None:
-        self.queue: deque[Step | MonitorRecord] = deque()
+        self.queue: deque[Step | MonitorRecord] = deque(maxlen=None if keep_finished else 0)
+        self.batch_counter = batch_counter  # step.count(batch=...); None: nothing per batch
         self.max_queued = max_queued
         self.drops = drops
         self.synchronize = synchronize

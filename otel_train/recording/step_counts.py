@@ -22,7 +22,8 @@ step carries the count (``train.flops``), the matmuls' dtype and the device's pe
 
 Usage::
 
-    counter = BatchCounter.from_options(options)         # None: nothing to do per batch
+    counter = BatchCounter.for_run(CountSettings(tokens_per_step=..., samples_per_step=...))
+                                                          # None: nothing to do per batch
     loader = counter.counted(loader, recorder)            # run.steps wraps the loader
     step.count(tokens=4096)                               # or per step, by hand
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
@@ -148,7 +150,7 @@ class StepCounts:
         micro-batch); ``tokens`` / ``samples`` win over it. Never syncs.
         """
         if batch is not None:
-            counter = getattr(self._recorder, "batch_counter", None)
+            counter = self._recorder.batch_counter
             if counter is not None:
                 counter.count_into(self, batch, add=True)
         if tokens is None and samples is None:
@@ -156,6 +158,16 @@ class StepCounts:
         write_counts(self, None if tokens is None else checked_count("tokens", tokens),
                      None if samples is None else checked_count("samples", samples),
                      self._recorder.keep_value)
+
+
+@dataclass(frozen=True)
+class CountSettings:
+    """What a run counts per batch (pipeline/settings.py ``count_settings``)."""
+
+    tokens_per_step: Any = None  # an int (filled in by the background), a callable or None
+    samples_per_step: Any = None
+    count_flops: bool = False  # count step 1's FLOPs with torch's FlopCounterMode
+    find_peak: bool = False  # flops_per_step given without a peak: the table's, once
 
 
 class BatchCounter:
@@ -179,11 +191,10 @@ class BatchCounter:
         self._refresh()
 
     @classmethod
-    def from_options(cls, options: Any) -> BatchCounter | None:
+    def for_run(cls, settings: CountSettings) -> BatchCounter | None:
         """The counter a run needs, or None when nothing is done per batch."""
-        counter = cls(options.tokens_per_step, options.samples_per_step, options.count_flops,
-                      options.flops_per_step is not None
-                      and options.peak_flops_per_second is None)
+        counter = cls(settings.tokens_per_step, settings.samples_per_step,
+                      settings.count_flops, settings.find_peak)
         return counter if counter.active else None
 
     def _refresh(self) -> None:

@@ -98,6 +98,7 @@ class StepRecordBuilder:
         is_sampled: Callable[[int], bool],
         epoch_offset_ns: int,
         span_timing: str | None = TIMING_HOST,
+        host_rss_every_steps: int = 0,
     ) -> None:
         self._identity = identity
         # None: each span says its own timing (device_sync events / monitor_sync): ``sync``
@@ -120,8 +121,8 @@ class StepRecordBuilder:
         self.factory = RowSpanFactory(resource, scope, self._base)
         self.rank = identity.rank
         # CPU's fallback for memory (memory_peaks): host RSS on every N-th step's root, read
-        # here in the background when the step is built (0: never; set by the assembly).
-        self.host_rss_every_steps = 0
+        # here in the background when the step is built (0: never).
+        self.host_rss_every_steps = host_rss_every_steps
         self.host_rss = HostRss()
         # The last sampled step's compute/host verdict: the steps after it take it over.
         self._device_bound: str | None = None

@@ -17,13 +17,12 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_train.common.options import RunOptions
+from otel_train.common.options import DEFAULT_WARMUP_STEPS
 from otel_train.rundir.span_files import (
     _iter_lines,
     attribute_pattern,
@@ -35,9 +34,8 @@ from otel_train.rundir.span_files import (
 
 STEP_SPAN = "train.step"
 SUMMARY_SPAN = "train.summary"
-# The option's default: a run without a costs file is read with the warm-up it most likely had.
-DEFAULT_WARMUP_STEPS: int = next(
-    f.default for f in dataclasses.fields(RunOptions) if f.name == "warmup_steps")
+# The option's default (DEFAULT_WARMUP_STEPS): a run without a costs file is read with the
+# warm-up it most likely had.
 _MAX_PENDING = 20000  # steps whose root has not arrived (a step's spans share one drain)
 _MAX_SUMMARIES = 100000
 _ATTRS = attribute_pattern([

@@ -68,12 +68,6 @@ def report_path(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / REPORT_NAME
 
 
-def report_enabled(options: Any) -> bool:
-    """Whether a run writes its report at shutdown: option ``report``, else the console's."""
-    wanted = options.report if options.report is not None else options.console
-    return bool(wanted)
-
-
 def shutdown_banner_line(status_dir: Path) -> str:
     """The start-up banner's line for the report."""
     return f"  report  -> {report_path(status_dir)} (written at shutdown)"

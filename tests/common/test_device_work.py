@@ -22,7 +22,7 @@ KERNEL_SECONDS = 0.02
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     acc = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     return acc
 

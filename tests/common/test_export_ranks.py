@@ -16,7 +16,8 @@ from otel_train.common.export_ranks import (
 )
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
-from otel_train.derived.sampling import at_scale_banner, build_step_sampler, sampling_settings
+from otel_train.derived.sampling import build_step_sampler
+from otel_train.pipeline.settings import at_scale_banner, sampling_settings
 from otel_train.pipeline.plan import PipelineEnvironment, plan_pipeline
 
 

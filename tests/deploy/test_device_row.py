@@ -32,9 +32,9 @@ CHILD = textwrap.dedent(
     deadline = time.monotonic() + 60.0
     dev, mem = FakeAccelerator(), FakeAllocator(block_bytes=2**20)
     timing, probes = device.resolve_device_timing, device_probes.resolve_device_probes
-    otel_train.run.resolve_device_timing = (
+    otel_train.pipeline.assembly.resolve_device_timing = (
         lambda m: timing(m, accelerator=dev, event_class=dev.Event))
-    otel_train.run.resolve_device_probes = (
+    otel_train.pipeline.assembly.resolve_device_probes = (
         lambda *a, **k: probes(*a, memory=mem.peaks(), **k))
 
     def batches():

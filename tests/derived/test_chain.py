@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import generate_latest
 from span_trees import feed, monitor_span, step_spans, train_step
 
-from otel_train.derived.chain import StepChain, chain_settings
+from otel_train.derived.chain import StepChain
+from otel_train.pipeline.settings import chain_settings
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
 from otel_train.common.self_cost import SelfCostMeter

@@ -14,7 +14,8 @@ from span_trees import feed, monitor_span, step_spans, train_step
 import otel_train
 from otel_train.common.options import RunOptions
 from otel_train.derived.budget import BudgetSpanProcessor
-from otel_train.derived.console import ConsoleReportSpanProcessor, fast_log_min_interval_seconds
+from otel_train.derived.console import ConsoleReportSpanProcessor
+from otel_train.pipeline.settings import fast_log_min_interval_seconds
 from otel_train.derived.overhead import OverheadSpanProcessor
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.records.steps_view import SharedStepSpanProcessor

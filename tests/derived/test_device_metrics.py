@@ -29,9 +29,9 @@ MIB = 1024 ** 2
 
 def _fake_run(monkeypatch, tmp_path, dev: FakeAccelerator, mem: FakeAllocator, **options):
     real_timing, real_probes = device_mod.resolve_device_timing, device_probes.resolve_device_probes
-    monkeypatch.setattr("otel_train.run.resolve_device_timing",
+    monkeypatch.setattr("otel_train.pipeline.assembly.resolve_device_timing",
                         lambda m: real_timing(m, accelerator=dev, event_class=dev.Event))
-    monkeypatch.setattr("otel_train.run.resolve_device_probes",
+    monkeypatch.setattr("otel_train.pipeline.assembly.resolve_device_probes",
                         lambda *a, **k: real_probes(*a, memory=mem.peaks(), **k))
     return otel_train.start_run(device_sync="events", prometheus_port=0,
                                 status_dir=str(tmp_path), exporter="jsonl", **options)

@@ -34,7 +34,8 @@ from train_helpers import clean_env, start_test_run  # noqa: F401  (autouse fixt
 
 from otel_train.common import attributes as A
 from otel_train.common.options import RunOptions
-from otel_train.derived.otlp_metrics import OTEL_NAMES, otel_name_for, plan_metrics
+from otel_train.derived.otlp_metrics import OTEL_NAMES, otel_name_for
+from otel_train.pipeline.plan import plan_metrics
 
 pytestmark = pytest.mark.timeout(90)
 

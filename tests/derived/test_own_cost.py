@@ -19,6 +19,7 @@ from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.self_cost import SelfCostMeter
 from otel_train.derived.costs import format_costs_table
+from otel_train.pipeline.record_sinks import SinkExport
 from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
 from otel_train.recording.recorder import Recorder
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
@@ -95,7 +96,7 @@ def _worker_run(busy_seconds: float, hold_gil: bool = True, train_seconds: float
                                 Resource.create({"service.name": "busy"}),
                                 InstrumentationScope("otel_train", "0.1.0"), False, "cpu",
                                 lambda tid: True, epoch_offset_ns())
-    worker = SpanBuildWorker(rec, builder, RowRoute(None, BusySink(busy_seconds, hold_gil), 0),
+    worker = SpanBuildWorker(rec, builder, RowRoute(None, SinkExport([BusySink(busy_seconds, hold_gil)]), 0),
                              DropCounter(), meter, poll_interval_seconds=0.01,
                              drain_at_records=32)
     worker.start()

@@ -22,11 +22,8 @@ from train_helpers import clean_env, run_spans, start_test_run  # noqa: F401  (a
 from otel_train.common import attributes as A
 from otel_train.common.identity import step_trace_id
 from otel_train.common.options import RunOptions
-from otel_train.derived.sampling import (
-    SAMPLE_REASON,
-    StepTailSampler,
-    resolve_sample_ratio,
-)
+from otel_train.derived.sampling import SAMPLE_REASON, StepTailSampler
+from otel_train.pipeline.plan import resolve_sample_ratio
 from otel_train.common.trace_ids import SAMPLED
 
 pytestmark = pytest.mark.timeout(120)

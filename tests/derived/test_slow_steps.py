@@ -317,7 +317,7 @@ def test_a_step_that_drains_the_device_backlog_before_its_monitoring_is_not_slow
 
     acc = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr("otel_train.run.resolve_device_timing",
+    monkeypatch.setattr("otel_train.pipeline.assembly.resolve_device_timing",
                         lambda mode, *a, **k: real(mode, accelerator=acc))
     with start_in_process_run(tmp_path) as run:
         for step in run.steps(range(30)):

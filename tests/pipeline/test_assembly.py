@@ -90,3 +90,39 @@ def test_a_disabled_run_neither_imports_torch_nor_synchronizes(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def _patched_after_construction(source: str) -> list[str]:
+    """``line: target`` for each assignment to another object's attribute (``x.y = ...``
+    with ``x`` not ``self``): a part wired after it was made."""
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                   else [])
+        for target in targets:
+            if isinstance(target, ast.Attribute) and not (
+                    isinstance(target.value, ast.Name) and target.value.id == "self"):
+                found.append(f"{node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_the_builder_passes_everything_at_construction_and_patches_no_part_after():
+    assembly = Path(otel_train.__file__).parent / "pipeline" / "assembly.py"
+    assert _patched_after_construction(assembly.read_text()) == []
+    # The check sees the wiring it forbids.
+    assert _patched_after_construction(
+        "sampler.downstream = export\nbuilder.host_rss_every_steps = 2\n") == [
+        "1: sampler.downstream", "2: builder.host_rss_every_steps"]
+
+
+def test_a_run_holds_the_parts_the_builder_made(tmp_path: Path):
+    with otel_train.start_run(exporter="none", prometheus_port=None, console=False,
+                              status_dir=str(tmp_path)) as run:
+        recorder = run._recorder
+        assert recorder.batch_counter is run._counter  # given at construction
+        assert run.self_cost.device_work is None  # CPU: no device work to time
+        for step in run.steps(range(3)):
+            step.count(batch=[[1, 2], [3, 4]])
+        assert run.costs()["steps"] == 3

@@ -17,6 +17,7 @@ from train_helpers import clean_env, nested_step  # noqa: F401  (clean_env: auto
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.common.self_cost import COLD_STEP_NS_PER_SPAN, SelfCostMeter
+from otel_train.pipeline.record_sinks import SinkExport
 from otel_train.pipeline.span_worker import RowRoute, SpanBuildWorker
 from otel_train.pipeline.user_spans import UserSpanRows
 from otel_train.recording.recorder import Recorder
@@ -69,7 +70,7 @@ class Views:
 
 def _worker(rec: Recorder, sink, drops: DropCounter, metrics=None, user_rows=None
             ) -> SpanBuildWorker:
-    route = RowRoute(metrics, sink, IDENT.rank, user_rows)
+    route = RowRoute(metrics, SinkExport([sink]), IDENT.rank, user_rows)
     return SpanBuildWorker(rec, _builder(), route, drops, SelfCostMeter(), 0.01)
 
 
@@ -91,7 +92,7 @@ def test_a_step_long_enough_to_evict_the_caches_is_charged_cold_and_an_empty_one
     drops = DropCounter()
     rec = Recorder(10, drops, None)
     meter = SelfCostMeter(1_000.0, cold_ns_per_span=100_000.0)
-    worker = SpanBuildWorker(rec, _builder(), RowRoute(None, Sink(), IDENT.rank), drops,
+    worker = SpanBuildWorker(rec, _builder(), RowRoute(None, SinkExport([Sink()]), IDENT.rank), drops,
                              meter, 0.01)
     empty = rec.begin_step(None, 0)
     with empty.phase("forward"):

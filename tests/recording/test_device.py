@@ -140,7 +140,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     """Runs resolve their device timing against the fake (the only thing patched)."""
     acc = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     return acc
 
@@ -181,7 +181,7 @@ def test_auto_mode_with_the_fake_accelerator_leaves_training_phases_unsynchroniz
 def test_a_run_synchronizes_from_the_processs_first_device_use_on(tmp_path, monkeypatch):
     acc = FakeAccelerator(initialized=False)
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     with start_in_process_run(tmp_path, device_sync="sync") as run:
         assert run.device.pending_first_use
@@ -266,7 +266,7 @@ class CountingAccelerator(FakeAccelerator):
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingAccelerator:
     acc = CountingAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     return acc
 

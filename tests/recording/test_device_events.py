@@ -19,7 +19,7 @@ def _run_with(monkeypatch, tmp_path, dev: FakeAccelerator, mode: str, **options)
     def fake_resolve(m: str, accelerator=None, event_class=None):
         return real(m, accelerator=dev, event_class=dev.Event)
 
-    monkeypatch.setattr("otel_train.run.resolve_device_timing", fake_resolve)
+    monkeypatch.setattr("otel_train.pipeline.assembly.resolve_device_timing", fake_resolve)
     return otel_train.start_run(device_sync=mode, prometheus_port=None, console=False,
                                 status_dir=str(tmp_path), exporter="jsonl", **options)
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     acc = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     return acc
 

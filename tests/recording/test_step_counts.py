@@ -16,6 +16,7 @@ from train_helpers import start_test_run as _start
 import otel_train
 from otel_train.common import attributes as A
 from otel_train.recording.device import resolve_device_timing
+from otel_train.pipeline.settings import count_settings
 from otel_train.recording.step_counts import BatchCounter, shape_counts
 
 IDS = torch.zeros((4, 16), dtype=torch.long)
@@ -61,7 +62,7 @@ def test_the_batch_shape_is_read_without_its_data():
 def test_a_run_counts_each_batch_on_its_root_span_and_never_synchronizes(tmp_path, monkeypatch):
     fake = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=fake,
                                                          event_class=fake.Event))
     batches = [{"input_ids": torch.empty((2, 8 * (i + 1)), dtype=torch.long, device="meta")}
@@ -138,7 +139,7 @@ def test_bad_throughput_options_are_refused_at_start_naming_the_option(tmp_path,
 
 def test_nothing_is_done_per_batch_when_the_options_are_ints():
     opts = otel_train.RunOptions.resolve(environ={}, tokens_per_step=8, samples_per_step=1)
-    assert BatchCounter.from_options(opts) is None
+    assert BatchCounter.for_run(count_settings(opts)) is None
 
 
 def test_count_flops_counts_step_1_and_the_next_step_carries_the_count(tmp_path):

@@ -237,8 +237,7 @@ def test_host_rss_reads_this_process_resident_bytes_on_every_nth_step_once_per_q
     assert rss.read_bytes() >= first + 48 * MIB
     rec = _recorder(None)
     builder = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True,
-                                epoch_offset_ns())
-    builder.host_rss_every_steps = 2
+                                epoch_offset_ns(), host_rss_every_steps=2)
     for step in rec.steps(range(4), None):
         pass
     roots = [builder.record(s)[6] for s in rec.queue]
