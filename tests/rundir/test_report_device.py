@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from train_helpers import FakeAccelerator, clean_env, start_in_process_run  # noqa: F401
 
-import otel_train.run
+import otel_train.pipeline.assembly
 from otel_train.recording.device import resolve_device_timing
 from otel_train.rundir.report import write_report
 from otel_train.rundir.report_data import load_run
@@ -20,7 +20,7 @@ KERNEL_SECONDS = 0.02  # simulated device work launched in forward
 def accelerator(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     acc = FakeAccelerator()
     real = resolve_device_timing
-    monkeypatch.setattr(otel_train.run, "resolve_device_timing",
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
                         lambda mode, *args, **kwargs: real(mode, accelerator=acc))
     return acc
 
