@@ -27,7 +27,7 @@ Usage::
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from otel_train.derived.budget import BudgetSpanProcessor
@@ -37,7 +37,8 @@ from otel_train.derived.console import ConsoleReportSpanProcessor
 from otel_train.derived.goodput import GoodputSpanProcessor
 from otel_train.derived.gpu_step_attributes import GpuStepAttributeSpanProcessor
 from otel_train.derived.overhead import OverheadSpanProcessor
-from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor
+from otel_train.common.drop_counter import DropCounter
+from otel_train.derived.prometheus_metrics import PrometheusMetricsSpanProcessor, ProgressSource
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.derived.sampling import StepTailSampler, build_step_sampler
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
@@ -71,7 +72,11 @@ class StepChain:
 
     def __init__(self, settings: dict[str, Any], self_cost: Any,
                  console_stream: TextIO | None = None,
-                 sampler_downstream: Any = None) -> None:
+                 sampler_downstream: Any = None, progress: ProgressSource | None = None,
+                 phase_progress: Callable[[], tuple[str, float]] | None = None,
+                 drops: DropCounter | None = None,
+                 gpu_forward: Callable[[tuple[int, float | None, int]], None] | None = None
+                 ) -> None:
         s = settings
         window, warmup, world = s["window"], s["warmup"], s["world_size"]
         # With the console on, the slow-step and budget warnings wait for the console's
@@ -84,14 +89,17 @@ class StepChain:
         self.budget = BudgetSpanProcessor(self.overhead, s["budget"], s["critical"],
                                           s["slow_operation_seconds"], world_size=world,
                                           logger=ordered)
-        # ``progress`` (the watchdog) and ``drops`` are set by the stage that serves it.
+        # ``progress`` and ``phase_progress`` (the watchdog) and ``drops``: from the stage
+        # that serves the families (None in the exporter process, which serves none).
         self.metrics = PrometheusMetricsSpanProcessor(
-            s["rank"], s["budget"], self.overhead, critical=s["critical"],
+            s["rank"], s["budget"], self.overhead, progress, drops, critical=s["critical"],
+            phase_progress=phase_progress,
             slow_step_factor=s["slow_step_factor"],
             slow_operation_seconds=s["slow_operation_seconds"], run_id=s["run_id"],
-            world_size=world)
-        self.metrics.histogram_rank_label = s.get("metrics_rank_label", "all") == "all"
-        self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples)
+            world_size=world,
+            histogram_rank_label=s.get("metrics_rank_label", "all") == "all")
+        self.gpu_steps = GpuStepAttributeSpanProcessor(on_latest=self.metrics.set_gpu_samples,
+                                                       forward=gpu_forward)
         self.device = DeviceMetricsSpanProcessor(s["rank"])  # device busy/idle, bound, memory
         self.metrics.registry.register(self.device.collector())
         self.comm = CommMetricsSpanProcessor()  # collectives and own work (comm_metrics.py)
@@ -113,22 +121,22 @@ class StepChain:
                 s["log_every"], self.overhead, self.budget, stream=console_stream,
                 breakdown_min_share=s["console_breakdown_min_share"],
                 eval_operations=s["eval_operations"], warmup_steps=warmup, world_size=world,
-                min_interval_seconds=s["console_min_interval_seconds"], ordered_log=ordered)
-            self.console.throughput = self.throughput
+                min_interval_seconds=s["console_min_interval_seconds"], ordered_log=ordered,
+                throughput=self.throughput)
             self.processors.append(self.console)
         # The tail sampler (sampling.py): not a view processor, it decides on each step's
         # record after them (the worker here, or the exporter process, filter_frame).
         self.sampler: StepTailSampler | None = build_step_sampler(s, sampler_downstream)
-        self._stateful: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
-                                          "budget": self.budget, "metrics": self.metrics,
-                                          "device": self.device, "comm": self.comm,
-                                          "throughput": self.throughput}
-        if self.console is not None:
-            self._stateful["console"] = self.console
-        if self.sampler is not None:
-            self._stateful["sampler"] = self.sampler
-        if self.goodput is not None:
-            self._stateful["goodput"] = self.goodput
+        self._stateful = self._stateful_parts()
+
+    def _stateful_parts(self) -> dict[str, Any]:
+        """The processors whose running figures ``export_state`` carries, by role."""
+        parts: dict[str, Any] = {"slow": self.slow, "overhead": self.overhead,
+                                 "budget": self.budget, "metrics": self.metrics,
+                                 "device": self.device, "comm": self.comm,
+                                 "throughput": self.throughput, "console": self.console,
+                                 "sampler": self.sampler, "goodput": self.goodput}
+        return {role: proc for role, proc in parts.items() if proc is not None}
 
     def export_state(self) -> dict[str, Any]:
         """Every processor's running figures (take the chain's shared lock around it)."""

@@ -102,6 +102,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         world_size: int = 1,
         min_interval_seconds: float = 1.0,
         ordered_log: StepOrderedLog | None = None,
+        throughput: ThroughputSpanProcessor | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(log_every, int) or log_every < 1:
@@ -131,7 +132,7 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         self._explained: set[tuple[str, tuple[str, ...]]] = set()  # disagreements explained
         # The slow-step and budget warnings, released once this step's lines are written.
         self._ordered_log = ordered_log
-        self.throughput: ThroughputSpanProcessor | None = None  # set by the chain
+        self.throughput = throughput  # the rate on the fast line ('' without it)
 
     def on_step(self, view: StepView) -> None:
         """Full breakdown when monitoring is material; a fast line every ``log_every`` steps."""

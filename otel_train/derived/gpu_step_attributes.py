@@ -29,14 +29,17 @@ class GpuStepAttributeSpanProcessor(StepViewProcessor):
     """Sets GPU attributes on the root spans of steps that overlap a GPU sample."""
 
     def __init__(self, on_latest: Callable[[Sequence[Any]], None] | None = None,
-                 max_rounds: int = 64) -> None:
+                 max_rounds: int = 64,
+                 forward: Callable[[tuple[int, float | None, int]], None] | None = None
+                 ) -> None:
         super().__init__()
         self._on_latest = on_latest
         # Rounds of (timestamp_ns, max utilization or None, max memory used); its own lock
         # because the sampler thread writes while the span thread reads.
         self._rounds: deque[tuple[int, float | None, int]] = deque(maxlen=max_rounds)
         self._rounds_lock = threading.Lock()
-        self.forward: Callable[[tuple[int, float | None, int]], None] | None = None
+        # Each round's row, to a copy of this processor elsewhere (the exporter process's).
+        self._forward = forward
 
     def on_samples(self, samples: list[Any]) -> None:
         """One sampling round (``GpuSample``s), from the sampler thread."""
@@ -46,8 +49,8 @@ class GpuStepAttributeSpanProcessor(StepViewProcessor):
         ts = max(s.timestamp_ns for s in samples)
         row = (ts, max(utils) if utils else None, max(s.memory_used_bytes for s in samples))
         self.add_round(row)
-        if self.forward is not None:
-            self.forward(row)  # to the copy of this processor in the exporter process
+        if self._forward is not None:
+            self._forward(row)  # to the copy of this processor in the exporter process
         if self._on_latest is not None:
             self._on_latest(samples)
 

@@ -99,6 +99,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         slow_operation_seconds: float | None = None,
         run_id: str | None = None,
         world_size: int | None = None,
+        phase_progress: Callable[[], tuple[str, float]] | None = None,
+        histogram_rank_label: bool = True,
     ) -> None:
         super().__init__()
         bounds = tuple(float(b) for b in buckets)
@@ -110,7 +112,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self._bounds = bounds
         self._le = [floatToGoString(b) for b in bounds] + ["+Inf"]
         self.rank = str(rank)
-        self.histogram_rank_label = True  # False: the step and phase histograms drop rank
+        # False: the step and phase histograms drop rank
+        self.histogram_rank_label = histogram_rank_label
         self.budget = budget
         self.critical = critical
         self.slow_step_factor = slow_step_factor
@@ -120,7 +123,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         self.overhead = overhead
         self.progress = progress
         # (running phase or '', seconds in it); from the watchdog too
-        self.phase_progress: Callable[[], tuple[str, float]] | None = None
+        self.phase_progress = phase_progress
         self.drops = drops
         self._steps: dict[str, _Histogram] = {}
         # rank -> (phase, kind, loader or None) -> histogram

@@ -112,17 +112,16 @@ class DerivedMetricsStage:
         # The job envelope: this process's start, and what a previous attempt left (goodput.py).
         self.settings["envelope"] = envelope_settings(
             self.costs_path, now_epoch_ns_of(self_cost.started_ns))
-        self.chain = StepChain(self.settings, self_cost, sampler_downstream=sampler_downstream)
+        # The watchdog first: the Prometheus families read its progress (and the drops).
+        self.watchdog = self._stall_watchdog(recorder)
+        self.chain = StepChain(self.settings, self_cost, sampler_downstream=sampler_downstream,
+                               progress=self.watchdog.progress,
+                               phase_progress=self.watchdog.phase_progress, drops=drops,
+                               gpu_forward=self._forward_gpu_round)
         self.slow, self.overhead = self.chain.slow, self.chain.overhead
         self.budget = self.chain.budget
         self.metrics, self.gpu_steps = self.chain.metrics, self.chain.gpu_steps
         self.console: ConsoleReportSpanProcessor | None = self.chain.console
-        self.watchdog = StallWatchdog(
-            recorder, options.watchdog_interval_seconds, options.stall_seconds,
-            options.stall_min_seconds, typical_step_seconds=self.slow.median_seconds,
-            slow_operation_seconds=options.slow_operation_seconds,
-            stacks=self._stall_stacks(), run_id=identity.run_id)
-        self._wire_metrics(drops)
         chain: list[StepViewProcessor] = self.chain.processors
         self.goodput = self.chain.goodput
         if self.goodput is not None:
@@ -157,11 +156,25 @@ class DerivedMetricsStage:
         self.remote: Any = None
         self.state_loads = 0  # states loaded from the exporter process
 
-    def _wire_metrics(self, drops: DropCounter) -> None:
-        """What the Prometheus families read besides the chain: progress and drops."""
-        self.metrics.progress = self.watchdog.progress
-        self.metrics.phase_progress = self.watchdog.phase_progress
-        self.metrics.drops = drops
+    def _typical_step_seconds(self) -> float | None:
+        """The watchdog's typical step: the slow-step processor's median (None before it)."""
+        return self.chain.slow.median_seconds()
+
+    def _forward_gpu_round(self, row: tuple[int, float | None, int]) -> None:
+        """A GPU round's row, to the chain's copy in the exporter process when it feeds the
+        chain (``run_in_exporter_process``); nothing otherwise."""
+        remote = self.remote
+        if remote is not None:
+            remote.send_gpu_round(row)
+
+    def _stall_watchdog(self, recorder: Recorder) -> StallWatchdog:
+        """The stall watchdog; its typical step is the chain's (read once it runs)."""
+        opts = self.stage_settings
+        return StallWatchdog(
+            recorder, opts.watchdog_interval_seconds, opts.stall_seconds,
+            opts.stall_min_seconds, typical_step_seconds=self._typical_step_seconds,
+            slow_operation_seconds=opts.slow_operation_seconds,
+            stacks=self._stall_stacks(), run_id=self.identity.run_id)
 
     def _stall_stacks(self) -> StallStacks | None:
         """The stall stacks files (made on the thread that starts the run: the training one)."""
@@ -186,7 +199,6 @@ class DerivedMetricsStage:
         client.derive_metrics(self.settings, self.self_cost, on_state=self.load_state,
                               feed=self.feed_records,
                               take_state=self.export_state if self.sampler is None else None)
-        self.gpu_steps.forward = client.send_gpu_round
 
     def load_state(self, state: dict[str, Any]) -> None:
         """The exporter process's chain state: this copy continues from it."""

@@ -117,6 +117,16 @@ def test_the_builder_passes_everything_at_construction_and_patches_no_part_after
         "1: sampler.downstream", "2: builder.host_rss_every_steps"]
 
 
+def test_the_derived_stage_and_chain_pass_everything_at_construction_and_patch_no_part_after():
+    derived = Path(otel_train.__file__).parent / "derived"
+    for name in ("stage.py", "chain.py"):
+        assert _patched_after_construction((derived / name).read_text()) == [], name
+    # A part reached through ``self`` is another object all the same.
+    assert _patched_after_construction(
+        "self.metrics.progress = p\nself.console.throughput = t\nself.remote = c\n") == [
+        "1: self.metrics.progress", "2: self.console.throughput"]
+
+
 def test_a_run_holds_the_parts_the_builder_made(tmp_path: Path):
     with otel_train.start_run(exporter="none", prometheus_port=None, console=False,
                               status_dir=str(tmp_path)) as run:
