@@ -90,9 +90,9 @@ class SpanBuildWorker:
         self._ring_source = ring_source  # step_ring="on": the ring, merged with the queue
         # On an accelerator, records may hold device values or events still on their way
         # (device_values.py): checked before each is built. Never on CPU.
-        probes = getattr(recorder, "probes", None)
-        self._wait_device = (getattr(recorder, "keep_value", detached) is not detached
-                             or getattr(probes, "make_event", None) is not None)
+        probes = recorder.probes  # None when no probe is active
+        self._wait_device = (recorder.keep_value is not detached
+                             or (probes is not None and probes.make_event is not None))
         self._route = route
         # The route's one export: told when a drain ends (``end_drain``: the exporter
         # process's frame) and ticked between drains (``tick``: user spans, the child's counts).

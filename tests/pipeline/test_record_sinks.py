@@ -148,3 +148,16 @@ def test_the_span_worker_calls_its_export_by_name_never_probing_it():
     # The check sees both ways a probe was written.
     assert _export_probes("tick = getattr(self._export, 'tick', None)\n"
                           "w = getattr(export, 'wait_for_io', None)\n") == [1, 2]
+
+
+def _probes(source: str) -> list[int]:
+    """Lines where ``getattr``/``hasattr`` probe anything at all."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")]
+
+
+def test_the_span_worker_reads_its_recorder_by_name_never_probing_it():
+    assert _probes(SPAN_WORKER.read_text()) == []
+    assert _probes("p = getattr(recorder, 'probes', None)\nok = hasattr(r, 'keep_value')\n"
+                   ) == [1, 2]
