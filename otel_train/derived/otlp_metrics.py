@@ -51,12 +51,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train.common import attributes as A
 from otel_train.common import sdk_private
-from otel_train.common.identity import resource_attributes
 from otel_train.derived.prometheus_metrics import (
     DEFAULT_BUCKETS,
     PrometheusMetricsSpanProcessor,
 )
-from otel_train.common.sdk_config import build_resource
 from otel_train.records.steps_view import P_DURATION, P_KEY, StepView, StepViewProcessor
 
 METER_NAME = "otel_train"
@@ -152,11 +150,6 @@ def create_metric_exporter(plan: MetricsPlan) -> MetricExporter:
         OTLPMetricExporter as HttpMetricExporter,
     )
     return HttpMetricExporter(**kwargs)
-
-
-def metrics_resource(service_name: str, identity: Any) -> Resource:
-    """The resource the run's spans carry (service, run, rank's instance, host, pod)."""
-    return build_resource(service_name, resource_attributes(identity))
 
 
 class OtlpMetricsSpanProcessor(StepViewProcessor):

@@ -10,7 +10,8 @@ then to the exporter.
 Usage::
 
     settings = derived_settings(options, identity, plan)  # pipeline/settings.py
-    pipeline = DerivedMetricsStage(settings, identity, status_dir, recorder, drops, self_cost)
+    pipeline = DerivedMetricsStage(settings, identity, status_dir, recorder, drops, self_cost,
+                                   metrics_resource=resource)  # needed with metrics over OTLP
     pipeline.start()               # ValueError when the Prometheus port is taken
     for span in spans: pipeline.processors[0].on_end(span)
     pipeline.costs()               # the content of monitoring_costs.json
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_train.derived import otlp_metrics as om
@@ -66,7 +68,6 @@ class DerivedSettings:
 
     chain: dict[str, Any]  # StepChain's settings: plain data, it crosses the pipe
     metrics: om.MetricsPlan  # Prometheus endpoint, OTLP, both or neither
-    service_name: str  # the OTLP metrics' resource
     at_scale_lines: tuple[str, ...]  # export_ranks / summary mode, for the banner
     console: bool
     budget: float
@@ -93,14 +94,25 @@ def costs_file_name(identity: RunIdentity) -> str:
     return f"monitoring_costs-rank{identity.rank}.json"
 
 
+def targets_paths(status_dir: Path, identity: RunIdentity) -> tuple[Path, Path]:
+    """Where Prometheus's file-based discovery finds the run's endpoint.
+
+    Its file discovery globs only the last path element, so every run of a runs root writes
+    into one directory: <runs root>/prometheus-targets/<run>-rank<N>.json (a copy in the
+    run's own directory says where it was served)."""
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", identity.run_id)
+    return (status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
+            status_dir / f"prometheus_targets-rank{identity.rank}.json")
+
+
 class DerivedMetricsStage:
     """Builds, starts and stops the derived-metrics processors of one run."""
 
     def __init__(self, settings: DerivedSettings, identity: RunIdentity, status_dir: Path,
                  recorder: Recorder, drops: DropCounter, self_cost: SelfCostMeter,
                  collectors: Sequence[Any] = (),
-                 attribute_drops: DropCounter | None = None, sampler_downstream: Any = None
-                 ) -> None:
+                 attribute_drops: DropCounter | None = None, sampler_downstream: Any = None,
+                 metrics_resource: Resource | None = None) -> None:
         self.stage_settings = options = settings
         self.identity = identity
         self.drops = drops
@@ -133,23 +145,19 @@ class DerivedMetricsStage:
         self.metrics.registry.register(IntervalCollector(self.schedule, identity.rank))
         # The exporter process's CPU, reported in the costs beside this process's own.
         self._exporter_cpu = [c for c in collectors if hasattr(c, "cpu_seconds")]
-        self.otlp_metrics: Any = self._scale_out(chain)
-        self.shared = SharedStepSpanProcessor(chain)
+        self.otlp_metrics: Any = self._scale_out(chain, metrics_resource)
+        # One lock for the chain's processors, held by the governor's reads of them too.
+        lock = threading.RLock()
         self.governor = governor_thread(options.budget_action, options.budget, self.schedule,
-                                        self.overhead, self.shared.lock)
-        self.processors: list[SpanProcessor] = [self.shared]
+                                        self.overhead, lock)
         self.gpu_sampler = NvmlGpuSampler(options.gpu_sample_interval_seconds,
                                           on_sample=self.gpu_steps.on_samples)
-        # Prometheus's file discovery globs only the last path element, so every run of a
-        # runs root writes into one directory: <runs root>/prometheus-targets/<run>-rank<N>.json
-        # (a copy in the run's own directory says where it was served).
-        safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", identity.run_id)
-        self.targets_paths = (
-            self.status_dir.parent / "prometheus-targets" / f"{safe_id}-rank{identity.rank}.json",
-            self.status_dir / f"prometheus_targets-rank{identity.rank}.json")
+        self.targets_paths = targets_paths(self.status_dir, identity)
         self._run_over = False  # set at shutdown, before the final costs
         self.costs_writer = CostsFileWriter(self.costs_path, self.costs,
                                             options.costs_interval_seconds)
+        self.shared = SharedStepSpanProcessor(chain, lock=lock)
+        self.processors: list[SpanProcessor] = [self.shared]
         self.prometheus_url: str | None = None
         self._started = False
         # The exporter process that feeds the chain (run_in_exporter_process), or None.
@@ -170,11 +178,12 @@ class DerivedMetricsStage:
     def _stall_watchdog(self, recorder: Recorder) -> StallWatchdog:
         """The stall watchdog; its typical step is the chain's (read once it runs)."""
         opts = self.stage_settings
+        stacks = self._stall_stacks()
         return StallWatchdog(
             recorder, opts.watchdog_interval_seconds, opts.stall_seconds,
             opts.stall_min_seconds, typical_step_seconds=self._typical_step_seconds,
             slow_operation_seconds=opts.slow_operation_seconds,
-            stacks=self._stall_stacks(), run_id=self.identity.run_id)
+            stacks=stacks, run_id=self.identity.run_id)
 
     def _stall_stacks(self) -> StallStacks | None:
         """The stall stacks files (made on the thread that starts the run: the training one)."""
@@ -215,10 +224,11 @@ class DerivedMetricsStage:
         """Span records the exporter process will never see: through this chain."""
         feed_records(self.shared, recs, self.identity.rank)
 
-    def _scale_out(self, chain: list[StepViewProcessor]) -> StepViewProcessor | None:
+    def _scale_out(self, chain: list[StepViewProcessor], metrics_resource: Resource | None
+                   ) -> StepViewProcessor | None:
         """The tail sampler (the chain's: assembly.py puts it before export, after these
         processors, here or in the exporter process), and metrics over OTLP too
-        (otlp_metrics.py), after the Prometheus one."""
+        (otlp_metrics.py), after the Prometheus one, with the run's ``metrics_resource``."""
         self.sampler = self.chain.sampler  # here or in the exporter process (assembly.py)
         if self.sampler is not None:
             self.metrics.registry.register(SampledOutCollector(self.sampler,
@@ -226,9 +236,12 @@ class DerivedMetricsStage:
         self.metrics_plan = self.stage_settings.metrics
         if not self.metrics_plan.otlp:
             return None
+        if metrics_resource is None:
+            raise ValueError("metrics_resource: metrics over OTLP need the run's resource "
+                             "(service, run, rank's instance, host, pod)")
         proc = om.OtlpMetricsSpanProcessor(
             om.create_metric_exporter(self.metrics_plan), self.metrics, self.identity.run_id,
-            om.metrics_resource(self.stage_settings.service_name, self.identity))
+            metrics_resource)
         chain.insert(chain.index(self.metrics) + 1, proc)
         return proc
 

@@ -102,7 +102,7 @@ from otel_train.recording.recorder import Recorder
 from otel_train.recording.step_ring import StepRing, ring_capacity_bytes
 from otel_train.recording.schedule import DueSchedule
 from otel_train.recording.step_counts import BatchCounter
-from otel_train.records.envelope_records import startup_maker
+from otel_train.records.envelope_records import StartupRecordMaker, startup_maker
 from otel_train.records.step_records import (
     StepRecordBuilder,
     epoch_offset_ns,
@@ -190,10 +190,11 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                                   local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
     stage_settings = derived_settings(options, identity, plan)
-    # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py); an
-    # application's provider brings its own resource.
-    resource = (provider.resource if mode == MODE_APP
-                else build_resource(options.service_name, resource_attributes(identity)))
+    # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py), for the
+    # spans and the metrics over OTLP; an application's provider brings its spans' own.
+    own_resource = (build_resource(options.service_name, resource_attributes(identity))
+                    if mode != MODE_APP or plan.otlp_metrics else None)
+    resource = provider.resource if mode == MODE_APP else own_resource
     # With tail sampling every step is built sampled and the sampler decides after the
     # metrics; the SDK then follows its parent.
     sampler = ParentBased(ALWAYS_ON) if plan.tail_sampler else sdk_sampler
@@ -215,16 +216,20 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
         derived = DerivedMetricsStage(stage_settings, identity, status_dir, recorder, drops,
                                       self_cost, collectors=built.collectors,
                                       attribute_drops=builder.attribute_drops,
-                                      sampler_downstream=downstream)
+                                      sampler_downstream=downstream,
+                                      metrics_resource=own_resource)
     except BaseException:
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started
         raise
+    # The train.startup record, made with the first step's (records/envelope_records.py).
+    startup = startup_maker(derived.settings["envelope"], self_cost.started_ns,
+                            builder.offset_ns, options.startup_span)
     route = _row_route(plan, derived, built, provider, builder, drops, options.max_queued_spans)
     sdk_provider = (_user_span_provider(resource, sampler, plan, route, built.client, derived)
                     if mode == MODE_OURS else None)
     worker = _span_worker(options, recorder, builder, route, drops, self_cost,
-                          stage_settings.chain["console_min_interval_seconds"], derived,
+                          stage_settings.chain["console_min_interval_seconds"], startup,
                           _ring_source(options, recorder))
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
@@ -235,7 +240,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
 
 def _span_worker(options: RunOptions, recorder: Recorder, builder: StepRecordBuilder,
                  route: RowRoute, drops: DropCounter, self_cost: SelfCostMeter,
-                 console_min_interval_seconds: float, derived: DerivedMetricsStage,
+                 console_min_interval_seconds: float, startup: StartupRecordMaker,
                  ring_source: RingSource | None) -> SpanBuildWorker:
     """The span worker of a run: its drain pace follows the console."""
     # With the console on, a step it prints a fast line for is drained at the next poll:
@@ -246,8 +251,7 @@ def _span_worker(options: RunOptions, recorder: Recorder, builder: StepRecordBui
                                  else MAX_DRAIN_DELAY_SECONDS),
         console_every_steps=options.log_every if options.console else None,
         console_min_interval_seconds=console_min_interval_seconds,
-        startup=startup_maker(derived.settings["envelope"], self_cost.started_ns,
-                              builder.offset_ns, options.startup_span),
+        startup=startup,
         ring_source=ring_source)
 
 
@@ -341,8 +345,8 @@ def _row_route(plan: PipelinePlan, derived: DerivedMetricsStage, built: BuiltExp
             # There, user spans wait for their step's decision in the exporter process too
             # (sampling.StepTailSampler.filter_frame); this process's sampler only keeps the
             # counts it sends back.
-            derived.run_in_exporter_process(client)
             client.sample_when_taken_over(sampler)
+            derived.run_in_exporter_process(client)
             metrics = sampler = None
         sinks.append(ProcessSink(client, sampler, drops))
     elif built.stage is not None:

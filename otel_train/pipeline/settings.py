@@ -47,7 +47,7 @@ def derived_settings(options: RunOptions, identity: RunIdentity,
     return DerivedSettings(
         chain=_chain(options, identity, fast_log_min_interval_seconds(options),
                      _sampling(options, plan.sample_ratio, routine, summary)),
-        metrics=plan.metrics, service_name=options.service_name,
+        metrics=plan.metrics,
         at_scale_lines=tuple(_at_scale_lines(options, plan.export_ranks, routine, summary)),
         console=bool(options.console),
         budget=options.budget, critical=options.critical,

@@ -299,9 +299,10 @@ class SharedStepSpanProcessor(SpanProcessor):
     """
 
     def __init__(self, processors: Sequence[StepViewProcessor],
-                 max_pending_traces: int = 256) -> None:
+                 max_pending_traces: int = 256, lock: Any = None) -> None:
         self.processors = list(processors)
-        self.lock = threading.RLock()
+        # ``lock``: an RLock others hold around reads of these processors too (the governor).
+        self.lock = lock if lock is not None else threading.RLock()
         for proc in self.processors:
             proc._lock = self.lock
         self._assembler = StepAssembler(self._dispatch, self.lock, max_pending_traces)

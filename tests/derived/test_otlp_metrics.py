@@ -292,3 +292,23 @@ def test_a_forked_child_never_pushes_the_parents_metrics(tmp_path: Path,
             assert len(rx.requests()) == before  # nothing came from the child
         finally:
             run.shutdown()
+
+
+def test_a_stage_with_metrics_over_otlp_and_no_resource_is_refused_naming_it(tmp_path: Path):
+    from otel_train.common.drop_counter import DropCounter
+    from otel_train.common.identity import RunIdentity
+    from otel_train.common.self_cost import SelfCostMeter
+    from otel_train.derived.stage import DerivedMetricsStage
+    from otel_train.pipeline.plan import PipelineEnvironment, plan_pipeline
+    from otel_train.pipeline.settings import derived_settings
+    from otel_train.recording.recorder import Recorder
+
+    opts = RunOptions.resolve(environ={}, metrics_exporter="otlp",
+                              otlp_endpoint="http://c:4318", status_dir=str(tmp_path))
+    ident = RunIdentity("no-resource", 0, 1, 0, "option")
+    settings = derived_settings(opts, ident, plan_pipeline(opts, PipelineEnvironment(env={})))
+    assert settings.metrics.otlp
+    drops = DropCounter()
+    with pytest.raises(ValueError, match="metrics_resource"):
+        DerivedMetricsStage(settings, ident, tmp_path, Recorder(1, drops, None), drops,
+                            SelfCostMeter())
