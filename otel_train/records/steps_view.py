@@ -340,17 +340,6 @@ class SharedStepSpanProcessor(SpanProcessor):
         with self.lock:
             self._assembler.views += len(views)
             for group in self._groups:
-                if len(group) == 1:
-                    proc, on_step, on_operation = group[0]
-                    for view in views:
-                        try:
-                            if view.is_step:
-                                on_step(view)
-                            elif not view.envelope or proc.takes_envelope:
-                                on_operation(view)
-                        except Exception as exc:  # one processor's bug must not starve others
-                            self._failed(proc, view, exc)
-                    continue
                 for view in views:
                     for proc, on_step, on_operation in group:
                         try:
