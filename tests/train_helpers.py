@@ -172,3 +172,17 @@ def nested_step(rec: Any, index: int = 3, loader: str | None = "train") -> Any:
         pass
     step._finish(None)
     return step
+
+
+def use_fake_accelerator(monkeypatch: pytest.MonkeyPatch,
+                         acc: FakeAccelerator | None = None) -> FakeAccelerator:
+    """Runs started from now on resolve their device timing against ``acc`` (a new fake by
+    default), where the builder resolves it: the only thing patched."""
+    import otel_train.pipeline.assembly
+    from otel_train.recording.device import resolve_device_timing
+
+    acc = FakeAccelerator() if acc is None else acc
+    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
+                        lambda mode, *args, **kwargs: resolve_device_timing(
+                            mode, accelerator=acc))
+    return acc

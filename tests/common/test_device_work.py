@@ -7,12 +7,10 @@ import time
 
 import pytest
 from fake_accelerator import FakeAccelerator
-from train_helpers import clean_env, start_in_process_run  # noqa: F401
+from train_helpers import clean_env, start_in_process_run, use_fake_accelerator  # noqa: F401
 
-import otel_train.run
 from otel_train.common.device_work import DeviceWorkClock
 from otel_train.derived.costs import own_cost_line
-from otel_train.recording.device import resolve_device_timing
 
 pytestmark = pytest.mark.timeout(60)
 KERNEL_SECONDS = 0.02
@@ -20,11 +18,7 @@ KERNEL_SECONDS = 0.02
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
-    acc = FakeAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
-                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    return acc
+    return use_fake_accelerator(monkeypatch)
 
 
 def test_training_syncs_are_charged_and_monitoring_syncs_reported_apart():

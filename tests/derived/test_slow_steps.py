@@ -310,15 +310,9 @@ def test_a_step_that_drains_the_device_backlog_before_its_monitoring_is_not_slow
     # That wait is theirs, said on the monitoring span, not this step's slowness.
     import time
 
-    from fake_accelerator import FakeAccelerator
-    from train_helpers import read_file_spans, start_in_process_run
+    from train_helpers import read_file_spans, start_in_process_run, use_fake_accelerator
 
-    from otel_train.recording.device import resolve_device_timing
-
-    acc = FakeAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr("otel_train.pipeline.assembly.resolve_device_timing",
-                        lambda mode, *a, **k: real(mode, accelerator=acc))
+    acc = use_fake_accelerator(monkeypatch)
     with start_in_process_run(tmp_path) as run:
         for step in run.steps(range(30)):
             with step.phase("forward"):

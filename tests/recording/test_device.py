@@ -18,6 +18,7 @@ from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
     one,
     run_spans,
     start_in_process_run,
+    use_fake_accelerator,
 )
 
 import otel_train.run
@@ -138,11 +139,7 @@ def test_the_first_use_check_is_the_device_backends_is_initialized():
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     """Runs resolve their device timing against the fake (the only thing patched)."""
-    acc = FakeAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
-                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    return acc
+    return use_fake_accelerator(monkeypatch)
 
 
 def _train_one_step(run, fake: FakeAccelerator) -> None:
@@ -264,11 +261,7 @@ class CountingAccelerator(FakeAccelerator):
 
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingAccelerator:
-    acc = CountingAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
-                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    return acc
+    return use_fake_accelerator(monkeypatch, CountingAccelerator())
 
 
 def _train_phases(step, acc: CountingAccelerator) -> None:

@@ -7,10 +7,14 @@ import time
 
 import pytest
 from fake_accelerator import FakeAccelerator
-from train_helpers import clean_env, one, run_spans, start_in_process_run  # noqa: F401
+from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
+    clean_env,
+    one,
+    run_spans,
+    start_in_process_run,
+    use_fake_accelerator,
+)
 
-import otel_train.run
-from otel_train.recording.device import resolve_device_timing
 from otel_train.recording.device_values import (
     DeviceValueCopier,
     PendingDeviceValue,
@@ -23,11 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
-    acc = FakeAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
-                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    return acc
+    return use_fake_accelerator(monkeypatch)
 
 
 def test_a_device_scalar_starts_a_copy_and_an_event_and_never_waits():

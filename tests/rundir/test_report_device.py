@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from train_helpers import FakeAccelerator, clean_env, start_in_process_run  # noqa: F401
+from train_helpers import (  # noqa: F401  (clean_env: autouse fixture)
+    FakeAccelerator,
+    clean_env,
+    start_in_process_run,
+    use_fake_accelerator,
+)
 
-import otel_train.pipeline.assembly
-from otel_train.recording.device import resolve_device_timing
 from otel_train.rundir.report import write_report
 from otel_train.rundir.report_data import load_run
 from otel_train.rundir.report_device import device_section
@@ -18,11 +21,7 @@ KERNEL_SECONDS = 0.02  # simulated device work launched in forward
 
 @pytest.fixture
 def accelerator(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
-    acc = FakeAccelerator()
-    real = resolve_device_timing
-    monkeypatch.setattr(otel_train.pipeline.assembly, "resolve_device_timing",
-                        lambda mode, *args, **kwargs: real(mode, accelerator=acc))
-    return acc
+    return use_fake_accelerator(monkeypatch)
 
 
 def _run(tmp_path, acc: FakeAccelerator | None, steps: int = 20) -> None:
