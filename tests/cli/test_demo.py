@@ -232,6 +232,10 @@ def test_the_demos_console_is_calm_and_says_no_share_before_it_means_something(t
     assert verdicts[0].startswith("verdict: not enough steps yet")
     shares = [float(v.split(": ")[1].rstrip("%")) for v in verdicts if not
               v.startswith("verdict")]
-    assert shares and max(shares) < 100.0, shares
+    # Unless a monitoring call itself stalled (a loaded machine can hold one for a second,
+    # and a share is then truly over 100%), no share reaches 100% either.
+    stalled = [name for name, op in costs["operations"].items()
+               if op["max_seconds"] > 3 * op["steady_mean_seconds"]]
+    assert shares and (stalled or max(shares) < 100.0), (shares, costs["operations"])
     # Why a figure disagrees with the verdict is said once per kind, not on every line.
     assert err.count("so the verdict stands") <= 3
