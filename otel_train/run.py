@@ -26,7 +26,6 @@ import logging
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,12 @@ from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.recorder import MonitorRecord, Phase, Step
 from otel_train.pipeline.profile_capture import ProfileCapture
 from otel_train.recording.step_counts import BatchCounter
-from otel_train.recording.truncation import cut_open_step, reason_of, release_held_cut
+from otel_train.recording.truncation import (
+    cut_open_step,
+    inert_after_fork,
+    reason_of,
+    release_held_cut,
+)
 from otel_train.common.sdk_config import ExportPlan
 
 _log = logging.getLogger("otel_train")
@@ -85,8 +89,8 @@ class Run:
         self._profiling: ProfileCapture | None = parts.profiling
         self._report_at_shutdown = parts.writes_report
         self._context_token = None
+        self._telemetry.start()  # shows the banner; may raise: e.g. the Prometheus port is taken
         if self.disabled_by is None:
-            self._telemetry.start()  # may raise: e.g. the Prometheus port is taken
             # User spans opened inside a phase nest under it: one proxy span, attached once.
             self._proxy = parts.proxy
             self._context_token = context_api.attach(
@@ -95,8 +99,6 @@ class Run:
             self._manual_step: Step | None = None  # the last run.step() (profile_next's check)
             atexit.register(self._atexit)
             process_hooks.track(self)  # fork-safe; SIGTERM ends the run cleanly
-        self._banner()
-        if self.disabled_by is None:
             self.self_cost.note_ready()
 
     # -- public API ---------------------------------------------------------------------
@@ -342,13 +344,7 @@ class Run:
         self._lock = threading.Lock()
         self._closed = True
         self._profiling = None  # a capture running is the parent's
-        rec = self._recorder
-        rec.closed = True
-        rec.queue = deque(maxlen=0)  # the child's copy records nothing (the parent exports)
-        rec.ring = None  # nor writes into the parent's step ring, shared memory it maps too
-        rec.drops = DropCounter()  # fresh: the inherited lock may be held by a lost thread
-        rec.held = None
-        rec._held_lock = threading.RLock()
+        inert_after_fork(self._recorder)
         try:
             atexit.unregister(self._atexit)
         except Exception:
@@ -359,31 +355,3 @@ class Run:
         """report.html at shutdown: option ``report`` (default: with the console), rank 0,
         when spans go to the run directory's files."""
         return self._report_at_shutdown
-
-    def _banner(self) -> None:
-        ident = self.identity
-        if self.disabled_by is not None:
-            text = (f"otel-train: disabled by {self.disabled_by}: steps run untraced; no "
-                    "spans, metrics, threads or files")
-            if self.options.console:
-                print(text, file=sys.stderr, flush=True)
-            else:
-                _log.info(text)
-            return
-        lines = [
-            f"otel-train: run {ident.run_id} rank {ident.rank}/{ident.world_size}",
-            f"  spans   -> {self.export_plan.describe()}",
-            f"  metrics -> {self.prometheus_url + '/metrics' if self.prometheus_url else 'off'}",
-            f"  timing  -> {self.device.describe()}",
-        ]
-        scale_out = self._telemetry.scale_out_banner()  # metrics over OTLP, sampling
-        if scale_out:
-            lines.append(scale_out)
-        if self._writes_report():
-            from otel_train.rundir.report import shutdown_banner_line
-            lines.append(shutdown_banner_line(self.status_dir))
-        text = "\n".join(lines)
-        if self.options.console:
-            print(text, file=sys.stderr, flush=True)
-        else:
-            _log.info(text)

@@ -62,6 +62,7 @@ from otel_train.pipeline.environment import (
     gather_environment,
     sampling_function,
 )
+from otel_train.pipeline.banner import RunBanner
 from otel_train.pipeline.global_provider import global_provider_for_run
 from otel_train.pipeline.plan import (
     MODE_APP,
@@ -69,11 +70,8 @@ from otel_train.pipeline.plan import (
     ROUTE_PROCESS,
     ROUTE_STAGE,
     THERE,
-    PipelineEnvironment,
     PipelinePlan,
-    app_exporter_unreadable,
     plan_pipeline,
-    process_failed,
 )
 from otel_train.pipeline.record_sinks import (
     NullExport,
@@ -143,7 +141,7 @@ def assemble_run(options: RunOptions, drops: DropCounter, started_ns: int) -> Ru
                         "option" if options.run_id else "disabled"),
             Path(options.status_dir or "otel-train-runs"), resolve_device_timing("off"),
             SelfCostMeter(0.0), Recorder(1, DropCounter(), None, keep_finished=False), None,
-            DisabledTelemetry(reason), disabled_by=reason)
+            DisabledTelemetry(reason, options.console), disabled_by=reason)
     # Resolved before they are used, so the parts below take settings, not options.
     counts = count_settings(options)
     device = resolve_device_timing(options.device_sync)
@@ -172,12 +170,9 @@ def assemble_run(options: RunOptions, drops: DropCounter, started_ns: int) -> Ru
         options.profile_min_interval_seconds,
         telemetry.derived.slow,  # its count comes back from the exporter process's chain
         span_emitter(provider, telemetry.is_sampled) if provider is not None else None)
-    # report.html at shutdown: rank 0, when spans go to the run directory's files.
-    writes_report = (identity.rank == 0 and telemetry.export_plan.kind == "jsonl"
-                     and report_enabled(options))
     proxy = ActivePhaseSpan(recorder, identity.run_id, new_span_id, telemetry.is_sampled)
     return RunParts(identity, status_dir, device, self_cost, recorder, counter, telemetry,
-                    profiling, proxy, writes_report=writes_report)
+                    profiling, proxy, writes_report=telemetry.writes_report)
 
 
 def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: Path,
@@ -190,6 +185,9 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                                                   local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
     stage_settings = derived_settings(options, identity, plan)
+    # report.html at shutdown: rank 0, when spans go to the run directory's files.
+    report_dir = status_dir if identity.rank == 0 and report_enabled(options) else None
+    banner = RunBanner(identity, device.describe(), options.console, report_dir)
     # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py), for the
     # spans and the metrics over OTLP; an application's provider brings its spans' own.
     own_resource = (build_resource(options.service_name, resource_attributes(identity))
@@ -207,7 +205,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # The exporter process first (its CPU counter is on the registry before the stage
     # mirrors it over OTLP); read on the training thread: its CPU is the one kept free.
     background = BackgroundCpus.resolve(options.background_cpus)
-    built = _build_export(plan, options, environment, provider, builder, drops, background)
+    built = _build_export(plan, options, provider, builder, drops, background)
     plan, export = built.plan, built.export
     # The metrics here: user spans wait in the tail sampler, then go to the client.
     downstream = (built.client if plan.tail_sampler and plan.metrics_where != THERE
@@ -234,7 +232,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,
-                        builder=builder, worker=worker, background=background,
+                        builder=builder, worker=worker, banner=banner, background=background,
                         client=built.client)
 
 
@@ -285,8 +283,8 @@ def _ring_source(options: RunOptions, recorder: Recorder) -> RingSource | None:
         return None
 
 
-def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,
-                  provider: Any, builder: StepRecordBuilder, drops: DropCounter,
+def _build_export(plan: PipelinePlan, options: RunOptions, provider: Any,
+                  builder: StepRecordBuilder, drops: DropCounter,
                   background: BackgroundCpus) -> BuiltExport:
     """The export the plan names (the client, the stage, or neither), the metrics collectors
     it brings, and the plan as built (the fallback's, should the exporter process not
@@ -298,7 +296,8 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
             exporter or create_exporter(plan.export), drops, options.max_queued_spans,
             options.export_batch_size, options.export_interval_seconds)
 
-    if plan.route == ROUTE_PROCESS:
+    if plan.route == ROUTE_PROCESS and plan.if_process_fails is not None:
+        fallback = plan.if_process_fails  # made with the plan: nothing is planned here
         try:
             client = ExportProcessClient(
                 plan.export, factory.resource, factory.scope, factory.run_constants, drops,
@@ -308,7 +307,8 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)
-            plan = process_failed(options, environment, repr(exc))
+            plan = dataclasses.replace(fallback, reasons=fallback.reasons + (
+                f"the exporter process could not start: {exc!r}",))
         else:
             plan = dataclasses.replace(
                 plan, export=dataclasses.replace(plan.export, process_pid=client.pid))
@@ -319,8 +319,8 @@ def _build_export(plan: PipelinePlan, options: RunOptions, environment: Pipeline
     exporter = None
     if plan.app_exporter:
         found = exporter_like_application(provider)
-        if found is None:  # its settings could not be read after all: planned without it
-            plan = app_exporter_unreadable(options, environment)
+        if found is None:  # its settings could not be read after all: planned without them
+            plan = plan.without_app_exporter()
             if plan.route != ROUTE_STAGE:
                 return BuiltExport(plan)
         else:

@@ -10,8 +10,8 @@ Routes (``PipelinePlan.route``):
 
 - ``exporter process``: span records go down a pipe to a child process that encodes and
   exports them (``export/process``); the derived metrics run there too unless something keeps
-  them here; if the child cannot start, the in-process stage takes over (the plan for that is
-  ``plan_pipeline`` with ``process_failed`` set);
+  them here; if the child cannot start, the in-process stage takes over (the plan for that,
+  ``PipelinePlan.if_process_fails``, is made with this one);
 - ``in-process stage``: the same records, exported by ``BoundedBatchSpanProcessor`` from this
   process (``export_process=False``, the console exporter, the application's OTLP endpoint);
 - ``application processors``: the spans join the application's own TracerProvider pipeline
@@ -71,7 +71,7 @@ class PipelineEnvironment:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    process_failed: str | None = None  # the exporter process could not start: why
+    process_failed: bool = False  # plan for an exporter process that could not start
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,17 @@ class PipelinePlan:
     export_routine: bool = True  # this rank exports its ordinary steps (export_ranks)
     export_summary: bool = False  # ... as summaries (span_mode="summary")
     export_ranks: ExportRanks = ExportRanks("all")
+    # The plans to build instead, made with this one: when the exporter process cannot
+    # start (route exporter process), and when the application's exporter settings, read
+    # for the plan, cannot be read again as the stage is built (app_exporter).
+    if_process_fails: PipelinePlan | None = None
+    if_app_exporter_unreadable: PipelinePlan | None = None
+
+    def without_app_exporter(self) -> PipelinePlan:
+        """The plan after the application's exporter settings could not be read again."""
+        if self.if_app_exporter_unreadable is None:
+            raise ValueError("the plan does not use the application's exporter settings")
+        return self.if_app_exporter_unreadable
 
     def describe(self) -> str:
         """The plan as lines for a person: the decisions, then why."""
@@ -135,13 +146,17 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
                                          else "off (console=False)"))
     reasons.append("metrics over OTLP: " + ("on (metrics_exporter / OTEL_METRICS_EXPORTER "
                                             "names otlp)" if otlp_metrics else "off"))
+    if_fails = (plan_pipeline(options, dataclasses.replace(env, process_failed=True))
+                if route == ROUTE_PROCESS else None)
+    if_unreadable = (plan_pipeline(options, dataclasses.replace(env, app_exporter=None))
+                     if app_exporter else None)
     return PipelinePlan(
         route=route, export=export, provider_mode=env.provider_mode, metrics_where=where,
         tail_sampler=tail, otlp_metrics=otlp_metrics,
         console=options.console, joins_application=joins_app, app_exporter=app_exporter,
         user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons),
         sample_ratio=ratio, metrics=metrics, export_routine=routine, export_summary=summary,
-        export_ranks=ranks)
+        export_ranks=ranks, if_process_fails=if_fails, if_app_exporter_unreadable=if_unreadable)
 
 
 def _disabled_plan(env: PipelineEnvironment) -> PipelinePlan:
@@ -193,9 +208,8 @@ def _route(options: RunOptions, env: PipelineEnvironment, export: ExportPlan, ow
         reasons.append(f"route: in-process stage (the {export.kind} exporter runs in the "
                        "training process: its output belongs to this process)")
         return ROUTE_STAGE
-    if env.process_failed is not None:
-        reasons.append(f"route: in-process stage (the exporter process could not start: "
-                       f"{env.process_failed})")
+    if env.process_failed:
+        reasons.append("route: in-process stage (the exporter process could not start)")
         return ROUTE_STAGE
     reasons.append("route: exporter process (export_process=True, the default): encoding and "
                    "sending out of the training process's GIL; the in-process stage takes "
@@ -275,19 +289,6 @@ def _user_spans(mode: str, route: str, joins_app: bool) -> str:
         return "nested under the phase they are opened in; not exported"
     return (f"nested under the phase they are opened in, exported with the steps "
             f"({route})")
-
-
-def process_failed(options: RunOptions, environment: PipelineEnvironment,
-                   why: str) -> PipelinePlan:
-    """The plan after the exporter process could not start: the in-process stage."""
-    return plan_pipeline(options, dataclasses.replace(environment, process_failed=why))
-
-
-def app_exporter_unreadable(options: RunOptions,
-                            environment: PipelineEnvironment) -> PipelinePlan:
-    """The plan after the application's exporter settings could not be read after all:
-    made without them."""
-    return plan_pipeline(options, dataclasses.replace(environment, app_exporter=None))
 
 
 def resolve_sample_ratio(options: RunOptions,

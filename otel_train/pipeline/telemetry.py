@@ -1,7 +1,7 @@
 """The assembled pipeline of one run, as ``assembly.py`` built it, and a disabled run's.
 
 ``Run`` talks to its ``RunTelemetry`` only through these methods: start, costs, flush,
-shutdown, the banner's lines, the collective log, and the fork hook.
+shutdown, the collective log, and the fork hook. Starting shows the run's banner (banner.py).
 
 Usage::
 
@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from otel_train.common.cpu_affinity import BackgroundCpus
 from otel_train.common.sdk_config import ExportPlan
 from otel_train.derived.stage import DerivedMetricsStage
+from otel_train.pipeline.banner import RunBanner, disabled_banner
 from otel_train.export.process.client import ExportProcessClient
 from otel_train.pipeline.global_provider import RunScopedTracerProvider
 from otel_train.pipeline.plan import MODE_DISABLED, PipelinePlan
@@ -44,7 +45,8 @@ class RunTelemetry:
                  global_provider: RunScopedTracerProvider | None,
                  sdk_provider: TracerProvider | None, export: Any,
                  derived: DerivedMetricsStage, builder: StepRecordBuilder,
-                 worker: SpanBuildWorker, background: BackgroundCpus | None = None,
+                 worker: SpanBuildWorker, banner: RunBanner,
+                 background: BackgroundCpus | None = None,
                  client: ExportProcessClient | None = None) -> None:
         self.plan = plan
         self.export_plan = plan.export
@@ -60,11 +62,17 @@ class RunTelemetry:
         self.builder = builder
         self.worker = worker
         self.background = background or BackgroundCpus(None, why_not="not resolved")
+        self.banner = banner
 
     @property
     def prometheus_url(self) -> str | None:
         """Base URL of the metrics endpoint, or None when off."""
         return self.derived.prometheus_url
+
+    @property
+    def writes_report(self) -> bool:
+        """report.html at shutdown (the banner says so)."""
+        return self.banner.writes_report(self.export_plan)
 
     def collective_log(self) -> CollectiveLog:
         """Where the run's collectives are timed, made on first use (a run without it adds
@@ -72,10 +80,6 @@ class RunTelemetry:
         if self.builder.collectives is None:
             self.builder.collectives = CollectiveLog()
         return self.builder.collectives
-
-    def scale_out_banner(self) -> str:
-        """The banner's lines for metrics over OTLP and sampling ('' when neither is on)."""
-        return self.derived.scale_out_banner()
 
     def costs(self) -> dict[str, Any]:
         """Fold in the steps still queued, then what monitoring cost so far."""
@@ -87,7 +91,8 @@ class RunTelemetry:
         return self.derived.costs()
 
     def start(self) -> None:
-        """Start the metrics endpoint and threads, then route the global provider to us."""
+        """Start the metrics endpoint and threads, route the global provider to us, then
+        show the banner (it names the endpoint's address, known once it is bound)."""
         before = {t.native_id for t in threading.enumerate()}
         try:
             self.derived.start()  # may raise: e.g. the Prometheus port is taken
@@ -104,6 +109,8 @@ class RunTelemetry:
         _log.info("otel-train: %s", self.background.describe())
         if self.global_provider is not None:
             self.global_provider.activate(self.sdk_provider)
+        self.banner.show(self.banner.lines(self.export_plan, self.prometheus_url,
+                                           self.derived.scale_out_banner()))
 
     def flush(self, timeout_seconds: float) -> bool:
         """Build everything queued, then flush processors and export; True if all went out."""
@@ -152,8 +159,9 @@ class DisabledTelemetry:
     export = None
     sdk_provider = None
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, console: bool) -> None:
         self.reason = reason
+        self.console = console
         self.export_plan = ExportPlan("none")
 
     @staticmethod
@@ -166,17 +174,13 @@ class DisabledTelemetry:
         """Nothing is timed."""
         return None
 
-    @staticmethod
-    def scale_out_banner() -> str:
-        """Nothing is said."""
-        return ""
-
     def costs(self) -> dict[str, Any]:
         """A disabled run measured nothing."""
         return {"enabled": False, "disabled_by": self.reason, "steps": 0, "operations": {}}
 
     def start(self) -> None:
-        """Nothing to start."""
+        """Nothing to start: the banner says so, and why."""
+        disabled_banner(self.reason, self.console)
 
     def flush(self, timeout_seconds: float) -> bool:
         """Nothing is pending."""

@@ -4,19 +4,24 @@ A step (and the phases open in it) that a shutdown, a signal or an escaping exce
 is exported with ``train.truncated = True`` and ``train.truncated.reason``: its start is
 the real one, its end the instant it was cut. The mark is two root attributes on the step;
 the record builder (records/step_records.py) copies it onto every phase still open at the
-cut. Nothing here runs on the hot path: only on the ways a run ends.
+cut. Nothing here runs on the hot path: only on the ways a run ends, including the copy of
+the recorder a fork leaves in the child, which records nothing.
 
 Usage::
 
     cut_open_step(recorder, "sigterm", error)      # the step in progress, if any
     release_held_cut(recorder, "exception", exc)   # the step a loop left as it unwound
+    inert_after_fork(recorder)                     # in a forked child
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from otel_train.common import attributes as A
+from otel_train.common.drop_counter import DropCounter
 
 if TYPE_CHECKING:
     from otel_train.recording.recorder import Recorder
@@ -57,3 +62,14 @@ def reason_of(error: BaseException | None, default: str) -> str:
     if isinstance(error, KeyboardInterrupt):
         return A.TRUNCATED_SIGINT
     return A.TRUNCATED_EXCEPTION
+
+
+def inert_after_fork(rec: Recorder) -> None:
+    """In a forked child: this copy of the recorder records nothing and never takes a lock
+    it inherited (a background thread of the parent may have held it at the fork)."""
+    rec.closed = True
+    rec.queue = deque(maxlen=0)  # the parent exports its steps
+    rec.ring = None  # nor writes into the parent's step ring, shared memory it maps too
+    rec.drops = DropCounter()  # fresh: the inherited lock may be held by a lost thread
+    rec.held = None
+    rec._held_lock = threading.RLock()

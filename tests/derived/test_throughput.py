@@ -173,8 +173,9 @@ def test_the_state_travels_to_a_copy():
 
 def test_the_console_fast_line_shows_tokens_per_second_only_when_counted():
     out = io.StringIO()
-    console = ConsoleReportSpanProcessor(log_every=1, stream=out, min_interval_seconds=0)
-    console.throughput = tput = ThroughputSpanProcessor()
+    tput = ThroughputSpanProcessor()
+    console = ConsoleReportSpanProcessor(log_every=1, stream=out, min_interval_seconds=0,
+                                         throughput=tput)
     view = _view(0, 0.0, 1.0)
     tput.on_step(view)
     assert "tok/s" not in console.format_fast(view)

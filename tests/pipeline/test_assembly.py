@@ -3,6 +3,7 @@ working API and nothing else: no thread, no socket, no file, no crash on a taken
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import subprocess
@@ -136,3 +137,22 @@ def test_a_run_holds_the_parts_the_builder_made(tmp_path: Path):
         for step in run.steps(range(3)):
             step.count(batch=[[1, 2], [3, 4]])
         assert run.costs()["steps"] == 3
+
+
+def test_an_exporter_process_that_cannot_start_gives_the_planned_in_process_stage_and_why(
+        tmp_path: Path, monkeypatch, caplog):
+    from otel_train.pipeline import assembly
+
+    def no_fork(*args, **kwargs):
+        raise OSError("no fork")
+
+    monkeypatch.setattr(assembly, "ExportProcessClient", no_fork)
+    with otel_train.start_run(prometheus_port=None, console=False,
+                              status_dir=str(tmp_path)) as run:
+        plan = run._telemetry.plan
+        assert plan.route == "in-process stage" and plan.export.kind == "jsonl"
+        assert "the exporter process could not start: OSError('no fork')" in plan.reasons
+        _train(run)
+    assert "could not start the exporter process" in caplog.text
+    assert run.spans_path is not None
+    assert b"train.step" in gzip.decompress(run.spans_path.read_bytes())

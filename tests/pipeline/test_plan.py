@@ -23,7 +23,6 @@ from otel_train.pipeline.plan import (
     THERE,
     PipelineEnvironment,
     plan_pipeline,
-    process_failed,
 )
 
 APP_OTLP = "OTLP grpc -> collector:4317 (the application's exporter)"
@@ -102,11 +101,24 @@ def test_a_disabled_run_plans_nothing_and_says_why():
     assert plan.export.kind == "none" and "OTEL_SDK_DISABLED" in plan.reasons[0]
 
 
-def test_an_exporter_process_that_cannot_start_plans_the_in_process_stage():
-    options = RunOptions.resolve(environ={}, **OTLP)
-    plan = process_failed(options, _env(), "OSError('no fork')")
-    assert (plan.route, plan.metrics_where) == (ROUTE_STAGE, HERE)
-    assert any("could not start: OSError('no fork')" in r for r in plan.reasons)
+def test_the_exporter_process_plan_carries_the_in_process_stage_for_when_it_cannot_start():
+    plan = _plan(_env(), **OTLP)
+    assert plan.route == ROUTE_PROCESS
+    fallback = plan.if_process_fails
+    assert fallback is not None and fallback.if_process_fails is None
+    assert (fallback.route, fallback.metrics_where) == (ROUTE_STAGE, HERE)
+    assert fallback.export == plan.export
+    assert any("exporter process could not start" in r for r in fallback.reasons)
+    assert _plan(_env(), **OTLP, export_process=False).if_process_fails is None
+
+
+def test_the_plan_that_reuses_the_applications_exporter_carries_the_one_made_without_it():
+    plan = _plan(_env(MODE_APP, APP_OTLP))
+    assert plan.app_exporter and plan.export.kind == APP_OTLP
+    without = plan.without_app_exporter()
+    assert not without.app_exporter and without.route == ROUTE_APPLICATION
+    with pytest.raises(ValueError, match="application's exporter settings"):
+        _plan(_env(), **OTLP).without_app_exporter()
 
 
 SETTINGS = {
