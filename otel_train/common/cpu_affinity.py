@@ -76,7 +76,9 @@ class BackgroundCpus:
             return 0
         pinned = 0
         for tid in native_ids:
-            if not tid:
+            # A thread id outside this process's task list is not ours (any more): an exited
+            # thread's id can be reused by another process's thread, which must not be pinned.
+            if not tid or not os.path.exists(f"/proc/self/task/{tid}"):
                 continue
             try:
                 os.sched_setaffinity(tid, self.cpus)

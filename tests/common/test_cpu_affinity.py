@@ -4,6 +4,7 @@ kept off the CPU the training thread starts on; the training thread itself never
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -71,6 +72,19 @@ def test_pinning_a_thread_that_has_exited_is_skipped_not_raised() -> None:
     finally:
         alive.set()
         t.join()
+
+
+@linux_only
+def test_a_thread_id_that_is_not_this_processs_is_never_pinned() -> None:
+    allowed = os.sched_getaffinity(0)
+    cpus = BackgroundCpus(frozenset({min(allowed)}), max(allowed))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
+    try:  # the id of another process's thread, as a reused thread id would be
+        assert cpus.pin_threads([other.pid]) == 0
+        assert os.sched_getaffinity(other.pid) == allowed
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_an_unknown_mode_is_refused_naming_the_option() -> None:
