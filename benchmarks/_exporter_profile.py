@@ -107,6 +107,11 @@ def install() -> None:
         dumps = staticmethod(timed("reports: marshal.dumps", child_mod.marshal.dumps))
     child_mod.marshal = _Marshal  # type: ignore[assignment]
 
+    from otel_train.export.otlp import transport
+    base, http = transport._SingleAttemptBase, transport.SingleAttemptHttpSpanExporter
+    base.encode = timed("export: request joined (encode)", base.encode)  # type: ignore[method-assign]
+    http._post = timed("send: HTTP POST (_post)", http._post)  # type: ignore[attr-defined]
+
     Child = child_mod._Child
     real_derive, real_spans, real_stop = Child.derive, Child.spans, Child.stop
     steps = [0]

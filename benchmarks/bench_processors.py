@@ -84,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile a live exporter process, stage by stage")
     parser.add_argument("--step-us", type=float, default=1000.0,
                         help="--live: each step's GIL-holding spin, microseconds")
+    parser.add_argument("--flush-every", type=int, default=0,
+                        help="--live: flush the run every N steps (bench_hot_path.py's chunks: "
+                        "500); 0: never, the run's own cadence")
     args = parser.parse_args(argv)
     logging.getLogger("otel_train").setLevel(logging.ERROR)  # slow-step warnings etc.
     if args.live:
-        return _live(args.steps, args.step_us)
+        return _live(args.steps, args.step_us, args.flush_every)
     n = args.steps
     drops = DropCounter()
     ident = RunIdentity("bench", 0, 1, 0, "option")
@@ -237,7 +240,7 @@ def _chain_by_group(settings: dict[str, Any], records: list[Any], rounds: int,
     return [(label.removeprefix("chain: "), ns) for label, ns in best.items()]
 
 
-def _live(steps: int, step_us: float) -> int:
+def _live(steps: int, step_us: float, flush_every: int = 0) -> int:
     """Profile a live exporter process stage by stage (``--live``)."""
     import json
     import os
@@ -267,6 +270,8 @@ def _live(steps: int, step_us: float) -> int:
                 if i == 200:  # start-up and first frames apart
                     run.flush()
                     c0 = child.read_ns()
+                elif flush_every and i > 200 and (i - 200) % flush_every == 0:
+                    run.flush()
                 end = time.perf_counter_ns() + step_ns
                 while time.perf_counter_ns() < end:  # the step's own work, holding the GIL
                     pass
@@ -292,7 +297,9 @@ def _live(steps: int, step_us: float) -> int:
         receiver.close()
     n = prof["steps"]
     print(f"live exporter process: {n} steps of 7 spans fed (the first 200 too), "
-          f"steps paced by a {step_us:.0f} µs spin; thread CPU per exported step")
+          f"steps paced by a {step_us:.0f} µs spin"
+          + (f", a flush every {flush_every} steps" if flush_every else "")
+          + "; thread CPU per exported step")
     print(f"{'what':<60} {'CPU per step':>14}")
     print("-" * 75)
     print(f"{'the exporter process, /proc, steps 200 on (all threads)':<60} "

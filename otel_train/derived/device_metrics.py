@@ -111,9 +111,10 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
         if rss is not None:
             self.rss[rank] = int(rss)
         for ph in view.phases:
-            extra = phase_extra(ph)
-            if not extra:
+            # phase_extra(ph), inline: most phases carry none (a call per phase costs more)
+            if len(ph) <= P_EXTRA or not ph[P_EXTRA]:
                 continue
+            extra = ph[P_EXTRA]
             busy = extra.get(A.DEVICE_BUSY)
             if busy is not None:
                 k = (str(ph[P_NAME]), rank)
