@@ -11,11 +11,22 @@ The exporter process's per-step work is printed stage by stage, on the same reco
 frames of 256 steps (the span worker's drain): the frame's ``marshal`` load (the pipe), the
 derived chain, each record's OTLP spans (the Python encoder and the C one,
 ``export/otlp/_encode_c.c``, side by side, interleaved rounds, best of each) and the
-request joined from 512 of them.
+request joined from 512 of them. The derived chain is split by processor group (each
+processor takes the whole frame in turn; the overhead, budget, throughput and console take it
+together, view by view), on the same frames.
+
+``--live`` profiles a live exporter process instead: a run exporting OTLP/HTTP to a real
+receiver in its own process, the bench_hot_path.py step (7 spans: root, data, forward,
+backward, optimizer, inference, val_loss) paced by a GIL-holding spin, the child's stages
+timed from inside it (benchmarks/_exporter_profile.py: the frame read, ``marshal``, the chain
+group by group, the tail sampler, the records queued for export, the reports) and its threads
+read from ``/proc``. The wrappers cost a few clock reads per 256-step frame; the child's CPU
+per step is printed beside the same run's ``/proc`` total.
 
 Usage::
 
     /work/venv/bin/python benchmarks/bench_processors.py [--steps 20000]
+    /work/venv/bin/python benchmarks/bench_processors.py --live [--steps 5000 --step-us 1000]
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import io
 import logging
 import statistics
 import sys
+from collections import defaultdict
 import tempfile
 from pathlib import Path
 from time import thread_time_ns
@@ -68,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3, help="best of N (a shared machine)")
+    parser.add_argument("--live", action="store_true",
+                        help="profile a live exporter process, stage by stage")
+    parser.add_argument("--step-us", type=float, default=1000.0,
+                        help="--live: each step's GIL-holding spin, microseconds")
+    parser.add_argument("--flush-every", type=int, default=0,
+                        help="--live: flush the run every N steps (bench_hot_path.py's chunks: "
+                        "500); 0: never, the run's own cadence")
     args = parser.parse_args(argv)
     logging.getLogger("otel_train").setLevel(logging.ERROR)  # slow-step warnings etc.
+    if args.live:
+        return _live(args.steps, args.step_us, args.flush_every)
     n = args.steps
     drops = DropCounter()
     ident = RunIdentity("bench", 0, 1, 0, "option")
@@ -183,6 +204,7 @@ def _exporter_stages(records: list[Any], builder: StepRecordBuilder,
     request_ns = (thread_time_ns() - t0) / len(loaded)
     out = [("exporter process: a 256-step frame's marshal load", load_ns),
            ("exporter process: derived chain, a frame at a time", chain_ns)]
+    out += [(f"  {label}", ns) for label, ns in _chain_by_group(settings, loaded, rounds)]
     for name in best:
         out.append((f"exporter process: OTLP spans of a record, {name} encoder", best[name]))
     if "C" in best:
@@ -193,6 +215,101 @@ def _exporter_stages(records: list[Any], builder: StepRecordBuilder,
     out.append(("exporter process: the stages above, with the fastest encoder",
                 load_ns + chain_ns + fastest + request_ns))
     return out
+
+
+def _chain_by_group(settings: dict[str, Any], records: list[Any], rounds: int,
+                    frame: int = 256) -> list[tuple[str, float]]:
+    """The derived chain's CPU per step by processor group, a frame at a time (best of
+    ``rounds`` fresh chains); the views' making apart."""
+    from _exporter_profile import timed_on_views
+
+    best: dict[str, float] = {}
+    for _ in range(max(1, rounds)):
+        chain = StepChain(settings, SelfCostMeter(), console_stream=io.StringIO())
+        shared = SharedStepSpanProcessor(chain.processors)
+        acc: dict[str, int] = defaultdict(int)
+        for i in range(0, len(records), frame):
+            t0 = thread_time_ns()
+            views = [v for v in (view_from_record(r, 0) for r in records[i:i + frame])
+                     if v is not None]
+            acc["views from records"] += thread_time_ns() - t0
+            timed_on_views(shared, views, acc)
+        for label, ns in acc.items():
+            per_step = ns / len(records)
+            best[label] = min(best.get(label, per_step), per_step)
+    return [(label.removeprefix("chain: "), ns) for label, ns in best.items()]
+
+
+def _live(steps: int, step_us: float, flush_every: int = 0) -> int:
+    """Profile a live exporter process stage by stage (``--live``)."""
+    import json
+    import os
+    import time
+
+    import otel_train
+    from otel_train.export.process import launch
+    from bench_support import ProcessCpu, ReceiverProcess, exporter_pid
+
+    boot = launch._BOOT
+    launch._BOOT = boot.replace(
+        "from otel_train.export.process.child import child_main; ",
+        "from _exporter_profile import install; install(); "
+        "from otel_train.export.process.child import child_main; ")
+    receiver = ReceiverProcess()
+    step_ns = int(step_us * 1000)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "profile.json")
+            os.environ["OTEL_TRAIN_EXPORTER_PROFILE"] = out_path
+            run = otel_train.start_run(
+                status_dir=tmp, exporter="otlp", otlp_endpoint=receiver.endpoint,
+                otlp_protocol="http/protobuf", prometheus_port=None, console=False)
+            child = ProcessCpu(exporter_pid(run))
+            gen = run.steps(range(steps + 200))
+            for i in range(steps + 200):
+                if i == 200:  # start-up and first frames apart
+                    run.flush()
+                    c0 = child.read_ns()
+                elif flush_every and i > 200 and (i - 200) % flush_every == 0:
+                    run.flush()
+                end = time.perf_counter_ns() + step_ns
+                while time.perf_counter_ns() < end:  # the step's own work, holding the GIL
+                    pass
+                step = next(gen)
+                with step.phase("forward"):
+                    pass
+                with step.phase("backward"):
+                    pass
+                with step.phase("optimizer"):
+                    pass
+                with step.monitor("inference"):
+                    pass
+                with step.monitor("val_loss"):
+                    pass
+            run.flush()
+            child_ns = child.read_ns() - c0
+            run.shutdown()
+            time.sleep(0.3)
+            with open(out_path) as f:
+                prof = json.load(f)
+    finally:
+        launch._BOOT = boot
+        receiver.close()
+    n = prof["steps"]
+    print(f"live exporter process: {n} steps of 7 spans fed (the first 200 too), "
+          f"steps paced by a {step_us:.0f} µs spin"
+          + (f", a flush every {flush_every} steps" if flush_every else "")
+          + "; thread CPU per exported step")
+    print(f"{'what':<60} {'CPU per step':>14}")
+    print("-" * 75)
+    print(f"{'the exporter process, /proc, steps 200 on (all threads)':<60} "
+          f"{child_ns / steps / 1000:>11.2f} µs")
+    for name, ns in sorted(prof["threads"].items(), key=lambda kv: -kv[1]):
+        print(f"{'  thread ' + name:<60} {ns / n / 1000:>11.2f} µs")
+    for label, ns in sorted(prof["stages"].items()):
+        calls = prof["calls"].get(label, 0)
+        print(f"{label[:60]:<60} {ns / n / 1000:>11.2f} µs  ({calls} calls)")
+    return 0
 
 
 def _feed_chunks(records: list[Any], shared: SharedStepSpanProcessor,

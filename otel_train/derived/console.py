@@ -177,7 +177,11 @@ class ConsoleReportSpanProcessor(StepViewProcessor):
         """Monitoring worth a full breakdown: a big enough share, or an eval operation."""
         if view.monitor_ns > 0 and view.monitor_ns >= self.breakdown_min_share * view.duration_ns:
             return True
-        return any(name in self.eval_operations for name, _ in view.operations)
+        evals = self.eval_operations
+        for name, _ in view.operations:  # a loop, not any(): no generator made per step
+            if name in evals:
+                return True
+        return False
 
     def _note_first_calls(self, view: StepView) -> None:
         first = self._first_calls

@@ -51,7 +51,9 @@ def out_of_memory_phase(view: StepView) -> tuple[str, int | None] | None:
     found = None
     for ph in view.phases:
         status = ph[P_STATUS] if len(ph) > P_STATUS else None
-        text = str(status[1]) if status else ""
+        if not status:  # the usual phase: nothing to read (every step, so no text made)
+            continue
+        text = str(status[1])
         if text.startswith("OutOfMemoryError") or "out of memory" in text.lower():
             extra = phase_extra(ph) or {}
             found = (ph[P_NAME], extra.get(A.MEMORY_PEAK_ALLOCATED))
@@ -111,9 +113,10 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
         if rss is not None:
             self.rss[rank] = int(rss)
         for ph in view.phases:
-            extra = phase_extra(ph)
-            if not extra:
+            # phase_extra(ph), inline: most phases carry none (a call per phase costs more)
+            if len(ph) <= P_EXTRA or not ph[P_EXTRA]:
                 continue
+            extra = ph[P_EXTRA]
             busy = extra.get(A.DEVICE_BUSY)
             if busy is not None:
                 k = (str(ph[P_NAME]), rank)

@@ -132,7 +132,10 @@ class GoodputSpanProcessor(StepViewProcessor):
         parts["steps"] += train
         self.steps_since_save_ns += train
         if monitor:
-            saved = sum([d for name, d in view.operations if name == _CHECKPOINT])
+            saved = 0
+            for name, d in view.operations:  # a loop: no list made per step
+                if name == _CHECKPOINT:
+                    saved += d
             parts["checkpoint"] += saved
             parts["evaluation"] += monitor - saved
             if saved:

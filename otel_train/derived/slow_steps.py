@@ -74,6 +74,8 @@ from otel_train.records.steps_view import (
 )
 
 _log = logging.getLogger("otel_train")
+_MONITOR, _QUEUED_WAIT, _FLOPS_COUNTED = A.KIND_MONITOR, A.DEVICE_QUEUED_WAIT, A.FLOPS_COUNTED
+_NO_ATTRIBUTES: dict[str, Any] = {}
 _MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spread data
 # A slow step costs at least this much more than its loader's median: below it, a ratio
 # measures scheduler and timer jitter on near-empty steps, nothing a user can act on.
@@ -201,7 +203,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
         self.steps_seen += 1
         if ordinal < self.warmup_steps:
             return  # warm-up: not judged, and kept out of the baseline
-        if (span_attributes(view.span) or {}).get(A.FLOPS_COUNTED):
+        if (span_attributes(view.span) or _NO_ATTRIBUTES).get(_FLOPS_COUNTED):
             return  # run under FlopCounterMode (count_flops): slowed by the counting itself
         train = max(0, view.duration_ns - view.monitor_ns - queued_wait_ns(view))
         base = self._baselines.get(view.loader)
@@ -414,7 +416,8 @@ def queued_wait_ns(view: Any) -> int:
         return 0
     total = 0.0
     for ph in view.phases:
-        extra = ph[P_EXTRA] if ph[P_KIND] == A.KIND_MONITOR and len(ph) > P_EXTRA else None
-        if extra:
-            total += extra.get(A.DEVICE_QUEUED_WAIT) or 0.0
+        if ph[P_KIND] == _MONITOR and len(ph) > P_EXTRA:
+            extra = ph[P_EXTRA]
+            if extra:
+                total += extra.get(_QUEUED_WAIT) or 0.0
     return int(total * 1e9)

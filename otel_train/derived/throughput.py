@@ -55,6 +55,11 @@ from otel_train.records.steps_view import (
 # Window entries: (tokens, samples, flops, start_ns, end_ns, data_ns, left_out_ns); None:
 # not known. left_out_ns: the FLOP-counted step's time, out of the FLOP/s and MFU.
 _TOKENS, _SAMPLES, _FLOPS, _START, _END, _DATA, _LEFT_OUT = range(7)
+# The root attributes a step's counts come from: a step with none of them (and no count
+# given by option or carried from a counted step) adds its times alone.
+_COUNT_KEYS = frozenset((A.TOKENS, A.SAMPLES, A.FLOPS, A.FLOPS_COUNTED, A.FLOPS_DTYPE,
+                         A.PEAK_FLOPS))
+_DATA_PHASE, _TRAIN_KIND = A.PHASE_DATA, A.KIND_TRAIN
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,13 @@ class ThroughputSpanProcessor(StepViewProcessor):
         """Read the step's counts, fill in the root's, add it to the window."""
         span = view.span
         attrs = span_attributes(span) or {}
+        if (self._flops is None and self._const_tokens is None
+                and self._const_samples is None and attrs.keys().isdisjoint(_COUNT_KEYS)):
+            # Nothing counted on this step (most runs, every step): what the general path
+            # below adds for it, without reading each count.
+            self._window.append((None, None, None, view.start_ns, view.end_ns,
+                                 _data_ns(view), 0))
+            return
         tokens = _number(attrs.get(A.TOKENS))
         if tokens is None and self._const_tokens is not None:
             tokens = self._const_tokens
@@ -211,9 +223,11 @@ def _sum(window: list[tuple[Any, ...]], field: int) -> float | None:
 def _data_ns(view: StepView) -> int:
     """Time in the step's top-level ``data`` phases (waiting for the batch)."""
     root = view.root_span_id
-    return sum(p[P_DURATION] for p in view.phases
-               if p[P_NAME] == A.PHASE_DATA and p[P_KIND] == A.KIND_TRAIN
-               and p[P_PARENT_ID] == root)
+    total = 0
+    for p in view.phases:
+        if p[P_NAME] == _DATA_PHASE and p[P_KIND] == _TRAIN_KIND and p[P_PARENT_ID] == root:
+            total += p[P_DURATION]
+    return total
 
 
 class ThroughputCollector:

@@ -23,3 +23,18 @@ def test_a_short_run_prints_the_processors_both_ways_of_feeding_a_frame_and_both
                   "span records, flat phase rows in pure Python"):
         match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d\d) µs$", proc.stdout, re.M)
         assert match and float(match.group(1)) > 0, proc.stdout
+
+
+def test_a_short_live_run_prints_the_exporter_process_stage_by_stage():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_processors.py"), "--live",
+         "--steps", "800", "--step-us", "300"], capture_output=True, text=True, env=env,
+        cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for label in ("the exporter process, /proc, steps 200 on (all threads)", "  thread main",
+                  "chain: views from records", "chain: PrometheusMetrics",
+                  "chain: Overhead + Budget + Throughput", "main: marshal.loads of a frame",
+                  "main: records queued for export (on_records)", "send: HTTP POST (_post)"):
+        match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d\d) µs", proc.stdout, re.M)
+        assert match and float(match.group(1)) > 0, proc.stdout

@@ -151,3 +151,103 @@ def test_with_the_console_on_each_warning_comes_after_its_steps_line_and_before_
 def _lines(said: list[str]) -> list[str]:
     """The console lines among what was said (every entry not a warning)."""
     return [s for s in said if not s.startswith("WARN")]
+
+
+def _record(i: int, start_ns: int, phases_ms: list[tuple[str, str, str | None, float]],
+            gap_ms: float = 0.2) -> tuple[Any, ...]:
+    """A step's span record (records/span_rows.py layout), its phases back to back."""
+    root_id = 0x1000 + i
+    rows, t = [], start_ns
+    for k, (name, kind, loader, ms) in enumerate(phases_ms):
+        dur = int(ms * 1e6)
+        rows.append((name, kind, loader, dur, k + 1, root_id, t, t + dur, None, (), None, None))
+        t += dur + int(gap_ms * 1e6)
+    attrs = {"train.step": i, "train.dataloader": "train", "train.slow": False,
+             "train.step.bound": "compute"}
+    return ("train.step", (7 << 64) + i, root_id, 1, start_ns, t, attrs, None, (), rows, None)
+
+
+def _operation(i: int, start_ns: int, name: str, ms: float) -> tuple[Any, ...]:
+    """A monitoring operation between steps (a record without phases)."""
+    attrs = {"train.step": i, "train.phase": name, "train.phase.kind": "monitor"}
+    return (name, (9 << 64) + i, 0x9000 + i, 1, start_ns, start_ns + int(ms * 1e6), attrs,
+            None, (), None, None)
+
+
+def _frames_of_records(count: int) -> list[list[Any]]:
+    """256-record frames: plain steps, evaluation steps (monitors, a val loader's data),
+    slow steps, and checkpoints between steps, with durations across the buckets."""
+    out, t = [], 1_700_000_000_000_000_000
+    for i in range(count):
+        train_ms = 3.0 + (i % 7) * 0.9 + (40.0 if i % 97 == 60 else 0.0)  # some slow
+        phases = [("data", "train", "train", 0.4 + (i % 3) * 0.3),
+                  ("forward", "train", None, train_ms), ("backward", "train", None, 2 * train_ms),
+                  ("optimizer", "train", None, 0.7)]
+        if i % 10 == 0:
+            phases += [("inference", "monitor", None, 1.5),
+                       ("data", "monitor", "val", 0.3 * (1 + i % 4)),
+                       ("val_loss", "monitor", None, 2.5 + i % 11)]
+        rec = _record(i, t, phases)
+        out.append(rec)
+        t = rec[5] + 100_000
+        if i % 50 == 25:
+            out.append(_operation(i, t, "checkpoint", 30.0 + i % 300))
+            t = out[-1][5] + 100_000
+    return [out[k:k + 256] for k in range(0, len(out), 256)]
+
+
+def test_the_chain_s_step_histograms_scrape_the_same_as_prometheus_client_s_own() -> None:
+    """The exporter process's path (span records, frame by frame) against a reference
+    registry fed the same durations through prometheus_client's Histogram and Counter:
+    every bucket, sum, count and counter of the real /metrics text is the same number."""
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from otel_train.derived.chain import feed_records
+
+    chain, shared, _ = _chain()
+    frames = _frames_of_records(1200)
+    for frame in frames:
+        feed_records(shared, frame, 0)
+    ref = CollectorRegistry(auto_describe=False)
+    bounds = chain.metrics._bounds
+    step_h = Histogram("otel_train_step_duration_seconds", "", ["rank"], registry=ref,
+                       buckets=bounds)
+    phase_h = Histogram("otel_train_phase_duration_seconds", "",
+                        ["phase", "kind", "loader", "rank"], registry=ref, buckets=bounds)
+    steps_c = Counter("otel_train_steps", "", ["rank"], registry=ref)
+    slow_c = Counter("otel_train_slow_steps", "", ["rank"], registry=ref)
+    slow = 0
+    for frame in frames:
+        for rec in frame:
+            if rec[9] is None:  # an operation between steps
+                phase_h.labels(rec[6]["train.phase"], "monitor", "", "0").observe(
+                    (rec[5] - rec[4]) / 1e9)
+                continue
+            step_h.labels("0").observe((rec[5] - rec[4]) / 1e9)
+            steps_c.labels("0").inc()
+            if rec[6]["train.slow"]:  # marked on the record's root by the chain
+                slow_c.labels("0").inc()
+                slow += 1
+            for ph in rec[9]:
+                phase_h.labels(ph[0], ph[1], ph[2] or "", "0").observe(ph[3] / 1e9)
+    assert slow >= 5  # the slow counter is compared on real slow steps
+
+    url = chain.metrics.start_server("127.0.0.1", 0)
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    finally:
+        chain.metrics.stop_server()
+
+    def contract(body: str) -> dict[tuple[str, tuple[Any, ...]], float]:
+        names = ("otel_train_step_duration_seconds", "otel_train_phase_duration_seconds",
+                 "otel_train_steps_total", "otel_train_slow_steps_total")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(body) for s in fam.samples
+                if s.name.startswith(names) and not s.name.endswith("_created")}
+
+    ours, theirs = contract(text), contract(generate_latest(ref).decode())
+    assert len(theirs) > 100
+    assert ours == theirs

@@ -238,3 +238,28 @@ def test_the_documented_per_run_promql_sums_the_ranks_on_a_real_prometheus():
     finally:
         for m in endpoints:
             m.stop_server()
+
+
+def test_a_step_with_nothing_counted_adds_what_the_general_path_adds(monkeypatch):
+    """Steps without counts take a short path: the window entries, the totals, the
+    snapshot and the root attributes are those the general path (each count read) makes."""
+    from otel_train.derived import throughput
+
+    def fed() -> tuple[dict, Any, list[dict]]:
+        tput = ThroughputSpanProcessor(rank=0, recent_window_steps=8)
+        views = [_view(i, i * 0.5, 0.4, data_s=0.05 * (i % 3)) for i in range(12)]
+        for v in views:
+            tput.on_step(v)
+        return tput.export_state(), tput.snapshot(), [dict(v.span._attributes) for v in views]
+
+    reads = []
+    real_number = throughput._number
+    monkeypatch.setattr(throughput, "_number", lambda v: reads.append(v) or real_number(v))
+    short = fed()
+    assert reads == []  # no count read: the short path was taken
+    # Every root names a count key (the step's own), so every step takes the general path.
+    monkeypatch.setattr(throughput, "_COUNT_KEYS", frozenset({A.STEP}))
+    general = fed()
+    assert reads  # the general path read the counts
+    assert short == general
+    assert short[0]["_window"] and short[0]["_window"][0][:3] == (None, None, None)

@@ -36,6 +36,7 @@ from otel_train.export.encode_cache import ForeignScope, IdentityCache, KeyValue
 from otel_train.export.otlp import wire as W
 from otel_train.records import span_rows as _rows
 from otel_train.records.span_rows import INTERNAL_KIND, row_scope
+from otel_train.records.span_rows import phase_span_ids as _phase_span_ids
 
 _log = logging.getLogger("otel_train")
 _MAX_CACHED = 8192
@@ -49,6 +50,7 @@ _PHASE_KEYS = frozenset((_ATTR_STEP, _ATTR_PHASE, _ATTR_KIND, _ATTR_LOADER, _ATT
 # ``train.device.timing``: every span of a run with device events or monitor_sync) is still
 # a usual phase: those two pairs come from a cache too.
 _TIMING_KEYS = (A.DEVICE_SYNCED, A.DEVICE_TIMING)
+_C_PHASES, _C_IDS = _rows.C_PHASES, _rows.C_IDS  # a record's fields, read per record
 _ROOT_KEYS = (_ATTR_STEP, _ATTR_SLOW)  # a step root's attributes, without and with a loader
 _ROOT_KEYS_LOADER = (_ATTR_STEP, _ATTR_LOADER, _ATTR_SLOW)
 # A usual span's fields but its heads: trace id (18), span id (10), parent id (10),
@@ -106,7 +108,8 @@ class _Encoder:
         # (name and kind fields, attribute fields, their length in all)
         self._phase_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
         self._root_heads: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
-        self._last_constants: tuple[Any, ...] | None = None  # (mapping, items, keys, block)
+        # (mapping, (items, keys, block), whether no key is named like a phase attribute)
+        self._last_constants: tuple[Any, ...] | None = None
         self._timings: dict[tuple[Any, ...], bytes] = {}  # a phase's timing pairs, encoded
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> list[bytes]:
@@ -215,10 +218,10 @@ class _Encoder:
         mapping seen (a run hands the same one every time; its values never change)."""
         last = self._last_constants
         if last is not None and last[0] is constants:
-            return last[1], last[2], last[3]
+            return last[1]  # type: ignore[no-any-return]
         consts = tuple(constants.items())
         keys, block = frozenset(constants), b"".join(self._items(b"\x4a", consts))
-        self._last_constants = (constants, consts, keys, block)
+        self._last_constants = (constants, (consts, keys, block), keys.isdisjoint(_PHASE_KEYS))
         return consts, keys, block
 
     def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any]) -> list[bytes]:
@@ -231,14 +234,19 @@ class _Encoder:
         and the usual span's length is known from their lengths, so it is framed in the
         same join.
         """
-        const = self._constants(constants)
+        last = self._last_constants  # the run's one mapping, every record: no call for it
+        if last is None or last[0] is not constants:
+            self._constants(constants)
+            last = self._last_constants
+        const, phase_keys_free = last[1], last[2]  # type: ignore[index]
         consts, keys, block = const
-        if rec[_rows.C_PHASES] is None or not keys.isdisjoint(_PHASE_KEYS):
+        phases = rec[_C_PHASES]
+        if phases is None or not phase_keys_free:
             # A monitoring operation (one root span), or a run constant named like a phase
             # attribute: the rows' own rules.
             return [W.span_field(self.row(r, consts, keys, block))
                     for r in _rows.rows_from_record(rec)]
-        span_ids = _rows.phase_span_ids(rec[_rows.C_PHASES], rec[_rows.C_IDS])
+        span_ids = _phase_span_ids(phases, rec[_C_IDS])
         if self._step_fields is not None:
             fields = self._step_fields(rec, span_ids, block, keys)
             if fields is not None:
