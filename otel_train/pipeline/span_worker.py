@@ -136,7 +136,7 @@ class SpanBuildWorker:
         """The records to drain, in order: the ring's merged with the queue, or the queue
         (read each time: a forked child's run swaps the queue out)."""
         source = self._ring_source
-        return source.pending if source is not None else self._recorder.queue
+        return source.records if source is not None else self._recorder.queue
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -145,7 +145,6 @@ class SpanBuildWorker:
     def _run(self) -> None:
         self._cpu_mark = thread_time_ns()
         rec = self._recorder
-        q = self._records
         ring = self._ring_source is not None
         user_rows = self._route.user_rows
         export = self._export
@@ -163,8 +162,9 @@ class SpanBuildWorker:
                 wait = poll
                 continue
             now = perf_counter_ns()
-            if ring:
-                self._refill()
+            if ring:  # (the child reading it: only its start_run time, once)
+                self._refill(look=True)
+            q = self._records  # the queue, the merged ring, or the ring taken over
             schedule.observe(q)
             rows = user_rows is not None and user_rows.waiting
             if rows and not rows_since:
@@ -196,14 +196,17 @@ class SpanBuildWorker:
             if rows_since:
                 wait = max(poll, min(wait, (rows_since + schedule.max_delay_ns - now) / 1e9))
 
-    def _refill(self) -> None:
-        """What the step ring holds now into the records to drain (step_ring="on"); never
-        raises (a drain may run on the training thread: run.flush(), run.costs())."""
+    def _refill(self, look: bool = False) -> None:
+        """What the step ring holds now into the records to drain (step_ring="on"; a look
+        between drains leaves a take-over from the exporter process to the next drain);
+        never raises (a drain may run on the training thread: run.flush(), run.costs())."""
         source = self._ring_source
         if source is None:
             return
         try:
-            source.refill()
+            if look and source.in_child:
+                source.look(self._self_cost.ready_ns)
+            source.refill(may_take_over=not look)
         except Exception as exc:
             self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
 
@@ -335,17 +338,23 @@ class SpanBuildWorker:
         # hand-over as its step's record (the tail sampler decides them together).
         rows = route.user_rows.take() if route.user_rows is not None else []
         record_of, metrics, rank = self._builder.record, route.metrics, route.rank
+        source = self._ring_source
+        # The exporter process reads the ring: each queued record goes with its ordinal, and
+        # train.startup is made there (its first step may be a ring step).
+        ordinals: list[int] | None = [] if source is not None and source.in_child else None
         made: list[tuple[Any, ...]] = []
         views = []
         built = steps = cold = 0
         first_start: int | None = None
         first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
+            ordinal = source.take_ordinal() if ordinals is not None else -1  # type: ignore[union-attr]
             if not isinstance(record, MonitorRecord):  # a Step, or a RingStep
                 steps += 1
                 if first_start is None:
                     first_start = record.start_ns
-                    if self._startup is not None and not self._startup.done:
+                    if self._startup is not None and not self._startup.done \
+                            and ordinals is None:
                         built += self._add_startup(record, made, views, metrics, rank)
                         first_attrs = self._startup.first_step_attributes
             try:
@@ -367,10 +376,12 @@ class SpanBuildWorker:
             if view is not None:
                 views.append(view)
             made.append(rec)
+            if ordinals is not None:
+                ordinals.append(ordinal)
         if views:
             metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
         if made or rows:
-            self._hand_on(self._export, made, rows)
+            self._hand_on(self._export, made, rows, ordinals)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built - cold, cold)  # once per drain: a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)
@@ -395,9 +406,12 @@ class SpanBuildWorker:
         return record_span_count(rec)
 
     def _hand_on(self, export: Export, made: list[tuple[Any, ...]],
-                 rows: list[tuple[Any, ...]]) -> None:
+                 rows: list[tuple[Any, ...]], ordinals: list[int] | None = None) -> None:
         try:
-            export.on_records(made, rows)
+            if ordinals is not None:  # only the exporter process's route reads the ring
+                export.on_records(made, rows, ordinals=ordinals)  # type: ignore[call-arg]
+            else:
+                export.on_records(made, rows)
         except Exception as exc:  # an export must never stop the flow
             self._drops.add("export_failed", sum(map(record_span_count, made)) + len(rows))
             self._warn.warning("send", "otel-train: could not queue spans for export: %r", exc)
@@ -418,6 +432,12 @@ class SpanBuildWorker:
         route = self._route
         if route.user_rows is not None:
             route.user_rows.close()  # a span ending from now on is counted, not kept
+        source = self._ring_source
+        if source is not None and source.in_child and not self._thread.is_alive():
+            try:  # no child to read the ring after all: the last drain reads it here
+                source.before_last_drain(max(0.0, (deadline - perf_counter_ns()) / 1e9) * 0.5)
+            except Exception as exc:
+                self._warn.warning("ring", "otel-train: the exporter process: %r", exc)
         if not self._thread.is_alive():
             self.drain(deadline)
             try:
@@ -426,7 +446,6 @@ class SpanBuildWorker:
                 self._warn.warning("send", "otel-train: could not hand the last spans "
                                    "to export: %r", exc)
         lost = 0
-        source = self._ring_source
         if source is not None:
             try:
                 source.detach()  # from now on a late record is queued, and counted below

@@ -91,7 +91,7 @@ class ExportProcessClient(SpanProcessor):
                  run_constants: dict[str, Any], drops: DropCounter, max_queued_spans: int,
                  max_batch_size: int, interval_seconds: float,
                  fallback: Callable[[], Any] | None = None, nice: int = 0,
-                 cpus: frozenset[int] | None = None) -> None:
+                 cpus: frozenset[int] | None = None, ring: Any = None) -> None:
         self._drops = drops
         self._warn = RateLimitedLogger(_log)
         self._lock = threading.Lock()  # the pending records and user spans (worker, training)
@@ -99,18 +99,25 @@ class ExportProcessClient(SpanProcessor):
         self._recs: list[tuple[Any, ...]] = []  # span records (span_rows.py) of steps
         self._rec_spans = 0
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
+        # step_ring="on" in scope (pipeline/assembly.py): the child reads the ring
+        # (ring_feed.py); each queued record sent carries its ordinal, the n-th record
+        # queued since the ring was attached matching the ring's n-th QUEUED marker.
+        self._ring = ring
+        self._ordinals: list[int] = []
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
         if fallback is None:  # nothing to send again with: keep no frame for it
             self._outbox.unconfirmed.forget()
         self._metrics = DerivedMetricsLink(self._warn)
-        self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn)
+        self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn,
+                                     ring=ring is not None)
         # ``fallback`` makes the in-process export stage should the child not start or die.
         self._fallback = FallbackExport(
             fallback, RowSpanFactory(resource, scope, run_constants), drops)
         self._process = ExporterProcess(exporter_config(
             plan, resource, scope, run_constants, max_queued_spans, max_batch_size,
-            interval_seconds), nice=nice, cpus=cpus)
+            interval_seconds), nice=nice, cpus=cpus,
+            ring_fd=ring.fd if ring is not None else None)
         self.pid: int | None = self._process.pid
         # Spans the child never confirmed, exported again here after it died.
         self.resent_spans = 0
@@ -173,6 +180,9 @@ class ExportProcessClient(SpanProcessor):
         """
         # The console's lines come back up the pipe: they wake the span worker
         # (``wait_for_io``), so they print on time.
+        if self._ring is not None:
+            # The ring's steps reach no chain here: the child feeds it from the first step.
+            take_state = None
         with self._io_lock:
             self._metrics.attach(self_cost, on_state, feed, take_state)
             if self._lifecycle.child_expected:
@@ -222,13 +232,78 @@ class ExportProcessClient(SpanProcessor):
         return self._lifecycle.state is _TAKEN_OVER  # fed here from the last state
 
     # -- from the span worker and the training thread ----------------------------------------
-    def send_record(self, rec: tuple[Any, ...], spans: int) -> None:
-        """Queue one step's span record (``spans`` spans); it goes out at the end of the drain."""
+    def send_record(self, rec: tuple[Any, ...], spans: int, ordinal: int = -1) -> None:
+        """Queue one step's span record (``spans`` spans; with the ring read by the child,
+        ``ordinal``: its place among the queued records, -1: none); it goes out at the end
+        of the drain."""
         if self._lifecycle.state is _FORKED:
             return
         with self._lock:
             self._recs.append(rec)
             self._rec_spans += spans
+            if self._ring is not None:
+                self._ordinals.append(ordinal)
+
+    # -- the step ring, read by the child (step_ring="on" in scope) --------------------------
+    @property
+    def reads_ring(self) -> bool:
+        """The child reads the step ring (it was given one)."""
+        return self._ring is not None
+
+    @property
+    def taken_over(self) -> bool:
+        """The child was given up: this process exports (and reads the ring) from now on."""
+        return self._lifecycle.state is _TAKEN_OVER
+
+    def read_ring(self, settings: dict[str, Any],
+                  on_counts: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Have the child read the step ring with ``settings`` (ring_feed.ring_settings);
+        ``on_counts`` takes the reader's cumulative counts with each report (own cost)."""
+        import pickle
+
+        self._reports.on_ring_counts = on_counts
+        with self._io_lock:
+            if self._lifecycle.child_expected:
+                self._outbox.queue(marshal.dumps(("ring", pickle.dumps(settings))), 0)
+
+    def send_ring_ready(self, ready_ns: int | None) -> None:
+        """When ``start_run`` returned (train.startup's cut, made by the child)."""
+        with self._io_lock:
+            if self._lifecycle.child_expected:
+                self._outbox.queue(marshal.dumps(("ring_ready", ready_ns)), 0)
+
+    def settle_start(self, timeout_seconds: float) -> None:
+        """Before the span worker's last drain: a child still starting gets its share of
+        ``timeout_seconds`` to come up, else it is given up now (a child that exited is
+        noticed), so that the last drain reads the ring here if no child will."""
+        lifecycle = self._lifecycle
+        if lifecycle.inert:
+            return
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        if lifecycle.state is _STARTING and self._fallback.possible:
+            self._await_start(deadline)
+        with self._io_lock:
+            if lifecycle.state in _REPORTS:
+                self._read()
+                self._check_exit()
+
+    def count_resent(self, spans: int) -> None:
+        """Spans of ring steps the child read and never settled, read again here."""
+        self.resent_spans += spans
+
+    def _count_unread_ring(self) -> None:
+        """At the end: the ring's steps nobody settled are counted (``shutdown_timeout``)."""
+        if self._ring is None:
+            return
+        try:
+            from otel_train.recording.step_ring_reader import unread_step_spans
+
+            lost = unread_step_spans(self._ring)
+        except Exception as exc:
+            self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
+            return
+        if lost:
+            self._drops.add("shutdown_timeout", lost)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""
@@ -255,6 +330,7 @@ class ExportProcessClient(SpanProcessor):
         with self._lock:
             recs, user_spans, spans = self._recs, self._user_spans, self._rec_spans
             self._recs, self._user_spans, self._rec_spans = [], [], 0
+            ordinals, self._ordinals = self._ordinals, []
         rows = self._rows_of(user_spans)
         link = self._metrics
         if link.fed_here and recs:
@@ -270,8 +346,10 @@ class ExportProcessClient(SpanProcessor):
             if fed:
                 link.feed_here(recs)
             if recs or rows:
-                self._outbox.queue(marshal.dumps(
-                    ("spans", recs, rows, link.self_cost_ns(), fed)), spans + len(rows))
+                msg: tuple[Any, ...] = ("spans", recs, rows, link.self_cost_ns(), fed)
+                if self._ring is not None:
+                    msg += (ordinals,)
+                self._outbox.queue(marshal.dumps(msg), spans + len(rows))
             self._write()
             self._read()
             self._check_exit()
@@ -428,6 +506,7 @@ class ExportProcessClient(SpanProcessor):
             with self._io_lock:
                 lifecycle.close()
             self._fallback.shutdown(deadline - time.monotonic())
+        self._count_unread_ring()
 
     def _await_start(self, deadline: float) -> None:
         """A child still starting (a short run, a slow import) gets most of the time left;
@@ -466,6 +545,8 @@ class ExportProcessClient(SpanProcessor):
         """In a forked training process: never touch the parent's exporter, close our ends."""
         self._lifecycle.fork()
         self._recs, self._user_spans, self._rec_spans = [], [], 0
+        self._ordinals = []
+        self._ring = None  # the parent's: never read nor counted here
         self._outbox.forget()
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.
