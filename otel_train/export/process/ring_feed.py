@@ -139,6 +139,7 @@ class ChildRingFeed:
         self._marks_lock = threading.Lock()
         self._position = self._reader.position  # after the last item handed on
         self.frames_settled = 0
+        self._settled_mark = (0, 0)  # (stage input, frames' spans) of the last mark settled
         # Own cost (the training process's SelfCostMeter): what it would have counted.
         self.steps = 0
         self.warm_spans = 0
@@ -426,12 +427,12 @@ class ChildRingFeed:
         release = None
         with self._marks_lock:
             marks = self._marks
-            before_in, before_frames = 0, self.frames_settled
             while marks and marks[0][0] <= stage_settled:
                 stage_in, frames, position = marks.popleft()
                 release = position
                 self.frames_settled = frames
-                before_in, before_frames = stage_in, frames
+                self._settled_mark = (stage_in, frames)
+            before_in, before_frames = self._settled_mark
             if partial and marks:
                 stage_in, frames, _ = marks[0]
                 if frames > before_frames and stage_settled > before_in:
