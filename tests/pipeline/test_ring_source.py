@@ -3,6 +3,8 @@ the queue's in their places; a full ring's drops in the run's accounting."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,10 @@ def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_i
         max_queued_steps=64, export_process=export_process, startup_span=False)
     worker = run._telemetry.worker
     worker.paused = True  # nothing reads the ring: it fills (64 KiB: ~300 steps of 4 spans)
+    client = run._telemetry.client
+    if export_process:  # the exporter process reads it (step_ring_in_exporter): stopped
+        assert client.reads_ring
+        os.kill(client.pid, signal.SIGSTOP)
     steps = 1000
     for step in run.steps(range(steps), loader="train"):
         with step.phase("forward"):
@@ -74,6 +80,8 @@ def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_i
     written, dropped = ring.counters()["written_steps"], ring.counters()["dropped_steps"]
     assert written + dropped == steps and 100 < written < steps
     worker.paused = False
+    if export_process:
+        os.kill(client.pid, signal.SIGCONT)
     run.shutdown(timeout=30)
     drops = run.dropped_spans()
     assert drops == {"step_ring_full": 5 * dropped}

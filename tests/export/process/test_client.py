@@ -863,6 +863,7 @@ def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_eve
                                  spans_path=None, export_interval_seconds=0.01,
                                  export_batch_size=64, step_ring=step_ring)
             client = run._telemetry.export
+            assert client.reads_ring == (step_ring == "on")  # the child reads the ring
             run.flush(timeout_seconds=20)  # the child is up
             killer = None
             recv.killed_at = None
