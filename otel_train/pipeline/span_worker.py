@@ -204,7 +204,7 @@ class SpanBuildWorker:
         if source is None:
             return
         try:
-            if look and source.in_child:
+            if source.in_child:  # (a drain too: run.costs() before the worker's first look)
                 source.look(self._self_cost.ready_ns)
             source.refill(may_take_over=not look)
         except Exception as exc:
