@@ -908,3 +908,38 @@ def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_eve
             assert len(received) - distinct <= client.resent_spans, lines[-1]
     print(f"{KILL_ROUNDS}/{KILL_ROUNDS} exact: delivered (distinct at the collector) + "
           "dropped == emitted")
+
+
+def test_with_the_ring_a_child_stopped_at_shutdown_leaves_the_unread_ring_counted(
+        tmp_path: Path) -> None:
+    # The child reads the step ring (step_ring="on"); stopped (SIGSTOP), it reads nothing
+    # more. The shutdown keeps its bound, kills the child at the deadline, and counts every
+    # step the child never settled as shutdown_timeout: delivered + dropped = emitted.
+    run = start_test_run(tmp_path, step_ring="on", startup_span=False,
+                         export_interval_seconds=0.01)
+    client = run._telemetry.export
+    assert client.reads_ring
+    for step in run.steps(range(50)):
+        with step.phase("forward"):
+            pass
+    run.flush(timeout_seconds=20)  # the child is up and has exported those
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        for step in run.steps(range(50, 250)):
+            with step.phase("forward"):
+                pass
+        began = time.monotonic()
+        run.shutdown(timeout=2)
+        took = time.monotonic() - began
+    finally:
+        try:
+            os.kill(client.pid, signal.SIGCONT)
+        except OSError:
+            pass
+    assert took < 4, took  # the bound, and a margin for a loaded machine
+    assert _wait_gone(client.pid, 5)
+    delivered = [s for s in read_file_spans(tmp_path / "spans.jsonl")]
+    dropped = run.drops.counts()
+    assert set(dropped) == {"shutdown_timeout"} and dropped["shutdown_timeout"] >= 200 * 3
+    assert len(delivered) + dropped["shutdown_timeout"] == 250 * 3  # root, data, forward
+    assert sorted({s.attributes["train.step"] for s in delivered}) == list(range(50))
