@@ -190,3 +190,28 @@ def test_train_startup_is_made_in_the_exporter_process_ahead_of_the_first_step()
     first = child.handed[1][0][0]
     assert first[C_ATTRS]["train.attempt"] == 2  # a resumed run's first step says so
     assert feed.counts()["startup_done"]
+
+
+def test_ring_steps_built_in_the_exporter_process_carry_the_training_process_memory(
+        tmp_path):
+    """Host RSS on every N-th step (memory_peaks' CPU fallback) is the training process's
+    resident memory, read by the exporter process by its pid, not the child's own."""
+    from train_helpers import read_file_spans, start_test_run
+
+    ballast = bytearray(400 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # resident, not just reserved
+    run = start_test_run(tmp_path, step_ring="on", startup_span=False)
+    assert run._telemetry.client.reads_ring
+    every = run._telemetry.builder.host_rss_every_steps
+    assert every > 0
+    for step in run.steps(range(3 * every)):
+        with step.phase("forward"):
+            pass
+    run.shutdown(timeout=10)
+    roots = [s for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"]
+    rss = {s.attributes["train.step"]: s.attributes.get("train.memory.host_rss_bytes")
+           for s in roots}
+    assert run._telemetry.client._reports.ring_counts["steps"] == 3 * every
+    assert [i for i, v in sorted(rss.items()) if v is not None] == [0, every, 2 * every]
+    assert all(v > 400 << 20 for v in rss.values() if v is not None)
+    del ballast
