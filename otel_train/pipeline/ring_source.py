@@ -88,6 +88,15 @@ class RingSource:
             self._ready_sent = True
             self.exporter.send_ring_ready(ready_ns)
 
+    def send_collectives(self, log: Any) -> None:
+        """While the child reads the ring: the collectives' entries completed since the
+        last call, and the time up to which it has them all (its steps wait for it), at the
+        worker's pace, not per step. None: nothing times collectives."""
+        if self.exporter is None or log is None:
+            return
+        entries, complete_ns = log.take_completed()
+        self.exporter.send_collectives(entries, complete_ns)
+
     def refill(self, may_take_over: bool = True) -> int:
         """Move what the ring holds now into ``pending``; the number of records moved.
         While the child reads the ring, nothing, unless it was given up (``may_take_over``:

@@ -190,6 +190,8 @@ class SpanBuildWorker:
                     self._warn.warning("send", "otel-train: exporter hand-over failed: %r",
                                        exc)
                     self._stop.wait(poll)  # what woke it may still be unread: no busy loop
+            if ring:
+                self._send_collectives()
             ended = rec.last_step_end_ns
             active = rec.current is not None or (ended and now - ended < schedule.max_delay_ns)
             wait = schedule.wait_seconds(q, now, bool(active), stepped=bool(ended))
@@ -240,6 +242,17 @@ class SpanBuildWorker:
         finally:
             self._drain_lock.release()
 
+    def _send_collectives(self) -> None:
+        """While the exporter process reads the ring: the collectives timed since the last
+        look go to its builder (the ring's steps' train.comm.*); never raises."""
+        source = self._ring_source
+        if source is None or not source.in_child or self._builder.collectives is None:
+            return
+        try:
+            source.send_collectives(self._builder.collectives)
+        except Exception as exc:
+            self._warn.warning("ring", "otel-train: sending the collectives: %r", exc)
+
     def _sample_cost(self) -> None:
         """Own cost: this thread's CPU since the last sample, and the training thread's wait
         in that interval (``SelfCostMeter.sample``); never raises."""
@@ -278,6 +291,7 @@ class SpanBuildWorker:
             self._refill()
             return self._drain_records(self._route, deadline_ns)
         finally:
+            self._send_collectives()  # after the queued steps took theirs
             try:
                 self._export.end_drain()  # one frame per drain to the exporter process
             except Exception as exc:

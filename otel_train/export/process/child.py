@@ -295,6 +295,9 @@ class _Child:
                 self.read_ring(pickle.loads(msg[1]))
             except Exception as exc:
                 self.send(("error", f"could not read the step ring: {exc!r}"), block=True)
+        elif kind == "collectives":
+            if feed is not None:
+                feed.add_collectives(msg[1], msg[2])
         elif kind == "ring_ready":
             if feed is not None:
                 feed.set_ready(msg[1])

@@ -287,6 +287,12 @@ class ExportProcessClient(SpanProcessor):
                 self._read()
                 self._check_exit()
 
+    def send_collectives(self, entries: list[list[Any]], complete_ns: int) -> None:
+        """Collectives' entries for the child's builder (the ring's steps' train.comm.*)."""
+        with self._io_lock:
+            if self._lifecycle.child_expected:
+                self._outbox.queue(marshal.dumps(("collectives", entries, complete_ns)), 0)
+
     def count_resent(self, spans: int) -> None:
         """Spans of ring steps the child read and never settled, read again here."""
         self.resent_spans += spans

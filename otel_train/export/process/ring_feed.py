@@ -51,6 +51,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import is_cold_step
+from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.step_ring import QUEUED, StepRing
 from otel_train.recording.step_ring_reader import StepRingReader, unread_step_spans
 from otel_train.records.device_readings import HostRss
@@ -130,6 +131,10 @@ class ChildRingFeed:
         self._items: deque[tuple[Any, int, int]] = deque()  # read, not yet handed on
         self._markers = 0  # markers passed: the next marker's ordinal
         self._waiting_since: float | None = None  # at a marker whose record has not come
+        # Collectives (when the training process times them): its entries come in frames,
+        # complete up to this time; a step ending after it waits for the next.
+        self._comm_complete_ns = 0
+        self._comm_waiting_since: float | None = None
         self._parent_cost_ns = 0
         # Accounting: spans handed to the stage, the frames' spans handed on, and per
         # hand-over (stage input after it, frames' spans after it, ring position after it).
@@ -168,6 +173,16 @@ class ChildRingFeed:
         """When ``start_run`` returned in the training process (``train.startup``'s cut)."""
         self.ready_ns = ready_ns
         self._ready_known = True
+        self._wake.set()
+
+    def add_collectives(self, entries: list[list[Any]], complete_ns: int) -> None:
+        """Collectives' entries from the training process, complete up to ``complete_ns``:
+        from now on a ring step waits (bounded) until they cover its end."""
+        log = self._builder.collectives
+        if log is None:
+            log = self._builder.collectives = CollectiveLog()
+        log.extend(entries)
+        self._comm_complete_ns = max(self._comm_complete_ns, complete_ns)
         self._wake.set()
 
     def catch_up(self, deadline: float) -> None:
@@ -250,6 +265,14 @@ class ChildRingFeed:
                 batch_end = self._position
                 moved = True
                 continue
+            if self._builder.collectives is not None and item.end_ns > self._comm_complete_ns \
+                    and not final:  # its collectives are still on their way (bounded)
+                now = time.monotonic()
+                if self._comm_waiting_since is None:
+                    self._comm_waiting_since = now
+                if now - self._comm_waiting_since < MARKER_WAIT_SECONDS:
+                    break
+            self._comm_waiting_since = None
             if self._first_start_ns is None and not self._startup_done:
                 if not self._ready_known and not final and \
                         time.monotonic() - self._started < _READY_WAIT_SECONDS:

@@ -215,3 +215,34 @@ def test_ring_steps_built_in_the_exporter_process_carry_the_training_process_mem
     assert [i for i, v in sorted(rss.items()) if v is not None] == [0, every, 2 * every]
     assert all(v > 400 << 20 for v in rss.values() if v is not None)
     del ballast
+
+
+@pytest.mark.parametrize("step_ring", ["off", "on"])
+def test_collectives_timed_in_the_training_process_reach_the_steps_built_from_the_ring(
+        tmp_path, step_ring):
+    """The training process sends the collectives' entries on the worker's pace; a ring
+    step built in the exporter process waits (bounded) until they cover its end: the same
+    train.comm.* attributes as when the span worker builds it here."""
+    from train_helpers import read_file_spans, start_test_run
+
+    from otel_train.common import attributes as A
+    from otel_train.recording.collectives import KIND_OVERLAPPED
+
+    run = start_test_run(tmp_path, step_ring=step_ring, startup_span=False)
+    assert run._telemetry.client.reads_ring == (step_ring == "on")
+    log = run._telemetry.collective_log()
+    for step in run.steps(range(40)):
+        with step.phase("backward"):
+            if step.index % 2 == 0:
+                entry = log.begin("all_reduce", 4096 * (1 + step.index), KIND_OVERLAPPED)
+                time.sleep(0.001)
+                log.end(entry)
+        time.sleep(0.002)
+    run.shutdown(timeout=10)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
+             if s.name == "train.step"}
+    assert sorted(roots) == list(range(40))
+    got = {i: (r.attributes.get(A.COMM_COUNT), r.attributes.get(A.COMM_BYTES))
+           for i, r in roots.items()}
+    assert got == {i: ((1, 4096 * (1 + i)) if i % 2 == 0 else (None, None))
+                   for i in range(40)}
