@@ -449,7 +449,7 @@ class SpanBuildWorker:
         source = self._ring_source
         if source is not None and source.in_child and not self._thread.is_alive():
             try:  # no child to read the ring after all: the last drain reads it here
-                source.before_last_drain(max(0.0, (deadline - perf_counter_ns()) / 1e9) * 0.5)
+                source.before_last_drain(max(0.0, (deadline - perf_counter_ns()) / 1e9))
             except Exception as exc:
                 self._warn.warning("ring", "otel-train: the exporter process: %r", exc)
         if not self._thread.is_alive():

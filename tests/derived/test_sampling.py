@@ -213,12 +213,16 @@ def test_a_run_without_sampling_exports_every_step(tmp_path: Path):
     {},  # decided in the exporter process, after the derived metrics there
     {"metrics_in_export_process": False},  # decided here, exported from the exporter process
     {"export_process": False},  # decided and exported here
+    {"step_ring": "on"},  # decided in the exporter process, which reads the step ring
 ])
 def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_step(
         tmp_path: Path, where: dict):
     from opentelemetry import trace
     run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2, **where)
-    assert (run._telemetry.derived.remote is not None) is (not where)
+    there = "metrics_in_export_process" not in where and "export_process" not in where
+    assert (run._telemetry.derived.remote is not None) is there
+    assert run._telemetry.client is None or run._telemetry.client.reads_ring == (
+        "step_ring" in where)
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
         with step.phase("forward"), tracer.start_as_current_span("user-work"):

@@ -248,6 +248,7 @@ class _Child:
         if self._done.is_set():
             return
         self._done.set()
+        deadline = time.monotonic() + timeout_seconds
         if self.ring_feed is not None:  # the ring to its head, then every frame at hand
             self.ring_feed.finish(time.monotonic() + timeout_seconds * 0.5)
         if self.sampler is not None:  # spans still waiting for their step: exported
@@ -256,7 +257,7 @@ class _Child:
                 summaries = self.sampler.take_summaries(final=True)  # summary mode's last
             self.export.on_records(summaries, left)
         self.send_state()  # final: no step comes after a stop
-        self.export.shutdown(timeout_seconds)
+        self.export.shutdown(max(0.0, deadline - time.monotonic()))
         self.stats("final", block=True)
 
     def handle(self, msg: tuple[Any, ...]) -> bool:
