@@ -208,12 +208,9 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # The exporter process first (its CPU counter is on the registry before the stage
     # mirrors it over OTLP); read on the training thread: its CPU is the one kept free.
     background = BackgroundCpus.resolve(options.background_cpus)
-    ring = _make_ring(options)
-    # step_ring="on" in scope: the exporter process reads the ring (its descriptor passed as
-    # it starts) and feeds the derived metrics there; else the span worker reads it here.
-    ring_in_child = ring is not None and ring_read_by_exporter(plan)
+    ring, child_ring = _make_ring(options, plan)
     built = _build_export(plan, options, environment, provider, builder, drops, background,
-                          ring if ring_in_child else None)
+                          child_ring)
     plan, export = built.plan, built.export
     # The metrics here: user spans wait in the tail sampler, then go to the client.
     downstream = (built.client if plan.tail_sampler and plan.metrics_where != THERE
@@ -234,7 +231,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     route = _row_route(plan, derived, built, provider, builder, drops, options.max_queued_spans)
     sdk_provider = (_user_span_provider(resource, sampler, plan, route, built.client, derived)
                     if mode == MODE_OURS else None)
-    source = _ring_source(recorder, ring, built.client if ring_in_child else None, builder,
+    source = _ring_source(recorder, ring, built.client if child_ring else None, builder,
                           identity, device, startup, self_cost)
     worker = _span_worker(options, recorder, builder, route, drops, self_cost,
                           stage_settings.chain["console_min_interval_seconds"], startup,
@@ -279,17 +276,21 @@ class BuiltExport:
         return self.client if self.client is not None else self.stage
 
 
-def _make_ring(options: RunOptions) -> StepRing | None:
-    """With ``step_ring="on"``: the step ring's shared memory; None when off or where it
-    cannot be made (a warning; the queue takes every step)."""
+def _make_ring(options: RunOptions, plan: PipelinePlan
+               ) -> tuple[StepRing | None, StepRing | None]:
+    """With ``step_ring="on"``: the step ring's shared memory, twice where the exporter
+    process reads it (the plan's route, the derived metrics there: its descriptor is passed
+    to the child as it starts), else once (the span worker reads it here); (None, None) when
+    off or where it cannot be made (a warning; the queue takes every step)."""
     if options.step_ring != "on":
-        return None
+        return None, None
     try:
-        return StepRing.create(ring_capacity_bytes(options.max_queued_steps))
+        ring = StepRing.create(ring_capacity_bytes(options.max_queued_steps))
     except (OSError, ValueError) as exc:
         _log.warning("otel-train: step_ring=on: the ring could not be made (%r); steps are "
                      "queued as with step_ring=off", exc)
-        return None
+        return None, None
+    return ring, (ring if ring_read_by_exporter(plan) else None)
 
 
 def _ring_source(recorder: Recorder, ring: StepRing | None,
@@ -301,12 +302,12 @@ def _ring_source(recorder: Recorder, ring: StepRing | None,
     and reports the own-cost counts this process's meter keeps), else by the span worker."""
     if ring is None:
         return None
-    source = RingSource(recorder, ring, exporter=client)
-    if client is not None:
-        client.read_ring(ring_settings(builder, identity, device.synced, device.device_type,
-                                       device.span_timing, startup),
-                         on_counts=RingCostCounts(self_cost, startup))
-    return source
+    if client is None:
+        return RingSource(recorder, ring)
+    return RingSource(recorder, ring, client,
+                      ring_settings(builder, identity, device.synced, device.device_type,
+                                    device.span_timing, startup),
+                      RingCostCounts(self_cost, startup))
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, environment: PipelineEnvironment,

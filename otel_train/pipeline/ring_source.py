@@ -25,8 +25,10 @@ Usage::
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from otel_train.pipeline.plan import PipelinePlan, step_ring_in_exporter
@@ -48,7 +50,9 @@ class RingSource:
     """The ring and the recorder's queue merged back into one ordered deque (``pending``),
     or, while the exporter process reads the ring, the recorder's queue alone."""
 
-    def __init__(self, recorder: Any, ring: StepRing, exporter: Any = None) -> None:
+    def __init__(self, recorder: Any, ring: StepRing, exporter: Any = None,
+                 settings: dict[str, Any] | None = None,
+                 on_counts: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._recorder = recorder
         self.ring = ring
         self._writer = StepRingWriter(ring, recorder)
@@ -63,6 +67,10 @@ class RingSource:
         # the training thread (run.flush), the count at shutdown.
         self._lock = threading.Lock()
         attach_ring(recorder, ring, self._writer)
+        if exporter is not None:  # the child reads the ring with these (ring_feed.py)
+            if on_counts is not None:
+                exporter.watch_ring_counts(on_counts)
+            exporter.send_control(("ring", pickle.dumps(settings)))
 
     @property
     def in_child(self) -> bool:
@@ -86,7 +94,7 @@ class RingSource:
         returned (its train.startup record's cut)."""
         if self.exporter is not None and not self._ready_sent and ready_ns is not None:
             self._ready_sent = True
-            self.exporter.send_ring_ready(ready_ns)
+            self.exporter.send_control(("ring_ready", ready_ns))
 
     def send_collectives(self, log: Any) -> None:
         """While the child reads the ring: the collectives' entries completed since the
@@ -95,7 +103,7 @@ class RingSource:
         if self.exporter is None or log is None:
             return
         entries, complete_ns = log.take_completed()
-        self.exporter.send_collectives(entries, complete_ns)
+        self.exporter.send_control(("collectives", entries, complete_ns))
 
     def refill(self, may_take_over: bool = True) -> int:
         """Move what the ring holds now into ``pending``; the number of records moved.

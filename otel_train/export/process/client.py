@@ -65,6 +65,8 @@ from otel_train.export.process.launch import (
 from otel_train.export.process.lifecycle import ClientLifecycle, ClientState
 from otel_train.export.process.outbox import Outbox
 from otel_train.export.process.reports import ChildReports
+from otel_train.export.process.ring_link import RingClientPart
+from otel_train.recording.step_ring_reader import unread_step_spans
 from otel_train.records.span_rows import RowSpanFactory, row_from_span
 
 __all__ = ["METRIC_EXPORTER_CPU", "ClientState", "ExportProcessClient",
@@ -84,7 +86,7 @@ _REPORTS = frozenset({_STARTING, _READY, _FINAL})
 _START_SHARE, _STOP_SHARE, _STOP_MARGIN_SECONDS = 0.6, 0.85, 0.05
 
 
-class ExportProcessClient(SpanProcessor):
+class ExportProcessClient(RingClientPart, SpanProcessor):
     """The training process's side: rows down a pipe to the exporter process, counts back."""
 
     def __init__(self, plan: Any, resource: Resource, scope: InstrumentationScope,
@@ -243,73 +245,6 @@ class ExportProcessClient(SpanProcessor):
             self._rec_spans += spans
             if self._ring is not None:
                 self._ordinals.append(ordinal)
-
-    # -- the step ring, read by the child (step_ring="on" in scope) --------------------------
-    @property
-    def reads_ring(self) -> bool:
-        """The child reads the step ring (it was given one)."""
-        return self._ring is not None
-
-    @property
-    def taken_over(self) -> bool:
-        """The child was given up: this process exports (and reads the ring) from now on."""
-        return self._lifecycle.state is _TAKEN_OVER
-
-    def read_ring(self, settings: dict[str, Any],
-                  on_counts: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Have the child read the step ring with ``settings`` (ring_feed.ring_settings);
-        ``on_counts`` takes the reader's cumulative counts with each report (own cost)."""
-        import pickle
-
-        self._reports.on_ring_counts = on_counts
-        with self._io_lock:
-            if self._lifecycle.child_expected:
-                self._outbox.queue(marshal.dumps(("ring", pickle.dumps(settings))), 0)
-
-    def send_ring_ready(self, ready_ns: int | None) -> None:
-        """When ``start_run`` returned (train.startup's cut, made by the child)."""
-        with self._io_lock:
-            if self._lifecycle.child_expected:
-                self._outbox.queue(marshal.dumps(("ring_ready", ready_ns)), 0)
-
-    def settle_start(self, timeout_seconds: float) -> None:
-        """Before the span worker's last drain: a child still starting gets its share of
-        ``timeout_seconds`` to come up, else it is given up now (a child that exited is
-        noticed), so that the last drain reads the ring here if no child will."""
-        lifecycle = self._lifecycle
-        if lifecycle.inert:
-            return
-        deadline = time.monotonic() + max(0.0, timeout_seconds)
-        if lifecycle.state is _STARTING and self._fallback.possible:
-            self._await_start(deadline)
-        with self._io_lock:
-            if lifecycle.state in _REPORTS:
-                self._read()
-                self._check_exit()
-
-    def send_collectives(self, entries: list[list[Any]], complete_ns: int) -> None:
-        """Collectives' entries for the child's builder (the ring's steps' train.comm.*)."""
-        with self._io_lock:
-            if self._lifecycle.child_expected:
-                self._outbox.queue(marshal.dumps(("collectives", entries, complete_ns)), 0)
-
-    def count_resent(self, spans: int) -> None:
-        """Spans of ring steps the child read and never settled, read again here."""
-        self.resent_spans += spans
-
-    def _count_unread_ring(self) -> None:
-        """At the end: the ring's steps nobody settled are counted (``shutdown_timeout``)."""
-        if self._ring is None:
-            return
-        try:
-            from otel_train.recording.step_ring_reader import unread_step_spans
-
-            lost = unread_step_spans(self._ring)
-        except Exception as exc:
-            self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
-            return
-        if lost:
-            self._drops.add("shutdown_timeout", lost)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""
@@ -512,7 +447,8 @@ class ExportProcessClient(SpanProcessor):
             with self._io_lock:
                 lifecycle.close()
             self._fallback.shutdown(deadline - time.monotonic())
-        self._count_unread_ring()
+        if self._ring is not None:  # the ring's steps nobody settled: counted
+            self._drops.add("shutdown_timeout", unread_step_spans(self._ring))
 
     def _await_start(self, deadline: float) -> None:
         """A child still starting (a short run, a slow import) gets most of the time left;

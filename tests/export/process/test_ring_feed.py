@@ -50,6 +50,18 @@ class _Child:
                 for r in recs]
 
 
+class _Exporter:
+    """What the training process's RingSource calls of the client while the child reads."""
+
+    taken_over = False
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+
+    def send_control(self, msg: tuple[Any, ...]) -> None:
+        self.sent.append(msg)
+
+
 def _builder() -> StepRecordBuilder:
     return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, OFFSET)
 
@@ -81,7 +93,7 @@ def _queued_records(rec: Recorder, builder: StepRecordBuilder) -> list[tuple[Any
 def test_ring_steps_built_in_the_exporter_process_equal_the_training_process_records():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    source = RingSource(rec, ring, exporter=object())  # the child reads; nothing here
+    source = RingSource(rec, ring, exporter=_Exporter())  # the child reads; nothing here
     _train(rec, range(6), queued_at=())
     # The same steps built here, from the ring read back by the training process's reader.
     from otel_train.recording.step_ring_reader import StepRingReader
@@ -101,7 +113,7 @@ def test_ring_steps_built_in_the_exporter_process_equal_the_training_process_rec
 def test_queued_records_go_on_at_their_markers_in_the_order_the_steps_ended():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=object())
+    RingSource(rec, ring, exporter=_Exporter())
     _train(rec, range(4), queued_at=(1, 2))
     with MonitorRecord(rec, "evaluate"):
         pass
@@ -124,7 +136,7 @@ def test_a_marker_whose_record_never_comes_is_passed_over_bounded_and_counted(mo
     monkeypatch.setattr(ring_feed, "MARKER_WAIT_SECONDS", 0.05)
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=object())
+    RingSource(rec, ring, exporter=_Exporter())
     _train(rec, range(5), queued_at=(1, 3))
     child = _Child()
     feed = _feed(ring, child)
@@ -152,7 +164,7 @@ def test_a_marker_whose_record_never_comes_is_passed_over_bounded_and_counted(mo
 def test_tail_moves_only_past_what_the_stage_settled_and_frames_settled_counts_theirs():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=object())
+    RingSource(rec, ring, exporter=_Exporter())
     _train(rec, range(3), queued_at=(1,))
     child = _Child()
     feed = _feed(ring, child)
@@ -177,7 +189,7 @@ def test_train_startup_is_made_in_the_exporter_process_ahead_of_the_first_step()
 
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=object())
+    RingSource(rec, ring, exporter=_Exporter())
     maker = StartupRecordMaker(time.time_ns() - 10**9, "process", time.perf_counter_ns(),
                                OFFSET, {"train.attempt": 2, "train.restart.lost_seconds": 1.5})
     _train(rec, range(2), queued_at=())
