@@ -362,7 +362,8 @@ class SpanBuildWorker:
         first_start: int | None = None
         first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
-            ordinal = source.take_ordinal() if ordinals is not None else -1  # type: ignore[union-attr]
+            # (the record just taken: the n-th queued since the ring was attached)
+            ordinal = source.take_ordinal() if source is not None and ordinals is not None else -1
             if not isinstance(record, MonitorRecord):  # a Step, or a RingStep
                 steps += 1
                 if first_start is None:
