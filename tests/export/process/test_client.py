@@ -359,27 +359,32 @@ _ORPHAN = textwrap.dedent("""
     import os, sys, time, signal
     import otel_train
     run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
-                               prometheus_port=None, console=False, status_dir=sys.argv[1])
+                               prometheus_port=None, console=False, status_dir=sys.argv[1],
+                               step_ring=sys.argv[2])
+    client = run._telemetry.export
+    if client.reads_ring:  # the child up first: the steps then wait in the ring, unread
+        run.flush(timeout_seconds=20)
     for step in run.steps(range(30)):
         with step.phase("forward"):
             pass
     run._telemetry.worker.drain()
-    client = run._telemetry.export
-    while client.sent_spans < 90:  # handed over once the child is up
+    while not client.reads_ring and client.sent_spans < 90:  # handed over once it is up
         time.sleep(0.01)
     print("CHILD", client.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no atexit
 """)
 
 
-def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path)], capture_output=True,
-                          text=True, timeout=30)
+@pytest.mark.parametrize("step_ring", ["off", "on"])  # on: the child reads the ring after it
+def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path,
+                                                                         step_ring: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path), step_ring],
+                          capture_output=True, text=True, timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pid = int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD")).split()[1])
     assert _wait_gone(pid, 8), "the exporter process outlived its training process"
     spans = read_file_spans(tmp_path / "spans.jsonl")
-    assert len(spans) == 30 * 3  # what was handed over before the kill was written
+    assert len(spans) == 30 * 3  # what was handed over (or in the ring) before the kill
 
 
 def test_the_child_ignores_the_launchers_sigterm_and_flushes_through_the_run(
