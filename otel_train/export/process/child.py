@@ -295,7 +295,10 @@ class _Child:
             try:
                 self.read_ring(pickle.loads(msg[1]))
             except Exception as exc:
+                # Nobody else would read the ring: exit, so that the training process takes
+                # over and reads it itself (what this process held is sent again from there).
                 self.send(("error", f"could not read the step ring: {exc!r}"), block=True)
+                os._exit(4)
         elif kind == "collectives":
             if feed is not None:
                 feed.add_collectives(msg[1], msg[2])

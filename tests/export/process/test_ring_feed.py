@@ -258,3 +258,29 @@ def test_collectives_timed_in_the_training_process_reach_the_steps_built_from_th
            for i, r in roots.items()}
     assert got == {i: ((1, 4096 * (1 + i)) if i % 2 == 0 else (None, None))
                    for i in range(40)}
+
+
+def test_a_child_that_cannot_read_the_ring_exits_and_the_training_process_reads_it(
+        tmp_path, monkeypatch):
+    """The ring's reader cannot be made in the exporter process: it says why and exits, the
+    training process takes over and reads the ring itself; nothing is lost."""
+    from train_helpers import read_file_spans, start_test_run
+
+    from otel_train.export.process import launch
+
+    monkeypatch.setattr(launch, "_BOOT", launch._BOOT.replace(
+        "from otel_train.export.process.child import child_main; ",
+        "from otel_train.export.process import ring_feed; "
+        "ring_feed.ChildRingFeed.__init__ = lambda *a, **k: 1 / 0; "
+        "from otel_train.export.process.child import child_main; "))
+    run = start_test_run(tmp_path, step_ring="on", startup_span=False)
+    client = run._telemetry.client
+    assert client.reads_ring
+    for step in run.steps(range(100)):
+        with step.phase("forward"):
+            pass
+    run.flush(timeout_seconds=20)
+    run.shutdown(timeout=10)
+    assert not run._telemetry.worker._ring_source.in_child
+    assert run.dropped_spans() == {}
+    assert len(read_file_spans(tmp_path / "spans.jsonl")) == 100 * 3
