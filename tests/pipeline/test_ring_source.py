@@ -1,5 +1,6 @@
-"""The step ring read by the span worker (step_ring="on"): records in the order they ended,
-the queue's in their places; a full ring's drops in the run's accounting."""
+"""The step ring read by the span worker, or by the exporter process (step_ring="on"):
+records in the order they ended, the queue's in their places; a full ring's drops in the
+run's accounting; the own cost counts the ring's steps whoever reads them."""
 
 from __future__ import annotations
 
