@@ -33,6 +33,7 @@ from typing import Any
 
 from otel_train.pipeline.plan import PipelinePlan, step_ring_in_exporter
 from otel_train.recording.step_ring import (
+    OFF_COLLECTIVES,
     OFF_READ,
     QUEUED,
     U64,
@@ -95,6 +96,18 @@ class RingSource:
         if self.exporter is not None and not self._ready_sent and ready_ns is not None:
             self._ready_sent = True
             self.exporter.send_control(("ring_ready", ready_ns))
+
+    def note_collectives(self) -> None:
+        """The run times collectives from now on (on the training thread, before the steps
+        that issue them): said in the ring's header, so a reader in the exporter process
+        waits for their entries from the first step written after it."""
+        U64.pack_into(self.ring.buffer, OFF_COLLECTIVES, 1)
+
+    def skip(self, ordinals: list[int]) -> None:
+        """Queued records that will not reach the child (their build failed, counted): its
+        reader passes their markers at once."""
+        if self.exporter is not None:
+            self.exporter.send_control(("ring_skip", ordinals))
 
     def send_collectives(self, log: Any) -> None:
         """While the child reads the ring: the collectives' entries completed since the

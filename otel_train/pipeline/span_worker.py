@@ -132,6 +132,11 @@ class SpanBuildWorker:
         self.paused = False  # benchmarks pause the worker to time the hot path alone
 
     @property
+    def ring_source(self) -> RingSource | None:
+        """The step ring's source (step_ring="on"), None without a ring."""
+        return self._ring_source
+
+    @property
     def _records(self) -> Any:
         """The records to drain, in order: the ring's merged with the queue, or the queue
         (read each time: a forked child's run swaps the queue out)."""
@@ -356,6 +361,7 @@ class SpanBuildWorker:
         # The exporter process reads the ring: each queued record goes with its ordinal, and
         # train.startup is made there (its first step may be a ring step).
         ordinals: list[int] | None = [] if source is not None and source.in_child else None
+        skipped: list[int] = []
         made: list[tuple[Any, ...]] = []
         views = []
         built = steps = cold = 0
@@ -381,6 +387,8 @@ class SpanBuildWorker:
                 view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
                 self._build_failed(record, exc)
+                if ordinals is not None:  # its marker is not to wait for it
+                    skipped.append(ordinal)
                 continue
             spans = record_span_count(rec)
             built += spans
@@ -397,6 +405,8 @@ class SpanBuildWorker:
             metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
         if made or rows:
             self._hand_on(self._export, made, rows, ordinals)
+        if skipped and source is not None:
+            source.skip(skipped)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built - cold, cold)  # once per drain: a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)

@@ -17,6 +17,7 @@ Layout (little-endian; ``HEADER_BYTES`` of header, then ``capacity`` bytes of da
     128 u64 tail: bytes ever read    (consumer only; its own cache line)
     136 u64 read: bytes a reader in another process has read ahead of tail (consumer only)
     192 u64 steps dropped, full      200 u64 spans dropped, full   208 u64 steps written
+    216 u64 1 once the run times collectives (a reader elsewhere waits for their entries)
 
 A record starts at an 8-byte boundary with ``u32 length (a multiple of 8), u16 type,
 u16 count``; a record never wraps: where it does not fit before the end of the data, a
@@ -68,6 +69,7 @@ OFF_READ = 136
 OFF_DROPPED_STEPS = 192
 OFF_DROPPED_SPANS = 200
 OFF_WRITTEN_STEPS = 208
+OFF_COLLECTIVES = 216
 REC_PAD, REC_STRING, REC_PHASE, REC_STEP, REC_QUEUED = 0, 1, 2, 3, 4
 #: What the reader returns in the place of a record the recorder's queue holds (a step the
 #: ring cannot carry, a ``run.monitor`` record): the next one in that queue, in this order.

@@ -28,6 +28,7 @@ from otel_train.recording.step_ring import (
     F64,
     HEADER_BYTES,
     I64,
+    OFF_COLLECTIVES,
     OFF_HEAD,
     OFF_READ,
     OFF_TAIL,
@@ -122,6 +123,10 @@ class StepRingReader:
     def waiting_bytes(self) -> int:
         """Bytes written and not yet read."""
         return U64.unpack_from(self._buf, OFF_HEAD)[0] - self.position
+
+    def collectives_timed(self) -> bool:
+        """The run times collectives (from the first step written after it said so)."""
+        return bool(U64.unpack_from(self._buf, OFF_COLLECTIVES)[0])
 
     def head(self) -> int:
         """Bytes ever written (the producer's ``head``)."""

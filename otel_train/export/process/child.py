@@ -299,6 +299,9 @@ class _Child:
                 # over and reads it itself (what this process held is sent again from there).
                 self.send(("error", f"could not read the step ring: {exc!r}"), block=True)
                 os._exit(4)
+        elif kind == "ring_skip":
+            if feed is not None:
+                feed.skip(msg[1])
         elif kind == "collectives":
             if feed is not None:
                 feed.add_collectives(msg[1], msg[2])

@@ -126,6 +126,7 @@ class ChildRingFeed:
         self._lock = threading.Lock()  # one reader: the thread, a flush, the stop
         self._frames: deque[_Frame] = deque()
         self._frames_lock = threading.Lock()
+        self._skipped: set[int] = set()  # ordinals the training process will not send
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._items: deque[tuple[Any, int, int]] = deque()  # read, not yet handed on
@@ -173,6 +174,13 @@ class ChildRingFeed:
         """When ``start_run`` returned in the training process (``train.startup``'s cut)."""
         self.ready_ns = ready_ns
         self._ready_known = True
+        self._wake.set()
+
+    def skip(self, ordinals: list[int]) -> None:
+        """Queued records the training process will not send (their build failed there,
+        counted): their markers are passed at once."""
+        with self._frames_lock:
+            self._skipped.update(ordinals)
         self._wake.set()
 
     def add_collectives(self, entries: list[list[Any]], complete_ns: int) -> None:
@@ -265,6 +273,8 @@ class ChildRingFeed:
                 batch_end = self._position
                 moved = True
                 continue
+            if self._builder.collectives is None and self._reader.collectives_timed():
+                self._builder.collectives = CollectiveLog()  # their entries are to come
             if self._builder.collectives is not None and item.end_ns > self._comm_complete_ns \
                     and not final:  # its collectives are still on their way (bounded)
                 now = time.monotonic()
@@ -345,6 +355,10 @@ class ChildRingFeed:
         """The queued record for marker ``ordinal``: the record, None (never to come: passed
         over, counted), or ``_WAIT``."""
         with self._frames_lock:
+            if ordinal in self._skipped:  # not coming, counted in the training process
+                self._skipped.discard(ordinal)
+                self._waiting_since = None
+                return None
             frame = self._frames[0] if self._frames else None
             if frame is not None and frame.next < len(frame.recs):
                 have = frame.ordinals[frame.next]

@@ -284,3 +284,21 @@ def test_a_child_that_cannot_read_the_ring_exits_and_the_training_process_reads_
     assert not run._telemetry.worker._ring_source.in_child
     assert run.dropped_spans() == {}
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 100 * 3
+
+
+def test_a_marker_whose_record_failed_to_build_is_passed_at_once_not_waited_for():
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    exporter = _Exporter()
+    source = RingSource(rec, ring, exporter=exporter)
+    _train(rec, range(3), queued_at=(1,))
+    source.skip([0])  # the training process could not build queued record 0
+    assert exporter.sent[-1] == ("ring_skip", [0])
+    child = _Child()
+    feed = _feed(ring, child)
+    feed.skip(exporter.sent[-1][1])
+    began = time.monotonic()
+    feed.catch_up(time.monotonic() + 5)
+    assert time.monotonic() - began < ring_feed.MARKER_WAIT_SECONDS
+    assert child.names() == ["train.step:0", "train.step:2"]
+    assert feed.counts()["markers_unmatched"] == 0  # counted where it failed
