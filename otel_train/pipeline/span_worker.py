@@ -346,9 +346,12 @@ class SpanBuildWorker:
                 return
             yield record
 
-    def _build_failed(self, record: Step | MonitorRecord, exc: Exception) -> None:
+    def _build_failed(self, record: Step | MonitorRecord, exc: Exception,
+                      ordinal: int = -1) -> None:
         self._drops.add("build_error", record.span_count())
         self._warn.warning("build", "otel-train: could not build spans: %r", exc)
+        if ordinal >= 0 and self._ring_source is not None:  # its marker waits for nothing
+            self._ring_source.skip([ordinal])
 
     def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
         """A span record per step; the drain's views to the metrics at once (each processor
@@ -361,7 +364,6 @@ class SpanBuildWorker:
         # The exporter process reads the ring: each queued record goes with its ordinal, and
         # train.startup is made there (its first step may be a ring step).
         ordinals: list[int] | None = [] if source is not None and source.in_child else None
-        skipped: list[int] = []
         made: list[tuple[Any, ...]] = []
         views = []
         built = steps = cold = 0
@@ -386,9 +388,7 @@ class SpanBuildWorker:
                 # No metrics here when the exporter process feeds them (derived/chain.py).
                 view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
-                self._build_failed(record, exc)
-                if ordinals is not None:  # its marker is not to wait for it
-                    skipped.append(ordinal)
+                self._build_failed(record, exc, ordinal)
                 continue
             spans = record_span_count(rec)
             built += spans
@@ -405,8 +405,6 @@ class SpanBuildWorker:
             metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
         if made or rows:
             self._hand_on(self._export, made, rows, ordinals)
-        if skipped and source is not None:
-            source.skip(skipped)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built - cold, cold)  # once per drain: a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)

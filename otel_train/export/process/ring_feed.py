@@ -27,8 +27,8 @@ frames settled so far (``frames_settled``) in each count report: should this pro
 sends again the frames not settled, and reads the ring itself from ``tail``
 (``pipeline/ring_source.py``), so nothing is lost nor counted twice but the batch in flight.
 
-Why a thread: the child's main loop blocks on the pipe; the ring has no descriptor to wait
-on. The thread looks every ``POLL_SECONDS`` when the ring is idle, and reads in batches.
+A thread, as the child's main loop blocks on the pipe and the ring has no descriptor to wait
+on: it looks every ``POLL_SECONDS`` when the ring is idle, and reads in batches.
 
 Usage::
 
@@ -84,12 +84,6 @@ def ring_settings(builder: StepRecordBuilder, identity: Any, device_synced: bool
             "pid": os.getpid()}
 
 
-def _always_sampled(trace_id: int) -> bool:
-    # In scope the SDK sampler always samples (or the tail sampler decides here, after the
-    # metrics): every step is built sampled, as the training process's builder would.
-    return True
-
-
 class _Frame:
     """A frame's queued records (each with its ordinal), its user span rows, and how far
     through its records the reader is."""
@@ -109,9 +103,11 @@ class ChildRingFeed:
         self.ring = StepRing.open(ring_fd)
         self._reader = StepRingReader(self.ring, move_tail=False)
         attrs, schema = resource
+        # In scope the SDK sampler always samples (or the tail sampler decides here, after
+        # the metrics): every step is built sampled, as the training process's builder would.
         builder = StepRecordBuilder(
             settings["identity"], Resource(attrs, schema), InstrumentationScope(*scope),
-            settings["device_synced"], settings["device_type"], _always_sampled,
+            settings["device_synced"], settings["device_type"], lambda trace_id: True,
             settings["offset_ns"], settings["span_timing"], settings["host_rss_every_steps"])
         builder.host_rss = HostRss(pid=settings["pid"])  # the training process's memory
         self._builder = builder
@@ -273,16 +269,8 @@ class ChildRingFeed:
                 batch_end = self._position
                 moved = True
                 continue
-            if self._builder.collectives is None and self._reader.collectives_timed():
-                self._builder.collectives = CollectiveLog()  # their entries are to come
-            if self._builder.collectives is not None and item.end_ns > self._comm_complete_ns \
-                    and not final:  # its collectives are still on their way (bounded)
-                now = time.monotonic()
-                if self._comm_waiting_since is None:
-                    self._comm_waiting_since = now
-                if now - self._comm_waiting_since < MARKER_WAIT_SECONDS:
-                    break
-            self._comm_waiting_since = None
+            if not final and self._comm_pending(item.end_ns):
+                break
             if self._first_start_ns is None and not self._startup_done:
                 if not self._ready_known and not final and \
                         time.monotonic() - self._started < _READY_WAIT_SECONDS:
@@ -304,6 +292,24 @@ class ChildRingFeed:
             moved = self._late_frames() or moved
         self._release_done_frames(self._position)
         return moved
+
+    def _comm_pending(self, end_ns: int) -> bool:
+        """The run times collectives and their entries do not cover a step ending at
+        ``end_ns`` yet: it waits (``MARKER_WAIT_SECONDS`` at most)."""
+        if self._builder.collectives is None:
+            if not self._reader.collectives_timed():
+                return False
+            self._builder.collectives = CollectiveLog()  # their entries are to come
+        if end_ns <= self._comm_complete_ns:
+            self._comm_waiting_since = None
+            return False
+        now = time.monotonic()
+        if self._comm_waiting_since is None:
+            self._comm_waiting_since = now
+        if now - self._comm_waiting_since < MARKER_WAIT_SECONDS:
+            return True
+        self._comm_waiting_since = None  # built without them
+        return False
 
     def _first_step(self, rec: tuple[Any, ...]) -> None:
         """The run's first step's record: it carries a resumed run's attributes."""
@@ -488,10 +494,6 @@ class ChildRingFeed:
                 "last_end_ns": self.last_end_ns, "first_start_ns": self._first_start_ns,
                 "startup_done": self._startup_done, "markers_unmatched": self.markers_unmatched,
                 "late_records": self.late_records}
-
-    def close(self) -> None:
-        """Let go of the ring's memory."""
-        self.ring.close()
 
 
 _WAIT = object()
