@@ -302,3 +302,24 @@ def test_a_marker_whose_record_failed_to_build_is_passed_at_once_not_waited_for(
     assert time.monotonic() - began < ring_feed.MARKER_WAIT_SECONDS
     assert child.names() == ["train.step:0", "train.step:2"]
     assert feed.counts()["markers_unmatched"] == 0  # counted where it failed
+
+
+@pytest.mark.parametrize("step_ring", ["off", "on"])
+def test_attribute_limits_apply_to_the_steps_built_in_the_exporter_process(
+        tmp_path, monkeypatch, step_ring):
+    """The OTEL_*ATTRIBUTE* limits the training process reads hold for the ring's steps
+    built in the exporter process (it inherits the environment and reads them alike)."""
+    from train_helpers import read_file_spans, start_test_run
+
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    run = start_test_run(tmp_path, step_ring=step_ring, startup_span=False)
+    assert run._telemetry.client.reads_ring == (step_ring == "on")
+    for step in run.steps(range(5)):
+        with step.phase("forward"):
+            pass
+        step.set_attribute("tag", "abcdefghij")  # a short string: the ring carries it
+    run.shutdown(timeout=10)
+    roots = [s for s in read_file_spans(tmp_path / "spans.jsonl") if s.name == "train.step"]
+    assert len(roots) == 5 and {s.attributes["tag"] for s in roots} == {"abcde"}
+    if step_ring == "on":
+        assert run._telemetry.client._reports.ring_counts["steps"] == 5
