@@ -421,9 +421,11 @@ def _print_paced(paced: dict[str, Any], args: argparse.Namespace) -> None:
         main = mid["child_main"] / mid["steps"] / 1000.0
         print(f"  the exporter process's {mid['child'] / mid['steps'] / 1000.0:.1f} us: its main "
               f"thread {main:.1f} us (frames in: marshal load, the derived chain, each record's "
-              f"OTLP spans, span encoder: {_span_encoder()}), its export and watch threads "
-              f"{(mid['child'] - mid['child_main']) / mid['steps'] / 1000.0:.1f} us (requests "
-              "joined and sent, counts and the chain's state reported)")
+              f"OTLP spans, span encoder: {_span_encoder()}), its other threads "
+              f"{(mid['child'] - mid['child_main']) / mid['steps'] / 1000.0:.1f} us (export "
+              "and watch: requests joined and sent, counts and the chain's state reported; "
+              "with the step ring, its reader: each step read and built, the derived chain, "
+              "the encoder)")
     print(f"spans: {paced['delivered']} delivered to the OTLP receiver, {paced['spans_built']} "
           f"built, {paced['expected']} recorded (7 per step) by the two runs. bg CPU = this "
           "process's threads but the training thread (the flush after each chunk included; "

@@ -12,7 +12,8 @@ Variants, each compared with the bare loop:
   ``tests/otlp_receivers.py``, in their own process as a collector would be), Prometheus
   metrics served and the console report on (it goes to stderr, sent to /dev/null);
 - ``otel-ring`` (only when named in ``--variants``): ``otel-otlp`` with ``step_ring="on"``
-  (finished flat steps through the shared-memory step ring, read by the span worker);
+  (finished flat steps through the shared-memory step ring, read and built by the exporter
+  process: the training process does nothing per flat step after the hot path);
 - ``otel-none``: otel-train with ``exporter="none"`` (spans built, metrics derived, no export);
 - ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
   drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
@@ -316,6 +317,10 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
     if run is not None:
         run.flush()
         spans_built = run._telemetry.worker.spans_built
+        client = run._telemetry.client
+        if client is not None and client.reads_ring:  # the ring's steps, built over there
+            ring = client._reports.ring_counts
+            spans_built += ring.get("warm_spans", 0) + ring.get("cold_spans", 0)
         run.shutdown()
     if provider is not None:
         provider.shutdown()

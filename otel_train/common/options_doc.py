@@ -202,8 +202,11 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "values that are numbers, booleans or short strings is written as a compact record "
         "at its end (in C where the accelerator was built); any other step, and `run.monitor` "
         "records, are queued as before, a marker in the ring holding their place. A full "
-        "ring drops the newest step, counted as `step_ring_full`. The span worker of the "
-        "training process reads the ring; the exporter process does not read it yet."),
+        "ring drops the newest step, counted as `step_ring_full`. With the exporter process "
+        "as the route and the derived metrics there, the exporter process reads the ring "
+        "and builds the steps' spans: the training process does nothing per flat step after "
+        "the hot path; on any other plan the span worker of the training process reads it "
+        "(`otel-train plan` says which)."),
     "export_process_nice": OptionDoc(
         "export", "with `export_process`: the exporter process's niceness, added to the "
         "training process's (0..19; 0: the same priority)",

@@ -102,6 +102,10 @@ def build_step_sampler(settings: dict[str, Any],
     return StepTailSampler(0.0, 0, downstream, keep_monitor=False, summary=summary)
 
 
+# Decisions remembered for user span rows that come after their step's record: a drain of
+# the training process (0.5 s at most) of steps as fast as 0.1 ms is 5000 steps.
+_DECIDED_TRACES = 8192
+
 class StepTailSampler(SpanProcessor):
     """Holds each step's spans until its root; forwards kept steps to ``downstream``."""
 
@@ -121,6 +125,10 @@ class StepTailSampler(SpanProcessor):
         # trace id -> spans waiting for their root. Steps' spans come from the build worker,
         # user spans from the training thread: one lock.
         self._pending: dict[int, list[ReadableSpan]] = {}
+        # trace id -> kept? of the last steps decided from records: a user span row that
+        # comes after its step was decided (the exporter process builds ring steps as they
+        # end, the rows come with the training process's drains) follows that decision.
+        self._decided: dict[int, bool] = {}
         self._lock = threading.Lock()
         self.kept_steps = 0
         self.sampled_out_steps = 0
@@ -241,7 +249,12 @@ class StepTailSampler(SpanProcessor):
         """Decide on a span record: what was held for its trace when it is kept (None:
         sampled out, counted)."""
         held = self._take_held(rec[C_TRACE])
-        return held if self._keep(rec, held) else None
+        kept = self._keep(rec, held)
+        decided = self._decided
+        decided[rec[C_TRACE]] = kept
+        if len(decided) > _DECIDED_TRACES:
+            del decided[next(iter(decided))]  # the oldest decision
+        return held if kept else None
 
     def _keep(self, rec: tuple[Any, ...], held: list[Any]) -> bool:
         """Decide on a span record and what was held for its trace (spans or rows); write
@@ -271,9 +284,16 @@ class StepTailSampler(SpanProcessor):
         their frame: a step's user spans end before the step does. Never raises."""
         out_rows: list[tuple[Any, ...]] = []
         try:
+            decided = self._decided
             for row in rows:
                 if row[R_PARENT] and not row[R_REMOTE]:
-                    out_rows.extend(self._hold(row[R_TRACE], row))  # evicted: fail open
+                    kept = decided.get(row[R_TRACE])
+                    if kept is None:  # its step is still to come: wait for it
+                        out_rows.extend(self._hold(row[R_TRACE], row))  # evicted: fail open
+                    elif kept:
+                        out_rows.append(row)
+                    else:
+                        self.sampled_out_spans += 1
                     continue
                 held, reason = self._root(row[R_NAME], row[R_ATTRS], row[R_TRACE], row)
                 if reason is not None:

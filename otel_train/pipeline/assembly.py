@@ -52,6 +52,7 @@ from otel_train.common.trace_ids import new_span_id
 from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.export.exporters import create_exporter
 from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
+from otel_train.export.process.ring_feed import ring_settings
 from otel_train.export.stage import BoundedBatchSpanProcessor
 from otel_train.pipeline.application_export import (
     ApplicationProviderSink,
@@ -80,7 +81,7 @@ from otel_train.pipeline.record_sinks import (
     SinkExport,
     StageSink,
 )
-from otel_train.pipeline.ring_source import RingSource
+from otel_train.pipeline.ring_source import RingCostCounts, RingSource, ring_read_by_exporter
 from otel_train.pipeline.settings import count_settings, derived_settings, report_enabled
 from otel_train.pipeline.telemetry import DisabledTelemetry, RunTelemetry
 from otel_train.pipeline.span_worker import (
@@ -205,7 +206,8 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # The exporter process first (its CPU counter is on the registry before the stage
     # mirrors it over OTLP); read on the training thread: its CPU is the one kept free.
     background = BackgroundCpus.resolve(options.background_cpus)
-    built = _build_export(plan, options, provider, builder, drops, background)
+    ring, child_ring = _make_ring(options, plan)
+    built = _build_export(plan, options, provider, builder, drops, background, child_ring)
     plan, export = built.plan, built.export
     # The metrics here: user spans wait in the tail sampler, then go to the client.
     downstream = (built.client if plan.tail_sampler and plan.metrics_where != THERE
@@ -226,9 +228,11 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     route = _row_route(plan, derived, built, provider, builder, drops, options.max_queued_spans)
     sdk_provider = (_user_span_provider(resource, sampler, plan, route, built.client, derived)
                     if mode == MODE_OURS else None)
+    source = _ring_source(recorder, ring, built.client if child_ring else None, builder,
+                          identity, device, startup, self_cost)
     worker = _span_worker(options, recorder, builder, route, drops, self_cost,
                           stage_settings.chain["console_min_interval_seconds"], startup,
-                          _ring_source(options, recorder))
+                          source)
     return RunTelemetry(plan=plan, sampler=sampler,
                         global_provider=provider if mode == MODE_OURS else None,
                         sdk_provider=sdk_provider, export=export, derived=derived,
@@ -269,23 +273,43 @@ class BuiltExport:
         return self.client if self.client is not None else self.stage
 
 
-def _ring_source(options: RunOptions, recorder: Recorder) -> RingSource | None:
-    """With ``step_ring="on"``: the step ring, attached to the recorder (its steps go there
-    from now on) and read by the span worker; None when off or where it cannot be made (a
-    warning; the queue takes every step)."""
+def _make_ring(options: RunOptions, plan: PipelinePlan
+               ) -> tuple[StepRing | None, StepRing | None]:
+    """With ``step_ring="on"``: the step ring's shared memory, twice where the exporter
+    process reads it (the plan's route, the derived metrics there: its descriptor is passed
+    to the child as it starts), else once (the span worker reads it here); (None, None) when
+    off or where it cannot be made (a warning; the queue takes every step)."""
     if options.step_ring != "on":
-        return None
+        return None, None
     try:
-        return RingSource(recorder, StepRing.create(ring_capacity_bytes(options.max_queued_steps)))
+        ring = StepRing.create(ring_capacity_bytes(options.max_queued_steps))
     except (OSError, ValueError) as exc:
         _log.warning("otel-train: step_ring=on: the ring could not be made (%r); steps are "
                      "queued as with step_ring=off", exc)
+        return None, None
+    return ring, (ring if ring_read_by_exporter(plan) else None)
+
+
+def _ring_source(recorder: Recorder, ring: StepRing | None,
+                 client: ExportProcessClient | None, builder: StepRecordBuilder,
+                 identity: RunIdentity, device: DeviceTiming, startup: StartupRecordMaker,
+                 self_cost: SelfCostMeter) -> RingSource | None:
+    """The ring attached to the recorder (its steps go there from now on): read by the
+    exporter process (``client``: its child builds the steps' records, train.startup too,
+    and reports the own-cost counts this process's meter keeps), else by the span worker."""
+    if ring is None:
         return None
+    if client is None:
+        return RingSource(recorder, ring)
+    return RingSource(recorder, ring, client,
+                      ring_settings(builder, identity, device.synced, device.device_type,
+                                    device.span_timing, startup),
+                      RingCostCounts(self_cost, startup))
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, provider: Any,
                   builder: StepRecordBuilder, drops: DropCounter,
-                  background: BackgroundCpus) -> BuiltExport:
+                  background: BackgroundCpus, ring: StepRing | None = None) -> BuiltExport:
     """The export the plan names (the client, the stage, or neither), the metrics collectors
     it brings, and the plan as built (the fallback's, should the exporter process not
     start)."""
@@ -303,7 +327,7 @@ def _build_export(plan: PipelinePlan, options: RunOptions, provider: Any,
                 plan.export, factory.resource, factory.scope, factory.run_constants, drops,
                 options.max_queued_spans, options.export_batch_size,
                 options.export_interval_seconds, fallback=in_process_stage,
-                nice=options.export_process_nice, cpus=background.cpus)
+                nice=options.export_process_nice, cpus=background.cpus, ring=ring)
         except Exception as exc:
             _log.warning("otel-train: could not start the exporter process (%r); exporting "
                          "from the training process", exc)

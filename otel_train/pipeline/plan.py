@@ -142,6 +142,8 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
     _sampling_reasons(ratio, route, tail, env, reasons)
     _export_ranks_reasons(options, env, ranks, routine, summary, reasons)
     where = _metrics_where(options, env, route, otlp_metrics, tail, joins_app, reasons)
+    if options.step_ring == "on":
+        reasons.append(_step_ring_reason(route, where))
     reasons.append("console report: " + ("on (console=True)" if options.console
                                          else "off (console=False)"))
     reasons.append("metrics over OTLP: " + ("on (metrics_exporter / OTEL_METRICS_EXPORTER "
@@ -268,6 +270,24 @@ def _metrics_where(options: RunOptions, env: PipelineEnvironment, route: str,
     reasons.append("derived metrics: in the exporter process (metrics_in_export_process="
                    "True): this process serves a copy of their state")
     return THERE
+
+
+def step_ring_in_exporter(route: str, metrics_where: str | None) -> bool:
+    """With ``step_ring="on"``, the exporter process reads the ring: the route is the
+    exporter process and the derived metrics run there (every step reaches them: the SDK
+    sampler always samples, or the tail sampler decides there). Else the span worker reads
+    it in the training process."""
+    return route == ROUTE_PROCESS and metrics_where == THERE
+
+
+def _step_ring_reason(route: str, where: str) -> str:
+    if step_ring_in_exporter(route, where):
+        return ("step ring: read by the exporter process (step_ring=on, its route, the "
+                "derived metrics there): the training process does nothing per flat step "
+                "after the hot path")
+    why = (f"the route is {route}" if route != ROUTE_PROCESS
+           else "the derived metrics run in the training process")
+    return f"step ring: read by the span worker in the training process (step_ring=on; {why})"
 
 
 # The provider modes as ``otel-train plan`` says them to a person.

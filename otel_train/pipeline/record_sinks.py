@@ -138,22 +138,28 @@ class ProcessSink:
         self._warn = RateLimitedLogger(_log)
 
     def on_records(self, records: Sequence[tuple[Any, ...]],
-                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
+                   rows: Sequence[tuple[Any, ...]] = (),
+                   ordinals: Sequence[int] | None = None) -> None:
         """Queue each sampled record the sampler keeps; the drain's frame goes at
-        ``end_drain``."""
+        ``end_drain``. ``ordinals``: each record's place among the queued records, when
+        the exporter process reads the step ring (``pipeline/ring_source.py``)."""
         sampler = self.sampler
+        if ordinals is not None:  # in scope every record is sampled and no sampler is here
+            self._send([(rec, o) for rec, o in zip(records, ordinals) if rec[C_FLAGS] & 1])
+            return
         # Unsampled by the SDK sampler (e.g. always_off): never exported.
-        self._send([rec for rec in records
+        self._send([(rec, -1) for rec in records
                     if rec[C_FLAGS] & 1 and (sampler is None or sampler.keep_record(rec))])
-        if sampler is not None:
-            self._send(sampler.take_summaries())  # summary mode: intervals just closed
+        if sampler is not None:  # summary mode: intervals just closed
+            self._send([(rec, -1) for rec in sampler.take_summaries()])
 
-    def _send(self, records: Sequence[tuple[Any, ...]]) -> None:
-        """Queue records for the exporter process; a failure is counted, never raised."""
-        for rec in records:
+    def _send(self, records: Sequence[tuple[tuple[Any, ...], int]]) -> None:
+        """Queue records (with their ordinals) for the exporter process; a failure is
+        counted, never raised."""
+        for rec, ordinal in records:
             spans = record_span_count(rec)
             try:
-                self.client.send_record(rec, spans)
+                self.client.send_record(rec, spans, ordinal)
             except Exception as exc:
                 self._drops.add("export_failed", spans)
                 self._warn.warning("send", "otel-train: could not queue spans for "
@@ -163,7 +169,7 @@ class ProcessSink:
         """User spans still waiting in the sampler go out (fail open), and the last partial
         summary in summary mode."""
         if self.sampler is not None:
-            self._send(self.sampler.take_summaries(final=True))
+            self._send([(rec, -1) for rec in self.sampler.take_summaries(final=True)])
             self.sampler.shutdown()
 
 
@@ -184,10 +190,15 @@ class SinkExport(NullExport):
         return None if self._process is None else self._process.pid
 
     def on_records(self, records: Sequence[tuple[Any, ...]],
-                   rows: Sequence[tuple[Any, ...]] = ()) -> None:
-        """Each sink in turn."""
+                   rows: Sequence[tuple[Any, ...]] = (),
+                   ordinals: Sequence[int] | None = None) -> None:
+        """Each sink in turn (``ordinals``, with the step ring read by the exporter process:
+        to its sink; no other sink is on that route)."""
         for sink in self.sinks:
-            sink.on_records(records, rows)
+            if ordinals is not None and isinstance(sink, ProcessSink):
+                sink.on_records(records, rows, ordinals)
+            else:
+                sink.on_records(records, rows)
 
     def end_drain(self) -> None:
         """One frame per drain to the exporter process."""

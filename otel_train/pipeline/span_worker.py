@@ -132,11 +132,16 @@ class SpanBuildWorker:
         self.paused = False  # benchmarks pause the worker to time the hot path alone
 
     @property
+    def ring_source(self) -> RingSource | None:
+        """The step ring's source (step_ring="on"), None without a ring."""
+        return self._ring_source
+
+    @property
     def _records(self) -> Any:
         """The records to drain, in order: the ring's merged with the queue, or the queue
         (read each time: a forked child's run swaps the queue out)."""
         source = self._ring_source
-        return source.pending if source is not None else self._recorder.queue
+        return source.records if source is not None else self._recorder.queue
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -145,7 +150,6 @@ class SpanBuildWorker:
     def _run(self) -> None:
         self._cpu_mark = thread_time_ns()
         rec = self._recorder
-        q = self._records
         ring = self._ring_source is not None
         user_rows = self._route.user_rows
         export = self._export
@@ -163,8 +167,9 @@ class SpanBuildWorker:
                 wait = poll
                 continue
             now = perf_counter_ns()
-            if ring:
-                self._refill()
+            if ring:  # (the child reading it: only its start_run time, once)
+                self._refill(look=True)
+            q = self._records  # the queue, the merged ring, or the ring taken over
             schedule.observe(q)
             rows = user_rows is not None and user_rows.waiting
             if rows and not rows_since:
@@ -190,20 +195,25 @@ class SpanBuildWorker:
                     self._warn.warning("send", "otel-train: exporter hand-over failed: %r",
                                        exc)
                     self._stop.wait(poll)  # what woke it may still be unread: no busy loop
+            if ring:
+                self._send_collectives()
             ended = rec.last_step_end_ns
             active = rec.current is not None or (ended and now - ended < schedule.max_delay_ns)
             wait = schedule.wait_seconds(q, now, bool(active), stepped=bool(ended))
             if rows_since:
                 wait = max(poll, min(wait, (rows_since + schedule.max_delay_ns - now) / 1e9))
 
-    def _refill(self) -> None:
-        """What the step ring holds now into the records to drain (step_ring="on"); never
-        raises (a drain may run on the training thread: run.flush(), run.costs())."""
+    def _refill(self, look: bool = False) -> None:
+        """What the step ring holds now into the records to drain (step_ring="on"; a look
+        between drains leaves a take-over from the exporter process to the next drain);
+        never raises (a drain may run on the training thread: run.flush(), run.costs())."""
         source = self._ring_source
         if source is None:
             return
         try:
-            source.refill()
+            if source.in_child:  # (a drain too: run.costs() before the worker's first look)
+                source.look(self._self_cost.ready_ns)
+            source.refill(may_take_over=not look)
         except Exception as exc:
             self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
 
@@ -236,6 +246,17 @@ class SpanBuildWorker:
             return self._drain_locked(deadline_ns)
         finally:
             self._drain_lock.release()
+
+    def _send_collectives(self) -> None:
+        """While the exporter process reads the ring: the collectives timed since the last
+        look go to its builder (the ring's steps' train.comm.*); never raises."""
+        source = self._ring_source
+        if source is None or not source.in_child or self._builder.collectives is None:
+            return
+        try:
+            source.send_collectives(self._builder.collectives)
+        except Exception as exc:
+            self._warn.warning("ring", "otel-train: sending the collectives: %r", exc)
 
     def _sample_cost(self) -> None:
         """Own cost: this thread's CPU since the last sample, and the training thread's wait
@@ -275,6 +296,7 @@ class SpanBuildWorker:
             self._refill()
             return self._drain_records(self._route, deadline_ns)
         finally:
+            self._send_collectives()  # after the queued steps took theirs
             try:
                 self._export.end_drain()  # one frame per drain to the exporter process
             except Exception as exc:
@@ -324,9 +346,12 @@ class SpanBuildWorker:
                 return
             yield record
 
-    def _build_failed(self, record: Step | MonitorRecord, exc: Exception) -> None:
+    def _build_failed(self, record: Step | MonitorRecord, exc: Exception,
+                      ordinal: int = -1) -> None:
         self._drops.add("build_error", record.span_count())
         self._warn.warning("build", "otel-train: could not build spans: %r", exc)
+        if ordinal >= 0 and self._ring_source is not None:  # its marker waits for nothing
+            self._ring_source.skip([ordinal])
 
     def _drain_records(self, route: RowRoute, deadline_ns: int | None) -> int:
         """A span record per step; the drain's views to the metrics at once (each processor
@@ -335,17 +360,24 @@ class SpanBuildWorker:
         # hand-over as its step's record (the tail sampler decides them together).
         rows = route.user_rows.take() if route.user_rows is not None else []
         record_of, metrics, rank = self._builder.record, route.metrics, route.rank
+        source = self._ring_source
+        # The exporter process reads the ring: each queued record goes with its ordinal, and
+        # train.startup is made there (its first step may be a ring step).
+        ordinals: list[int] | None = [] if source is not None and source.in_child else None
         made: list[tuple[Any, ...]] = []
         views = []
         built = steps = cold = 0
         first_start: int | None = None
         first_attrs: dict[str, Any] | None = None
         for record in self._queued(deadline_ns):
+            # (the record just taken: the n-th queued since the ring was attached)
+            ordinal = source.take_ordinal() if source is not None and ordinals is not None else -1
             if not isinstance(record, MonitorRecord):  # a Step, or a RingStep
                 steps += 1
                 if first_start is None:
                     first_start = record.start_ns
-                    if self._startup is not None and not self._startup.done:
+                    if self._startup is not None and not self._startup.done \
+                            and ordinals is None:
                         built += self._add_startup(record, made, views, metrics, rank)
                         first_attrs = self._startup.first_step_attributes
             try:
@@ -356,7 +388,7 @@ class SpanBuildWorker:
                 # No metrics here when the exporter process feeds them (derived/chain.py).
                 view = view_from_record(rec, rank) if metrics is not None else None
             except Exception as exc:
-                self._build_failed(record, exc)
+                self._build_failed(record, exc, ordinal)
                 continue
             spans = record_span_count(rec)
             built += spans
@@ -367,10 +399,12 @@ class SpanBuildWorker:
             if view is not None:
                 views.append(view)
             made.append(rec)
+            if ordinals is not None:
+                ordinals.append(ordinal)
         if views:
             metrics.on_views(views)  # never raises; marks train.slow before the sampler reads it
         if made or rows:
-            self._hand_on(self._export, made, rows)
+            self._hand_on(self._export, made, rows, ordinals)
         self.spans_built += built
         self._self_cost.add_hot_path_spans(built - cold, cold)  # once per drain: a lock
         self._self_cost.note_steps(steps, first_start, self._recorder.last_step_end_ns)
@@ -395,9 +429,12 @@ class SpanBuildWorker:
         return record_span_count(rec)
 
     def _hand_on(self, export: Export, made: list[tuple[Any, ...]],
-                 rows: list[tuple[Any, ...]]) -> None:
+                 rows: list[tuple[Any, ...]], ordinals: list[int] | None = None) -> None:
         try:
-            export.on_records(made, rows)
+            if ordinals is not None:  # only the exporter process's route reads the ring
+                export.on_records(made, rows, ordinals=ordinals)  # type: ignore[call-arg]
+            else:
+                export.on_records(made, rows)
         except Exception as exc:  # an export must never stop the flow
             self._drops.add("export_failed", sum(map(record_span_count, made)) + len(rows))
             self._warn.warning("send", "otel-train: could not queue spans for export: %r", exc)
@@ -418,6 +455,12 @@ class SpanBuildWorker:
         route = self._route
         if route.user_rows is not None:
             route.user_rows.close()  # a span ending from now on is counted, not kept
+        source = self._ring_source
+        if source is not None and source.in_child and not self._thread.is_alive():
+            try:  # no child to read the ring after all: the last drain reads it here
+                source.before_last_drain(max(0.0, (deadline - perf_counter_ns()) / 1e9))
+            except Exception as exc:
+                self._warn.warning("ring", "otel-train: the exporter process: %r", exc)
         if not self._thread.is_alive():
             self.drain(deadline)
             try:
@@ -426,7 +469,6 @@ class SpanBuildWorker:
                 self._warn.warning("send", "otel-train: could not hand the last spans "
                                    "to export: %r", exc)
         lost = 0
-        source = self._ring_source
         if source is not None:
             try:
                 source.detach()  # from now on a late record is queued, and counted below

@@ -79,6 +79,9 @@ class RunTelemetry:
         nothing per step)."""
         if self.builder.collectives is None:
             self.builder.collectives = CollectiveLog()
+            source = self.worker.ring_source
+            if source is not None:  # the exporter process's reader waits for their entries
+                source.note_collectives()
         return self.builder.collectives
 
     def costs(self) -> dict[str, Any]:

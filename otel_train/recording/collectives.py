@@ -73,3 +73,18 @@ class CollectiveLog:
             if first[E_START] >= start_ns:
                 taken.append(first)
         return taken
+
+    def take_completed(self) -> tuple[list[list], int]:
+        """The entries at the front that completed, oldest first, and the time before which
+        every entry is in them (the first one still running began after it; now if none
+        runs): what the training process sends the exporter process, which builds the
+        ring's steps (export/process/ring_feed.py)."""
+        entries = self._entries
+        taken: list[list] = []
+        while entries and entries[0][E_END]:
+            taken.append(entries.popleft())
+        return taken, (entries[0][E_START] - 1 if entries else perf_counter_ns())
+
+    def extend(self, entries: list[list]) -> None:
+        """Entries taken in another process (``take_completed``), in order."""
+        self._entries.extend(entries)

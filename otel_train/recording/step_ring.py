@@ -15,12 +15,15 @@ Layout (little-endian; ``HEADER_BYTES`` of header, then ``capacity`` bytes of da
     0   u32 magic 'OTRR'   4  u32 version   8  u64 capacity (data bytes, a multiple of 8)
     64  u64 head: bytes ever written (producer only; its own cache line)
     128 u64 tail: bytes ever read    (consumer only; its own cache line)
+    136 u64 read: bytes a reader in another process has read ahead of tail (consumer only)
     192 u64 steps dropped, full      200 u64 spans dropped, full   208 u64 steps written
+    216 u64 1 once the run times collectives (a reader elsewhere waits for their entries)
 
 A record starts at an 8-byte boundary with ``u32 length (a multiple of 8), u16 type,
 u16 count``; a record never wraps: where it does not fit before the end of the data, a
-``PAD`` record fills the rest and it starts at offset 0. Types: ``QUEUED`` (no body: a
-record the recorder's queue holds comes here, in order), ``STRING`` (u32 id, u16 length,
+``PAD`` record fills the rest and it starts at offset 0. Types: ``QUEUED`` (u64 ordinal: a
+record the recorder's queue holds comes here, in order; the n-th marker since the ring was
+attached, 0 first, holds the n-th record queued), ``STRING`` (u32 id, u16 length,
 utf-8), ``PHASE`` (u32 id, i32 name, i32 kind, i32 loader string ids; -1: none), ``STEP``
 (count phases; i64 index, i64 start_ns, i64 end_ns, i32 loader string id, u32 attribute
 count; per phase u32 id, 4 pad, i64 start, i64 end; per attribute i32 key id, u16 type,
@@ -62,9 +65,11 @@ HEADER_BYTES = 256
 OFF_CAPACITY = 8
 OFF_HEAD = 64
 OFF_TAIL = 128
+OFF_READ = 136
 OFF_DROPPED_STEPS = 192
 OFF_DROPPED_SPANS = 200
 OFF_WRITTEN_STEPS = 208
+OFF_COLLECTIVES = 216
 REC_PAD, REC_STRING, REC_PHASE, REC_STEP, REC_QUEUED = 0, 1, 2, 3, 4
 #: What the reader returns in the place of a record the recorder's queue holds (a step the
 #: ring cannot carry, a ``run.monitor`` record): the next one in that queue, in this order.
@@ -182,6 +187,7 @@ class StepRingWriter:
         self._cap = ring.capacity
         self.phase_ids: dict[Any, int] = {}  # Phase object -> id, once its record is in
         self.string_ids: dict[str, int] = {}
+        self.markers = 0  # QUEUED markers written: the next one's ordinal
 
     # -- the step ----------------------------------------------------------------------
     def write_step(self, record: Any) -> bool:
@@ -206,14 +212,16 @@ class StepRingWriter:
             return True
         queue.append(record)
         try:
-            off = self._reserve(8)
+            off = self._reserve(16)
         except Exception:
             off = None
         if off is None:
             queue.pop()  # the marker did not fit: nothing reads it, it is dropped
             return self._full(record)
-        REC_HEAD.pack_into(self._buf, off, 8, REC_QUEUED, 0)
-        self._publish(8)
+        REC_HEAD.pack_into(self._buf, off, 16, REC_QUEUED, 0)
+        U64.pack_into(self._buf, off + 8, self.markers)
+        self.markers += 1
+        self._publish(16)
         return True
 
     def _write_step(self, step: Any) -> bool:
@@ -366,13 +374,13 @@ class StepRingWriter:
         U64.pack_into(self._buf, OFF_HEAD, head + size)
 
 
-def attach_ring(recorder: Any, ring: StepRing) -> Any:
+def attach_ring(recorder: Any, ring: StepRing, writer: StepRingWriter | None = None) -> Any:
     """Send ``recorder``'s finished records through ``ring`` from now on: the C writer where
-    the accelerator was built (its Python twin takes the rare cases), else the Python one.
-    Returns the writer, now ``recorder.ring``."""
+    the accelerator was built (its Python twin ``writer``, made here unless given, takes the
+    rare cases), else the Python one. Returns the writer, now ``recorder.ring``."""
     from otel_train.recording.recorder import _recorder_c  # recorder.py imports this module
 
-    writer = StepRingWriter(ring, recorder)
+    writer = writer if writer is not None else StepRingWriter(ring, recorder)
     if _recorder_c is not None:
         recorder.ring = _recorder_c.RingWriterCore(ring.buffer, ring.capacity, writer.phase_ids,
                                                    writer.string_ids, writer.write_step)

@@ -28,7 +28,9 @@ from otel_train.recording.step_ring import (
     F64,
     HEADER_BYTES,
     I64,
+    OFF_COLLECTIVES,
     OFF_HEAD,
+    OFF_READ,
     OFF_TAIL,
     PHASE_BODY,
     QUEUED,
@@ -44,7 +46,7 @@ from otel_train.recording.step_ring import (
     StepRing,
 )
 
-__all__ = ["RingPhase", "RingStep", "StepRingReader"]
+__all__ = ["RingPhase", "RingStep", "StepRingReader", "unread_step_spans"]
 
 
 class RingPhase(PhaseEntry):
@@ -92,28 +94,59 @@ class RingStep:
 
 
 class StepRingReader:
-    """The consumer: reads records up to ``head``, moves ``tail``; one reader at a time."""
+    """The consumer: reads records up to ``head``; one reader at a time.
 
-    def __init__(self, ring: StepRing) -> None:
+    By default each record's room is freed as it is read (``tail`` moves past it). With
+    ``move_tail=False`` (the exporter process) the reader reads ahead from ``tail`` and
+    publishes how far at ``read``, and ``tail`` moves only when ``release`` says so: once
+    what was read is settled, so that a reader taking over after this one dies reads the
+    rest again from ``tail``."""
+
+    def __init__(self, ring: StepRing, move_tail: bool = True) -> None:
         self.ring = ring
         self._buf = ring.buffer
         self._cap = ring.capacity
+        self.move_tail = move_tail
+        self.position = U64.unpack_from(self._buf, OFF_TAIL)[0]  # the next record's byte
         self.strings: dict[int, str] = {}
         self.phases: dict[int, RingPhase] = {}
 
+    def know(self, string_ids: dict[str, int], phase_ids: dict[Any, int]) -> None:
+        """The definitions the writer sent so far (its own dicts): a reader that starts at a
+        ``tail`` past them (a take-over) knows every id the steps after it carry."""
+        for text, sid in list(string_ids.items()):
+            self.strings.setdefault(sid, text)
+        for phase, pid in list(phase_ids.items()):
+            if pid not in self.phases:
+                self.phases[pid] = RingPhase(phase.name, phase.kind, phase.loader)
+
     def waiting_bytes(self) -> int:
         """Bytes written and not yet read."""
-        buf = self._buf
-        return U64.unpack_from(buf, OFF_HEAD)[0] - U64.unpack_from(buf, OFF_TAIL)[0]
+        return U64.unpack_from(self._buf, OFF_HEAD)[0] - self.position
+
+    def collectives_timed(self) -> bool:
+        """The run times collectives (from the first step written after it said so)."""
+        return bool(U64.unpack_from(self._buf, OFF_COLLECTIVES)[0])
+
+    def head(self) -> int:
+        """Bytes ever written (the producer's ``head``)."""
+        return U64.unpack_from(self._buf, OFF_HEAD)[0]
 
     def read(self, max_steps: int | None = None) -> list[RingStep | str]:
         """The steps written since the last read (at most ``max_steps``), in order, with
         ``QUEUED`` in the place of each record the recorder's queue holds."""
+        return [item for item, _, _ in self.read_items(max_steps)]
+
+    def read_items(self, max_items: int | None = None
+                   ) -> list[tuple[RingStep | str, int, int]]:
+        """(step or ``QUEUED``, the byte position after its record, the marker's ordinal or
+        -1) of each record written since the last read, at most ``max_items``."""
         buf, cap = self._buf, self._cap
         head = U64.unpack_from(buf, OFF_HEAD)[0]
-        tail = U64.unpack_from(buf, OFF_TAIL)[0]
-        out: list[RingStep | str] = []
-        while tail < head and (max_steps is None or len(out) < max_steps):
+        tail = self.position
+        move_tail = self.move_tail
+        out: list[tuple[RingStep | str, int, int]] = []
+        while tail < head and (max_items is None or len(out) < max_items):
             at = tail % cap
             if cap - at < 8:  # too little room for a PAD: the writer skipped it
                 tail += cap - at
@@ -122,23 +155,35 @@ class StepRingReader:
             if size < 8 or size > cap - at:
                 raise ValueError(f"step ring: corrupt record of {size} bytes at {tail}")
             pos = HEADER_BYTES + at + 8
+            end = tail + size
             if kind == REC_STEP:
-                out.append(self._step(buf, pos, count))
+                out.append((self._step(buf, pos, count), end, -1))
             elif kind == REC_STRING:
                 sid, length = STRING_BODY.unpack_from(buf, pos)
                 start = pos + STRING_BODY.size
                 self.strings[sid] = bytes(buf[start:start + length]).decode(
                     "utf-8", "surrogatepass")
             elif kind == REC_QUEUED:
-                out.append(QUEUED)  # type: ignore[arg-type]
+                ordinal = U64.unpack_from(buf, pos)[0] if size >= 16 else -1
+                out.append((QUEUED, end, ordinal))  # type: ignore[arg-type]
             elif kind == REC_PHASE:
                 pid, name, kind_id, loader = PHASE_BODY.unpack_from(buf, pos)
                 strings = self.strings
                 self.phases[pid] = RingPhase(strings[name], strings[kind_id],
                                              strings[loader] if loader >= 0 else None)
-            tail += size
-            U64.pack_into(buf, OFF_TAIL, tail)  # the record is read: its room is free
+            tail = end
+            if move_tail:
+                U64.pack_into(buf, OFF_TAIL, tail)  # the record is read: its room is free
+        self.position = tail
+        if not move_tail:
+            U64.pack_into(buf, OFF_READ, tail)
         return out
+
+    def release(self, position: int) -> None:
+        """Free the room of every record before ``position`` (``move_tail=False``: what was
+        read there is settled)."""
+        if position > U64.unpack_from(self._buf, OFF_TAIL)[0]:
+            U64.pack_into(self._buf, OFF_TAIL, min(position, self.position))
 
     def _step(self, buf: memoryview, pos: int, count: int) -> RingStep:
         index, start_ns, end_ns, loader, n_attrs = STEP_BODY.unpack_from(buf, pos)
@@ -168,3 +213,25 @@ class StepRingReader:
                 attrs[strings[kid]] = value
         return RingStep(index, self.strings[loader] if loader >= 0 else None, start_ns,
                         end_ns, ev, attrs)
+
+
+def unread_step_spans(ring: StepRing, start: int | None = None) -> int:
+    """Spans of the steps between ``tail`` (or the byte position ``start``) and ``head``:
+    what no reader settled, counted when a run ends before they are read; markers hold no
+    span of their own (their records travel apart)."""
+    buf, cap = ring.buffer, ring.capacity
+    head = U64.unpack_from(buf, OFF_HEAD)[0]
+    tail = U64.unpack_from(buf, OFF_TAIL)[0] if start is None else start
+    spans = 0
+    while tail < head:
+        at = tail % cap
+        if cap - at < 8:
+            tail += cap - at
+            continue
+        size, kind, count = REC_HEAD.unpack_from(buf, HEADER_BYTES + at)
+        if size < 8 or size > cap - at:
+            break
+        if kind == REC_STEP:
+            spans += 1 + count
+        tail += size
+    return spans

@@ -219,9 +219,11 @@ HOST_RSS_REUSE_NS = 250_000_000
 
 class HostRss:
     """This process's resident set size from ``/proc/self/statm`` (one ``pread``, ~2 us),
-    read at most every 0.25 s (``HOST_RSS_REUSE_NS``)."""
+    read at most every 0.25 s (``HOST_RSS_REUSE_NS``); another's with ``pid`` (the exporter
+    process reads the training process's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | None = None) -> None:
+        self._path = "/proc/self/statm" if pid is None else f"/proc/{int(pid)}/statm"
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._fd: int | None = None
         self._tried = False
@@ -244,7 +246,7 @@ class HostRss:
                 return None
             self._tried = True  # opened on first use, kept open: each read is one pread
             try:
-                self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+                self._fd = os.open(self._path, os.O_RDONLY)
             except OSError:  # not Linux: no RSS
                 return None
         try:

@@ -213,12 +213,16 @@ def test_a_run_without_sampling_exports_every_step(tmp_path: Path):
     {},  # decided in the exporter process, after the derived metrics there
     {"metrics_in_export_process": False},  # decided here, exported from the exporter process
     {"export_process": False},  # decided and exported here
+    {"step_ring": "on"},  # decided in the exporter process, which reads the step ring
 ])
 def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_step(
         tmp_path: Path, where: dict):
     from opentelemetry import trace
     run = start_test_run(tmp_path, sample_ratio=0.0, sample_keep_first_steps=2, **where)
-    assert (run._telemetry.derived.remote is not None) is (not where)
+    there = "metrics_in_export_process" not in where and "export_process" not in where
+    assert (run._telemetry.derived.remote is not None) is there
+    assert run._telemetry.client is None or run._telemetry.client.reads_ring == (
+        "step_ring" in where)
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
         with step.phase("forward"), tracer.start_as_current_span("user-work"):
@@ -307,3 +311,36 @@ def test_the_exporter_process_decides_on_records_and_user_span_rows_as_on_spans(
     copy = StepTailSampler(0.0)
     copy.load_state(sampler.export_state())
     assert copy.sampled_out_spans == sampler.sampled_out_spans
+
+
+def test_a_user_span_row_that_comes_after_its_step_follows_the_steps_decision(
+        tmp_path: Path):
+    """The exporter process reading the step ring builds a step as it ends; the user spans
+    inside it come later, with the training process's drain: each follows its step's
+    decision (kept with a kept step, counted sampled out with a left-out one) instead of
+    waiting for a step that already went."""
+    from otel_train.records.span_rows import row_from_span
+
+    run = start_test_run(tmp_path, exporter="none")
+    run._telemetry.worker.paused = True
+    for step in run.steps(range(4)):
+        with step.phase("forward"):
+            pass
+    builder = run._telemetry.builder
+    recs = [builder.record(r) for r in list(run._recorder.queue)]
+    run.shutdown(timeout=5)
+
+    def user_row(trace_id):
+        return row_from_span(ReadableSpan(
+            name="user", context=SpanContext(trace_id, 99, False, SAMPLED),
+            parent=SpanContext(trace_id, 98, False, SAMPLED)))
+
+    sampler = StepTailSampler(0.0, keep_first_steps=1)
+    kept, rows = sampler.filter_frame(recs, [])  # the steps first: step 0 kept
+    assert [rec[6][A.STEP] for rec in kept] == [0] and rows == []
+    out_before = sampler.sampled_out_spans
+    with_kept, with_out = user_row(recs[0][1]), user_row(recs[2][1])
+    kept, rows = sampler.filter_frame([], [with_kept, with_out])
+    assert kept == [] and rows == [with_kept]
+    assert sampler.sampled_out_spans == out_before + 1
+    assert sampler.release_held() == []  # nothing left waiting for a step

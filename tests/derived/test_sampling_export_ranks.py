@@ -35,7 +35,8 @@ CHILD = textwrap.dedent("""
         exporter="otlp", otlp_endpoint=endpoint, otlp_protocol="grpc", prometheus_port=0,
         console=False, status_dir=status, export_interval_seconds=0.2, warmup_steps=5,
         slow_step_factor=1000.0, slow_step_seconds=0.25,  # slow: the planted step only
-        export_process=route != "stage", metrics_in_export_process=route == "process")
+        export_process=route != "stage", metrics_in_export_process=route in ("process", "ring"),
+        step_ring="on" if route == "ring" else "off")
     for step in run.steps(range(int(sys.argv[6]))):
         with step.phase("forward"):
             time.sleep(0.4 if step.index == slow else 0.002)
@@ -48,8 +49,9 @@ CHILD = textwrap.dedent("""
     print(json.dumps({"metrics": text}))
 """)
 # Each route a rank's spans can take: the exporter process deciding (metrics there), this
-# process deciding before the exporter process, and the in-process export stage.
-ROUTES = {0: "process", 1: "here", 2: "stage", 3: "stage"}
+# process deciding before the exporter process, the in-process export stage, and the
+# exporter process deciding on the steps it reads from the step ring.
+ROUTES = {0: "process", 1: "here", 2: "stage", 3: "ring"}
 
 
 def _steps_total(text: str, rank: int) -> float:

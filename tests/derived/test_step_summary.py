@@ -37,7 +37,8 @@ CHILD = textwrap.dedent("""
         run_id="summary-run", rank=rank, world_size=2, local_rank=rank, span_mode="summary",
         summary_every_steps=int(sys.argv[6]), exporter="jsonl", prometheus_port=0,
         console=False, status_dir=status, warmup_steps=5, slow_step_factor=1000.0,
-        slow_step_seconds=0.25, metrics_in_export_process=not here, report=False)
+        slow_step_seconds=0.25, metrics_in_export_process=not here, report=False,
+        step_ring=sys.argv[7])
     for step in run.steps(range(int(sys.argv[5]))):
         with step.phase("forward"):
             time.sleep(0.4 if step.index == slow else 0.001)
@@ -70,7 +71,8 @@ def _phase_truth(text: str, rank: int) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def test_two_ranks_in_summary_mode_add_up_to_every_step(tmp_path: Path):
+@pytest.mark.parametrize("step_ring", ["off", "on"])  # on: rank 0's exporter process reads it
+def test_two_ranks_in_summary_mode_add_up_to_every_step(tmp_path: Path, step_ring: str):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     run_dir = tmp_path / "run"
@@ -79,7 +81,7 @@ def test_two_ranks_in_summary_mode_add_up_to_every_step(tmp_path: Path):
     # rank 0: the exporter process summarizes; rank 1: this process does, before the pipe
     procs = [subprocess.Popen(
         [sys.executable, str(script), str(rank), str(run_dir), str(rank),
-         str(PLANTED_SLOW[rank]), str(STEPS), str(EVERY)],
+         str(PLANTED_SLOW[rank]), str(STEPS), str(EVERY), step_ring],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for rank in (0, 1)]
     outs = [p.communicate(timeout=90) for p in procs]

@@ -47,10 +47,11 @@ def _train(run: otel_train.Run) -> list[int]:
     return seen
 
 
+@pytest.mark.parametrize("step_ring", ["off", "on"])
 @pytest.mark.parametrize("how", ["OTEL_SDK_DISABLED", "OTEL_TRAIN_ENABLED", "argument"])
 def test_a_disabled_run_trains_with_no_thread_socket_or_file(tmp_path, monkeypatch, capsys,
-                                                             how):
-    kwargs = {}
+                                                             how, step_ring):
+    kwargs = {"step_ring": step_ring}  # on: no ring either (no memory, no exporter process)
     if how == "OTEL_SDK_DISABLED":
         monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     elif how == "OTEL_TRAIN_ENABLED":
@@ -73,6 +74,7 @@ def test_a_disabled_run_trains_with_no_thread_socket_or_file(tmp_path, monkeypat
             assert run.prometheus_url is None and run.spans_path is None
             assert run.costs()["enabled"] is False
             assert run.flush() is True
+            assert run._recorder.ring is None
     assert list(tmp_path.iterdir()) == []  # no status dir, no span file, no costs file
     assert run.dropped_spans() == {}
     banner = capsys.readouterr().err

@@ -161,3 +161,21 @@ def test_the_plan_reads_like_a_plan():
     text = _plan(_env(), **dict(OTLP, sample_ratio=0.25)).describe()
     assert text.splitlines()[0] == "route: exporter process"
     assert "tail sampling: on" in text and "keeps 25% of ordinary steps" in text
+
+
+@pytest.mark.parametrize(("options", "env", "reader"), [
+    (OTLP, _env(), "exporter process"),
+    (dict(OTLP, sample_ratio=0.1), _env(), "exporter process"),  # the tail sampler there
+    (dict(OTLP, export_process=False), _env(), "span worker"),
+    (dict(OTLP, metrics_in_export_process=False), _env(), "span worker"),
+    (OTLP, _env(drops=True), "span worker"),  # the SDK sampler drops steps: metrics here
+])
+def test_the_plan_says_who_reads_the_step_ring(options, env, reader):
+    from otel_train.pipeline.plan import step_ring_in_exporter
+
+    plan = _plan(env, step_ring="on", **options)
+    said = [r for r in plan.reasons if r.startswith("step ring:")]
+    assert len(said) == 1 and f"read by the {reader}" in said[0]
+    assert step_ring_in_exporter(plan.route, plan.metrics_where) == (
+        reader == "exporter process")
+    assert not [r for r in _plan(env, **options).reasons if r.startswith("step ring:")]

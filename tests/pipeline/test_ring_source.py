@@ -1,8 +1,11 @@
-"""The step ring read by the span worker (step_ring="on"): records in the order they ended,
-the queue's in their places; a full ring's drops in the run's accounting."""
+"""The step ring read by the span worker, or by the exporter process (step_ring="on"):
+records in the order they ended, the queue's in their places; a full ring's drops in the
+run's accounting; the own cost counts the ring's steps whoever reads them."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -62,6 +65,10 @@ def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_i
         max_queued_steps=64, export_process=export_process, startup_span=False)
     worker = run._telemetry.worker
     worker.paused = True  # nothing reads the ring: it fills (64 KiB: ~300 steps of 4 spans)
+    client = run._telemetry.client
+    if export_process:  # the exporter process reads it (step_ring_in_exporter): stopped
+        assert client.reads_ring
+        os.kill(client.pid, signal.SIGSTOP)
     steps = 1000
     for step in run.steps(range(steps), loader="train"):
         with step.phase("forward"):
@@ -74,9 +81,61 @@ def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_i
     written, dropped = ring.counters()["written_steps"], ring.counters()["dropped_steps"]
     assert written + dropped == steps and 100 < written < steps
     worker.paused = False
+    if export_process:
+        os.kill(client.pid, signal.SIGCONT)
     run.shutdown(timeout=30)
     drops = run.dropped_spans()
     assert drops == {"step_ring_full": 5 * dropped}
     delivered = _spans_per_step(tmp_path / "spans.jsonl")
     assert set(delivered.values()) == {5} and sorted(delivered) == list(range(written))
     assert sum(delivered.values()) + drops["step_ring_full"] == 5 * steps  # emitted
+
+
+@pytest.mark.parametrize("step_ring", ["off", "on"])
+def test_the_own_cost_counts_every_step_and_its_spans_whoever_reads_the_ring(
+        tmp_path: Path, step_ring: str):
+    """With the ring read by the exporter process, its reader's counts feed this process's
+    own-cost meter (RingCostCounts): every step and each of its spans' hot-path cost, as
+    when the span worker builds them here; run.costs() has them at once."""
+    run = otel_train.start_run(
+        exporter="jsonl", spans_path=str(tmp_path / "spans.jsonl"), prometheus_port=None,
+        console=False, status_dir=str(tmp_path), run_id="ring-cost", step_ring=step_ring,
+        startup_span=False)
+    assert run._telemetry.client.reads_ring == (step_ring == "on")
+    for step in run.steps(range(300), loader="train"):
+        with step.phase("forward"):
+            pass
+        with step.phase("backward"):
+            pass
+    costs = run.costs()
+    own = costs["own_cost"]
+    assert costs["steps"] == own["steps"] == 300
+    per_span = own["hot_path_ns_per_span"]
+    # Four spans a step (root, data, forward, backward), each at the warm or cold figure.
+    assert 4 * per_span["warm"] / 1e3 - 0.01 <= own["hot_path_us_per_step"] \
+        <= 4 * per_span["cold"] / 1e3 + 0.01
+    run.shutdown(timeout=10)
+    assert run.dropped_spans() == {}
+    assert sum(_spans_per_step(tmp_path / "spans.jsonl").values()) == 300 * 4
+
+
+def test_ring_cost_counts_add_what_the_exporter_process_counted_since_its_last_report():
+    from otel_train.common.self_cost import SelfCostMeter
+    from otel_train.pipeline.ring_source import RingCostCounts
+
+    meter = SelfCostMeter(100.0, cold_ns_per_span=300.0)
+
+    class _Startup:
+        done = False
+
+    startup = _Startup()
+    counts = RingCostCounts(meter, startup)
+    counts({"steps": 2, "warm_spans": 6, "cold_spans": 2, "first_start_ns": 10,
+            "last_end_ns": 50, "startup_done": True})
+    counts({"steps": 2, "warm_spans": 6, "cold_spans": 2, "first_start_ns": 10,
+            "last_end_ns": 50, "startup_done": True})  # the same report again: nothing new
+    counts({"steps": 3, "warm_spans": 9, "cold_spans": 2, "first_start_ns": 10,
+            "last_end_ns": 90, "startup_done": True})
+    figures = meter.figures()
+    assert figures["steps"] == 3 and startup.done
+    assert figures["hot_path_us_per_step"] == round((9 * 100 + 2 * 300) / 3 / 1e3, 3)

@@ -140,13 +140,22 @@ def test_the_step_ring_delivers_the_same_spans_on_every_route(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch):
     """step_ring="on": flat steps go through the shared-memory ring, the others (a failed
     phase, nested phases, attributes it cannot carry, run.monitor) through the queue; the
-    span file holds the same spans as with the ring off, on each route, none dropped."""
+    span file holds the same spans as with the ring off, on each route, none dropped. On
+    the exporter process's route the child reads the ring and builds the steps' records
+    (export/process/ring_feed.py): the same spans as those built in the training process."""
     want = _comparable(_delivered("in-process", "file", tmp_path / "off", monkeypatch,
                                   flat=True))
     for route in ROUTES:
         path = tmp_path / "ring" / route
         run = _run_route(route, "file", path, None, monkeypatch, flat=True, step_ring="on")
         assert run.dropped_spans() == {}, route
-        counters = run._telemetry.worker._ring_source.ring.counters()
+        source = run._telemetry.worker._ring_source
+        counters = source.ring.counters()
         assert counters["written_steps"] >= 2 and counters["tail"] == counters["head"], route
+        client = run._telemetry.client
+        if route == "process":  # the exporter process read the ring and built its steps
+            assert source.in_child and client.reads_ring
+            assert client._reports.ring_counts["steps"] == counters["written_steps"]
+        elif route == "fallback":  # it never started: the ring was read here after all
+            assert client.reads_ring and not source.in_child
         assert _comparable(_file_spans(path / "spans.jsonl")) == want, route

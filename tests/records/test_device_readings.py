@@ -4,6 +4,7 @@ training thread by the record builder; and what CPU alone can tell."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -282,3 +283,22 @@ def test_phases_opened_and_closed_by_timestamps_get_device_time_and_peaks_too():
     forward = _phase(_records(rec)[0], "forward")
     assert forward[A.DEVICE_BUSY] == pytest.approx(0.03, abs=0.015)
     assert forward[A.MEMORY_PEAK_ALLOCATED] == 32 * MIB
+
+
+def test_host_rss_of_another_process_reads_that_process_resident_bytes():
+    import subprocess
+    import sys
+
+    big = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(300 << 20); "
+                            "b[::4096] = b'x' * len(b[::4096]); print('up', flush=True); "
+                            "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert big.stdout.readline().strip() == "up"
+        other = HostRss(pid=big.pid).read_bytes()
+        mine = HostRss().read_bytes()
+        assert other is not None and other > 300 * 2**20
+        assert mine is not None and mine != other
+        assert HostRss(pid=os.getpid()).read_bytes() == pytest.approx(mine, rel=0.2)
+    finally:
+        big.kill()
+        big.wait()

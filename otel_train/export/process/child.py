@@ -35,7 +35,7 @@ from otel_train.export.process.pipe import (
     frame,
     write_all,
 )
-from otel_train.records.span_rows import RowSpanFactory
+from otel_train.records.span_rows import RowSpanFactory, record_span_count
 
 _log = logging.getLogger("otel_train")
 _ORPHAN_CHECK_SECONDS = 0.5
@@ -152,6 +152,11 @@ class _Child:
         self._version = 0  # frames fed to the chain
         self._sent_version = 0
         self._state_lock = threading.Lock()
+        # step_ring="on" in scope: the ring's descriptor (launch.py passes it), read by a
+        # ChildRingFeed made when the "ring" frame comes (ring_feed.py).
+        self._ring_fd: int | None = config.get("ring_fd")
+        self._resource, self._scope = config["resource"], config["scope"]
+        self.ring_feed: Any = None
 
     def derive(self, settings: dict[str, Any]) -> None:
         """Build the run's derived-metrics chain here, as the training process would."""
@@ -187,19 +192,27 @@ class _Child:
         sampled_out = self.sampler.sampled_out_spans if self.sampler is not None else 0
         # Taken and sent under one lock: counts reach the training process in the order
         # they were taken, never a later one overtaken by an earlier.
+        feed = self.ring_feed
         with self._stats_lock:
-            now = (self.export.exported, self.export.export_failures, self.drops.counts(),
-                   sampled_out)
+            drops = self.drops.counts()
+            ring = None
+            if feed is not None:  # the ring's room freed past what the stage settled
+                feed.settle(self.export.exported + sum(drops.values()),
+                            partial=self.sampler is None)
+                ring = feed.counts()
+            now = (self.export.exported, self.export.export_failures, drops, sampled_out,
+                   ring)
             if kind == "stats" and now == self._last_counts:
                 return
             self._last_counts = now
             self.send((kind, *now), block)
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
-              parent_cost_ns: int, fed: bool = False) -> None:
+              parent_cost_ns: int, fed: bool = False, count: bool = False) -> int:
         """One frame: the steps' records through the chain (if here; not when the training
         process ``fed`` them, before this process was ready), then exported with the user
-        spans' rows (unsampled records feed the metrics only)."""
+        spans' rows (unsampled records feed the metrics only). With ``count``: the spans
+        handed to the export stage (0 without)."""
         if self.shared is not None and (recs or rows):
             self.parent_cost.total_ns = parent_cost_ns
             with self.shared.lock:
@@ -208,7 +221,19 @@ class _Child:
                     self._version += 1
                 if self.sampler is not None:  # then the tail decision, on the marked steps
                     recs, rows = self.sampler.filter_frame(recs, rows)
+        handed = sum(map(record_span_count, recs)) + len(rows) if count else 0
         self.export.on_records(recs, rows)
+        return handed
+
+    def read_ring(self, settings: dict[str, Any]) -> None:
+        """Read the step ring here from now on (ring_feed.py)."""
+        from otel_train.export.process.ring_feed import ChildRingFeed
+
+        if self._ring_fd is None or self.ring_feed is not None:
+            return
+        feed = ChildRingFeed(self, self._ring_fd, settings, self._resource, self._scope)
+        self.ring_feed = feed
+        feed.start()
 
     def take_chain_state(self, state: dict[str, Any]) -> None:
         """The training process fed the chain until this process was ready: go on from its
@@ -224,20 +249,31 @@ class _Child:
         if self._done.is_set():
             return
         self._done.set()
+        deadline = time.monotonic() + timeout_seconds
+        if self.ring_feed is not None:  # the ring to its head, then every frame at hand
+            self.ring_feed.finish(time.monotonic() + timeout_seconds * 0.5)
         if self.sampler is not None:  # spans still waiting for their step: exported
             with self.shared.lock:
                 left = self.sampler.release_held()
                 summaries = self.sampler.take_summaries(final=True)  # summary mode's last
             self.export.on_records(summaries, left)
         self.send_state()  # final: no step comes after a stop
-        self.export.shutdown(timeout_seconds)
+        self.export.shutdown(max(0.0, deadline - time.monotonic()))
         self.stats("final", block=True)
 
     def handle(self, msg: tuple[Any, ...]) -> bool:
         """One frame from the training process; False once it said stop."""
         kind = msg[0]
+        feed = self.ring_feed
+        if kind in ("flush", "sync") and feed is not None:
+            # The ring's steps so far are part of what is flushed (or synced): bounded.
+            feed.catch_up(time.monotonic() + (min(1.0, msg[2] / 2) if kind == "flush"
+                                              else 0.5))
         if kind == "spans":
-            self.spans(msg[1], msg[2], msg[3], len(msg) > 4 and msg[4])
+            if feed is not None:  # in order with the ring's steps, at their markers
+                feed.add_frame(msg[1], msg[2], msg[3], msg[5] if len(msg) > 5 else None)
+            else:
+                self.spans(msg[1], msg[2], msg[3], len(msg) > 4 and msg[4])
         elif kind == "chain_state":
             self.take_chain_state(msg[1])
         elif kind == "flush":
@@ -247,6 +283,8 @@ class _Child:
             self.send(("flushed", msg[1], ok), block=True)
         elif kind == "sync":  # run.costs(): the chain's state now, nothing exported
             self.send_state()
+            if feed is not None:  # the ring's steps' own cost, before the answer
+                self.stats(block=True)
             self.send(("flushed", msg[1], True), block=True)
         elif kind == "derive":
             try:
@@ -255,6 +293,23 @@ class _Child:
                 self.chain = self.shared = None
                 self.send(("derive_failed", repr(exc)), block=True)
             gc.freeze()  # the chain's modules and objects too (see child_main)
+        elif kind == "ring":
+            try:
+                self.read_ring(pickle.loads(msg[1]))
+            except Exception as exc:
+                # Nobody else would read the ring: exit, so that the training process takes
+                # over and reads it itself (what this process held is sent again from there).
+                self.send(("error", f"could not read the step ring: {exc!r}"), block=True)
+                os._exit(4)
+        elif kind == "ring_skip":
+            if feed is not None:
+                feed.skip(msg[1])
+        elif kind == "collectives":
+            if feed is not None:
+                feed.add_collectives(msg[1], msg[2])
+        elif kind == "ring_ready":
+            if feed is not None:
+                feed.set_ready(msg[1])
         elif kind == "gpu":
             if self.chain is not None:
                 self.chain.gpu_steps.add_round(tuple(msg[1]))

@@ -65,6 +65,8 @@ from otel_train.export.process.launch import (
 from otel_train.export.process.lifecycle import ClientLifecycle, ClientState
 from otel_train.export.process.outbox import Outbox
 from otel_train.export.process.reports import ChildReports
+from otel_train.export.process.ring_link import RingClientPart
+from otel_train.recording.step_ring_reader import unread_step_spans
 from otel_train.records.span_rows import RowSpanFactory, row_from_span
 
 __all__ = ["METRIC_EXPORTER_CPU", "ClientState", "ExportProcessClient",
@@ -84,14 +86,14 @@ _REPORTS = frozenset({_STARTING, _READY, _FINAL})
 _START_SHARE, _STOP_SHARE, _STOP_MARGIN_SECONDS = 0.6, 0.85, 0.05
 
 
-class ExportProcessClient(SpanProcessor):
+class ExportProcessClient(RingClientPart, SpanProcessor):
     """The training process's side: rows down a pipe to the exporter process, counts back."""
 
     def __init__(self, plan: Any, resource: Resource, scope: InstrumentationScope,
                  run_constants: dict[str, Any], drops: DropCounter, max_queued_spans: int,
                  max_batch_size: int, interval_seconds: float,
                  fallback: Callable[[], Any] | None = None, nice: int = 0,
-                 cpus: frozenset[int] | None = None) -> None:
+                 cpus: frozenset[int] | None = None, ring: Any = None) -> None:
         self._drops = drops
         self._warn = RateLimitedLogger(_log)
         self._lock = threading.Lock()  # the pending records and user spans (worker, training)
@@ -99,18 +101,25 @@ class ExportProcessClient(SpanProcessor):
         self._recs: list[tuple[Any, ...]] = []  # span records (span_rows.py) of steps
         self._rec_spans = 0
         self._user_spans: list[ReadableSpan] = []  # SDK spans, made rows in end_drain
+        # step_ring="on" in scope (pipeline/assembly.py): the child reads the ring
+        # (ring_feed.py); each queued record sent carries its ordinal, the n-th record
+        # queued since the ring was attached matching the ring's n-th QUEUED marker.
+        self._ring = ring
+        self._ordinals: list[int] = []
         self._lifecycle = ClientLifecycle()
         self._outbox = Outbox(max_queued_spans, drops, self._warn)
         if fallback is None:  # nothing to send again with: keep no frame for it
             self._outbox.unconfirmed.forget()
         self._metrics = DerivedMetricsLink(self._warn)
-        self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn)
+        self._reports = ChildReports(self._lifecycle, drops, self._metrics, self._warn,
+                                     ring=ring is not None)
         # ``fallback`` makes the in-process export stage should the child not start or die.
         self._fallback = FallbackExport(
             fallback, RowSpanFactory(resource, scope, run_constants), drops)
         self._process = ExporterProcess(exporter_config(
             plan, resource, scope, run_constants, max_queued_spans, max_batch_size,
-            interval_seconds), nice=nice, cpus=cpus)
+            interval_seconds), nice=nice, cpus=cpus,
+            ring_fd=ring.fd if ring is not None else None)
         self.pid: int | None = self._process.pid
         # Spans the child never confirmed, exported again here after it died.
         self.resent_spans = 0
@@ -173,6 +182,9 @@ class ExportProcessClient(SpanProcessor):
         """
         # The console's lines come back up the pipe: they wake the span worker
         # (``wait_for_io``), so they print on time.
+        if self._ring is not None:
+            # The ring's steps reach no chain here: the child feeds it from the first step.
+            take_state = None
         with self._io_lock:
             self._metrics.attach(self_cost, on_state, feed, take_state)
             if self._lifecycle.child_expected:
@@ -222,13 +234,17 @@ class ExportProcessClient(SpanProcessor):
         return self._lifecycle.state is _TAKEN_OVER  # fed here from the last state
 
     # -- from the span worker and the training thread ----------------------------------------
-    def send_record(self, rec: tuple[Any, ...], spans: int) -> None:
-        """Queue one step's span record (``spans`` spans); it goes out at the end of the drain."""
+    def send_record(self, rec: tuple[Any, ...], spans: int, ordinal: int = -1) -> None:
+        """Queue one step's span record (``spans`` spans; with the ring read by the child,
+        ``ordinal``: its place among the queued records, -1: none); it goes out at the end
+        of the drain."""
         if self._lifecycle.state is _FORKED:
             return
         with self._lock:
             self._recs.append(rec)
             self._rec_spans += spans
+            if self._ring is not None:
+                self._ordinals.append(ordinal)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do at start."""
@@ -255,6 +271,7 @@ class ExportProcessClient(SpanProcessor):
         with self._lock:
             recs, user_spans, spans = self._recs, self._user_spans, self._rec_spans
             self._recs, self._user_spans, self._rec_spans = [], [], 0
+            ordinals, self._ordinals = self._ordinals, []
         rows = self._rows_of(user_spans)
         link = self._metrics
         if link.fed_here and recs:
@@ -270,8 +287,10 @@ class ExportProcessClient(SpanProcessor):
             if fed:
                 link.feed_here(recs)
             if recs or rows:
-                self._outbox.queue(marshal.dumps(
-                    ("spans", recs, rows, link.self_cost_ns(), fed)), spans + len(rows))
+                msg: tuple[Any, ...] = ("spans", recs, rows, link.self_cost_ns(), fed)
+                if self._ring is not None:
+                    msg += (ordinals,)
+                self._outbox.queue(marshal.dumps(msg), spans + len(rows))
             self._write()
             self._read()
             self._check_exit()
@@ -428,6 +447,8 @@ class ExportProcessClient(SpanProcessor):
             with self._io_lock:
                 lifecycle.close()
             self._fallback.shutdown(deadline - time.monotonic())
+        if self._ring is not None:  # the ring's steps nobody settled: counted
+            self._drops.add("shutdown_timeout", unread_step_spans(self._ring))
 
     def _await_start(self, deadline: float) -> None:
         """A child still starting (a short run, a slow import) gets most of the time left;
@@ -466,6 +487,8 @@ class ExportProcessClient(SpanProcessor):
         """In a forked training process: never touch the parent's exporter, close our ends."""
         self._lifecycle.fork()
         self._recs, self._user_spans, self._rec_spans = [], [], 0
+        self._ordinals = []
+        self._ring = None  # the parent's: never read nor counted here
         self._outbox.forget()
         # Closed so the exporter process sees end-of-file when the parent closes its end,
         # even while forked workers (DataLoader) live on.

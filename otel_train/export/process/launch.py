@@ -63,9 +63,13 @@ class ExporterProcess:
     """The running child and this process's non-blocking ends of its pipes."""
 
     def __init__(self, config: dict[str, Any], nice: int = 0,
-                 cpus: frozenset[int] | None = None) -> None:
+                 cpus: frozenset[int] | None = None, ring_fd: int | None = None) -> None:
         # os.pipe() descriptors are not inherited across exec; the child gets its two ends
-        # through pass_fds only.
+        # through pass_fds only, and the step ring's descriptor (step_ring="on": the child
+        # maps the same memory, ring_feed.py) the same way, under the same number.
+        extra_fds = () if ring_fd is None else (ring_fd,)
+        if ring_fd is not None:
+            config = {**config, "ring_fd": ring_fd}
         cmd_r, self.cmd_fd = os.pipe()
         report_fd, report_w = os.pipe()
         try:
@@ -77,7 +81,7 @@ class ExporterProcess:
                  json.dumps([p for p in sys.path if isinstance(p, str)]), str(int(nice))],
                 # Its own session: a terminal's Ctrl-C or a launcher's signal to the process
                 # group is for training, whose shutdown then flushes through this child.
-                pass_fds=(cmd_r, report_w), stdin=subprocess.DEVNULL, close_fds=True,
+                pass_fds=(cmd_r, report_w, *extra_fds), stdin=subprocess.DEVNULL, close_fds=True,
                 start_new_session=True)
         except BaseException:
             _close(self.cmd_fd)

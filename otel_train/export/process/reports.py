@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import marshal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.rate_limited_log import RateLimitedLogger
@@ -40,7 +42,7 @@ class ChildReports:
     """The child's counts and acknowledgements as last reported; its logs passed on."""
 
     def __init__(self, lifecycle: ClientLifecycle, drops: DropCounter,
-                 link: DerivedMetricsLink, warn: RateLimitedLogger) -> None:
+                 link: DerivedMetricsLink, warn: RateLimitedLogger, ring: bool = False) -> None:
         self._lifecycle = lifecycle
         self._drops = drops
         self._link = link
@@ -54,6 +56,12 @@ class ChildReports:
         # report, but a log line, an answer or the final counts in one are lost.
         self.corrupt_frames = 0
         self._answers: dict[int, bool] = {}  # flush and sync tokens the child answered
+        # The child reads the step ring (ring_feed.py): its counts carry the spans of the
+        # frames it has settled, and the ring reader's own-cost counts for ``on_ring_counts``.
+        self.ring = ring
+        self.frames_settled = 0
+        self.ring_counts: dict[str, Any] = {}
+        self.on_ring_counts: Callable[[dict[str, Any]], None] | None = None
         self._token = 0
 
     def next_token(self) -> int:
@@ -70,7 +78,11 @@ class ChildReports:
         return self._answers.pop(token, False)
 
     def unaccounted(self, sent_spans: int) -> int:
-        """Spans sent that the child has not reported as exported, dropped or sampled out."""
+        """Spans sent that the child has not reported as exported, dropped or sampled out
+        (reading the ring, the child settles the ring's spans too: it counts the frames'
+        spans settled itself)."""
+        if self.ring:
+            return max(0, sent_spans - self.frames_settled)
         return max(0, sent_spans - self.exported - sum(self.child_drops.values())
                    - self.sampled_out)
 
@@ -88,6 +100,8 @@ class ChildReports:
             kind = msg[0]
             if kind in ("stats", "final"):
                 self._counts(msg[1], msg[2], msg[3], msg[4], final=kind == "final")
+                if len(msg) > 5 and msg[5] is not None:
+                    self._ring_counts(msg[5])
             elif kind == "startup":
                 self.startup_cpu_seconds = float(msg[1])
             elif kind == "flushed":
@@ -125,6 +139,18 @@ class ChildReports:
             elif delta < 0:
                 self._drops.retract(reason, -delta)
         self.child_drops = dict(drops)
+
+
+    def _ring_counts(self, counts: dict[str, Any]) -> None:
+        """The child's ring reader's cumulative counts (never raises)."""
+        self.frames_settled = int(counts.get("frames_settled", 0))
+        self.ring_counts = counts
+        if self.on_ring_counts is not None:
+            try:
+                self.on_ring_counts(counts)
+            except Exception as exc:
+                self._warn.warning("ring-counts", "otel-train: the step ring's counts: %r",
+                                   exc)
 
 
 def _write_console(text: str) -> None:

@@ -359,27 +359,32 @@ _ORPHAN = textwrap.dedent("""
     import os, sys, time, signal
     import otel_train
     run = otel_train.start_run(exporter="jsonl", spans_path=sys.argv[1] + "/spans.jsonl",
-                               prometheus_port=None, console=False, status_dir=sys.argv[1])
+                               prometheus_port=None, console=False, status_dir=sys.argv[1],
+                               step_ring=sys.argv[2])
+    client = run._telemetry.export
+    if client.reads_ring:  # the child up first: the steps then wait in the ring, unread
+        run.flush(timeout_seconds=20)
     for step in run.steps(range(30)):
         with step.phase("forward"):
             pass
     run._telemetry.worker.drain()
-    client = run._telemetry.export
-    while client.sent_spans < 90:  # handed over once the child is up
+    while not client.reads_ring and client.sent_spans < 90:  # handed over once it is up
         time.sleep(0.01)
     print("CHILD", client.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no atexit
 """)
 
 
-def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path)], capture_output=True,
-                          text=True, timeout=30)
+@pytest.mark.parametrize("step_ring", ["off", "on"])  # on: the child reads the ring after it
+def test_the_child_flushes_and_exits_when_the_training_process_is_killed(tmp_path: Path,
+                                                                         step_ring: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN, str(tmp_path), step_ring],
+                          capture_output=True, text=True, timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pid = int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD")).split()[1])
     assert _wait_gone(pid, 8), "the exporter process outlived its training process"
     spans = read_file_spans(tmp_path / "spans.jsonl")
-    assert len(spans) == 30 * 3  # what was handed over before the kill was written
+    assert len(spans) == 30 * 3  # what was handed over (or in the ring) before the kill
 
 
 def test_the_child_ignores_the_launchers_sigterm_and_flushes_through_the_run(
@@ -863,6 +868,7 @@ def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_eve
                                  spans_path=None, export_interval_seconds=0.01,
                                  export_batch_size=64, step_ring=step_ring)
             client = run._telemetry.export
+            assert client.reads_ring == (step_ring == "on")  # the child reads the ring
             run.flush(timeout_seconds=20)  # the child is up
             killer = None
             recv.killed_at = None
@@ -907,3 +913,38 @@ def test_a_child_killed_mid_export_leaves_every_span_delivered_or_counted_in_eve
             assert len(received) - distinct <= client.resent_spans, lines[-1]
     print(f"{KILL_ROUNDS}/{KILL_ROUNDS} exact: delivered (distinct at the collector) + "
           "dropped == emitted")
+
+
+def test_with_the_ring_a_child_stopped_at_shutdown_leaves_the_unread_ring_counted(
+        tmp_path: Path) -> None:
+    # The child reads the step ring (step_ring="on"); stopped (SIGSTOP), it reads nothing
+    # more. The shutdown keeps its bound, kills the child at the deadline, and counts every
+    # step the child never settled as shutdown_timeout: delivered + dropped = emitted.
+    run = start_test_run(tmp_path, step_ring="on", startup_span=False,
+                         export_interval_seconds=0.01)
+    client = run._telemetry.export
+    assert client.reads_ring
+    for step in run.steps(range(50)):
+        with step.phase("forward"):
+            pass
+    run.flush(timeout_seconds=20)  # the child is up and has exported those
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        for step in run.steps(range(50, 250)):
+            with step.phase("forward"):
+                pass
+        began = time.monotonic()
+        run.shutdown(timeout=2)
+        took = time.monotonic() - began
+    finally:
+        try:
+            os.kill(client.pid, signal.SIGCONT)
+        except OSError:
+            pass
+    assert took < 4, took  # the bound, and a margin for a loaded machine
+    assert _wait_gone(client.pid, 5)
+    delivered = [s for s in read_file_spans(tmp_path / "spans.jsonl")]
+    dropped = run.drops.counts()
+    assert set(dropped) == {"shutdown_timeout"} and dropped["shutdown_timeout"] >= 200 * 3
+    assert len(delivered) + dropped["shutdown_timeout"] == 250 * 3  # root, data, forward
+    assert sorted({s.attributes["train.step"] for s in delivered}) == list(range(50))

@@ -1,0 +1,80 @@
+"""The exporter process's client, the part that serves the step ring read by the child.
+
+With ``step_ring="on"`` in scope (``pipeline/plan.py`` ``step_ring_in_exporter``) the child
+reads the ring (``ring_feed.py``); the span worker's ``RingSource`` (``pipeline/
+ring_source.py``) sends it control frames through the client (the ring's settings,
+``start_run``'s time, collectives), reads its reader's counts back, and reads the ring itself
+once the child is given up. ``ExportProcessClient`` takes these methods from this part; they
+use its lifecycle, pipe and reports under its I/O lock.
+
+Usage::
+
+    client.send_control(("ring", pickle.dumps(settings)))
+    client.watch_ring_counts(on_counts)
+    if client.taken_over: ...   # read the ring here from its tail
+"""
+
+from __future__ import annotations
+
+import marshal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_train.export.process.lifecycle import ClientState
+
+__all__ = ["RingClientPart"]
+
+# The child's reports are read in these states (its start-up report while STARTING).
+_REPORTS = frozenset({ClientState.STARTING, ClientState.READY, ClientState.FINAL})
+
+
+class RingClientPart:
+    """``ExportProcessClient``'s methods for the step ring read by the child."""
+
+    _ring: Any
+    _lifecycle: Any
+    _io_lock: Any
+    _outbox: Any
+    _reports: Any
+    _fallback: Any
+    resent_spans: int
+
+    @property
+    def reads_ring(self) -> bool:
+        """The child reads the step ring (it was given one)."""
+        return self._ring is not None
+
+    @property
+    def taken_over(self) -> bool:
+        """The child was given up: this process exports (and reads the ring) from now on."""
+        return self._lifecycle.state is ClientState.TAKEN_OVER
+
+    def send_control(self, msg: tuple[Any, ...]) -> None:
+        """A frame without spans for the child, if one is to read it (the ring's settings,
+        ``start_run``'s time, collectives: ``pipeline/ring_source.py``)."""
+        with self._io_lock:
+            if self._lifecycle.child_expected:
+                self._outbox.queue(marshal.dumps(msg), 0)
+
+    def watch_ring_counts(self, on_counts: Callable[[dict[str, Any]], None]) -> None:
+        """``on_counts`` takes the child's ring reader's cumulative counts (own cost)."""
+        self._reports.on_ring_counts = on_counts
+
+    def settle_start(self, timeout_seconds: float) -> None:
+        """Before the span worker's last drain: a child still starting gets its share of
+        ``timeout_seconds`` to come up, else it is given up now (a child that exited is
+        noticed), so that the last drain reads the ring here if no child will."""
+        if self._lifecycle.inert:
+            return
+        if self._lifecycle.state is ClientState.STARTING and self._fallback.possible:
+            self._await_start(time.monotonic()  # type: ignore[attr-defined]
+                               + max(0.0, timeout_seconds))
+        with self._io_lock:
+            if self._lifecycle.state in _REPORTS:
+                self._read()  # type: ignore[attr-defined]
+                self._check_exit()  # type: ignore[attr-defined]
+
+    def count_resent(self, spans: int) -> None:
+        """Spans of ring steps the child read and never settled, read again here."""
+        self.resent_spans += spans
