@@ -52,7 +52,6 @@ from otel_train.common.trace_ids import new_span_id
 from otel_train.derived.stage import DerivedMetricsStage
 from otel_train.export.exporters import create_exporter
 from otel_train.export.process.client import ExporterProcessCpuCollector, ExportProcessClient
-from otel_train.export.process.ring_feed import ring_settings
 from otel_train.export.stage import BoundedBatchSpanProcessor
 from otel_train.pipeline.application_export import (
     ApplicationProviderSink,
@@ -68,6 +67,7 @@ from otel_train.pipeline.global_provider import global_provider_for_run
 from otel_train.pipeline.plan import (
     MODE_APP,
     MODE_OURS,
+    RING_IN_EXPORTER,
     ROUTE_PROCESS,
     ROUTE_STAGE,
     THERE,
@@ -81,7 +81,7 @@ from otel_train.pipeline.record_sinks import (
     SinkExport,
     StageSink,
 )
-from otel_train.pipeline.ring_source import RingCostCounts, RingSource, ring_read_by_exporter
+from otel_train.pipeline.ring_source import RingCostCounts, RingSource, ring_settings
 from otel_train.pipeline.settings import count_settings, derived_settings, report_enabled
 from otel_train.pipeline.telemetry import DisabledTelemetry, RunTelemetry
 from otel_train.pipeline.span_worker import (
@@ -188,6 +188,7 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     stage_settings = derived_settings(options, identity, plan)
     # report.html at shutdown: rank 0, when spans go to the run directory's files.
     report_dir = status_dir if identity.rank == 0 and report_enabled(options) else None
+    ring, child_ring = _make_ring(plan, options.max_queued_steps)
     banner = RunBanner(identity, device.describe(), options.console, report_dir)
     # service.instance.id, host.name, k8s.pod.name, ... per rank (identity.py), for the
     # spans and the metrics over OTLP; an application's provider brings its spans' own.
@@ -206,7 +207,6 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     # The exporter process first (its CPU counter is on the registry before the stage
     # mirrors it over OTLP); read on the training thread: its CPU is the one kept free.
     background = BackgroundCpus.resolve(options.background_cpus)
-    ring, child_ring = _make_ring(options, plan)
     built = _build_export(plan, options, provider, builder, drops, background, child_ring)
     plan, export = built.plan, built.export
     # The metrics here: user spans wait in the tail sampler, then go to the client.
@@ -273,21 +273,21 @@ class BuiltExport:
         return self.client if self.client is not None else self.stage
 
 
-def _make_ring(options: RunOptions, plan: PipelinePlan
+def _make_ring(plan: PipelinePlan, max_queued_steps: int
                ) -> tuple[StepRing | None, StepRing | None]:
     """With ``step_ring="on"``: the step ring's shared memory, twice where the exporter
-    process reads it (the plan's route, the derived metrics there: its descriptor is passed
-    to the child as it starts), else once (the span worker reads it here); (None, None) when
-    off or where it cannot be made (a warning; the queue takes every step)."""
-    if options.step_ring != "on":
+    process reads it (the plan says so: its descriptor is passed to the child as it starts),
+    else once (the span worker reads it here); (None, None) when off or where it cannot be
+    made (a warning; the queue takes every step)."""
+    if plan.step_ring is None:
         return None, None
     try:
-        ring = StepRing.create(ring_capacity_bytes(options.max_queued_steps))
+        ring = StepRing.create(ring_capacity_bytes(max_queued_steps))
     except (OSError, ValueError) as exc:
         _log.warning("otel-train: step_ring=on: the ring could not be made (%r); steps are "
                      "queued as with step_ring=off", exc)
         return None, None
-    return ring, (ring if ring_read_by_exporter(plan) else None)
+    return ring, (ring if plan.step_ring == RING_IN_EXPORTER else None)
 
 
 def _ring_source(recorder: Recorder, ring: StepRing | None,
@@ -299,12 +299,10 @@ def _ring_source(recorder: Recorder, ring: StepRing | None,
     and reports the own-cost counts this process's meter keeps), else by the span worker."""
     if ring is None:
         return None
-    if client is None:
-        return RingSource(recorder, ring)
-    return RingSource(recorder, ring, client,
-                      ring_settings(builder, identity, device.synced, device.device_type,
-                                    device.span_timing, startup),
-                      RingCostCounts(self_cost, startup))
+    counts = RingCostCounts(self_cost, startup) if client is not None else None
+    settings = (ring_settings(builder, identity, device.synced, device.device_type,
+                              device.span_timing, startup) if client is not None else None)
+    return RingSource(recorder, ring, client, settings, counts)
 
 
 def _build_export(plan: PipelinePlan, options: RunOptions, provider: Any,

@@ -52,6 +52,9 @@ ROUTE_NONE = "none"
 # Where the derived metrics run.
 HERE = "training process"
 THERE = "exporter process"
+# Who reads the step ring (step_ring="on").
+RING_IN_EXPORTER = "exporter process"
+RING_IN_WORKER = "span worker"
 _PROCESS_KINDS = ("otlp", "jsonl")  # exporters the exporter process makes from the plan
 
 
@@ -100,6 +103,7 @@ class PipelinePlan:
     # The plans to build instead, made with this one: when the exporter process cannot
     # start (route exporter process), and when the application's exporter settings, read
     # for the plan, cannot be read again as the stage is built (app_exporter).
+    step_ring: str | None = None  # who reads the step ring (RING_IN_*); None: step_ring off
     if_process_fails: PipelinePlan | None = None
     if_app_exporter_unreadable: PipelinePlan | None = None
 
@@ -142,7 +146,9 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
     _sampling_reasons(ratio, route, tail, env, reasons)
     _export_ranks_reasons(options, env, ranks, routine, summary, reasons)
     where = _metrics_where(options, env, route, otlp_metrics, tail, joins_app, reasons)
+    ring = None
     if options.step_ring == "on":
+        ring = RING_IN_EXPORTER if step_ring_in_exporter(route, where) else RING_IN_WORKER
         reasons.append(_step_ring_reason(route, where))
     reasons.append("console report: " + ("on (console=True)" if options.console
                                          else "off (console=False)"))
@@ -158,6 +164,7 @@ def plan_pipeline(options: RunOptions, environment: PipelineEnvironment) -> Pipe
         console=options.console, joins_application=joins_app, app_exporter=app_exporter,
         user_spans=_user_spans(env.provider_mode, route, joins_app), reasons=tuple(reasons),
         sample_ratio=ratio, metrics=metrics, export_routine=routine, export_summary=summary,
+        step_ring=ring,
         export_ranks=ranks, if_process_fails=if_fails, if_app_exporter_unreadable=if_unreadable)
 
 

@@ -25,13 +25,13 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from otel_train.pipeline.plan import PipelinePlan, step_ring_in_exporter
 from otel_train.recording.step_ring import (
     OFF_COLLECTIVES,
     OFF_READ,
@@ -44,7 +44,7 @@ from otel_train.recording.step_ring import (
 )
 from otel_train.recording.step_ring_reader import StepRingReader
 
-__all__ = ["RingCostCounts", "RingSource", "ring_read_by_exporter"]
+__all__ = ["RingCostCounts", "RingSource", "ring_settings"]
 
 
 class RingSource:
@@ -183,9 +183,16 @@ class RingSource:
         detach_ring(self._recorder)
 
 
-def ring_read_by_exporter(plan: PipelinePlan) -> bool:
-    """The exporter process reads the step ring (``plan.step_ring_in_exporter``)."""
-    return step_ring_in_exporter(plan.route, plan.metrics_where)
+def ring_settings(builder: Any, identity: Any, device_synced: bool, device_type: str,
+                  span_timing: str | None, startup: Any) -> dict[str, Any]:
+    """What the exporter process needs to build the ring's steps as the training process
+    would (pickled into the ``ring`` frame, read by ``export/process/ring_feed.py``): the
+    builder's settings, the ``train.startup`` maker, and the training process's pid (host
+    RSS is its memory, not the child's)."""
+    return {"identity": identity, "device_synced": device_synced, "device_type": device_type,
+            "span_timing": span_timing, "offset_ns": builder.offset_ns,
+            "host_rss_every_steps": builder.host_rss_every_steps, "startup": startup,
+            "pid": os.getpid()}
 
 
 class RingCostCounts:

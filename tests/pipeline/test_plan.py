@@ -178,4 +178,6 @@ def test_the_plan_says_who_reads_the_step_ring(options, env, reader):
     assert len(said) == 1 and f"read by the {reader}" in said[0]
     assert step_ring_in_exporter(plan.route, plan.metrics_where) == (
         reader == "exporter process")
-    assert not [r for r in _plan(env, **options).reasons if r.startswith("step ring:")]
+    assert plan.step_ring == reader
+    off = _plan(env, **options)
+    assert off.step_ring is None and not [r for r in off.reasons if r.startswith("step ring:")]

@@ -32,7 +32,8 @@ on: it looks every ``POLL_SECONDS`` when the ring is idle, and reads in batches.
 
 Usage::
 
-    feed = ChildRingFeed(child, ring_fd, settings)    # settings: ring_settings() of the run
+    feed = ChildRingFeed(child, ring_fd, settings)    # settings: pipeline/ring_source.py
+                                                      # ring_settings() of the run
     feed.start(); feed.add_frame(recs, rows, cost, ordinals)
     feed.catch_up(deadline); feed.counts(); feed.finish(deadline)
 """
@@ -40,7 +41,6 @@ Usage::
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -59,7 +59,7 @@ from otel_train.common.attributes import STEP_SPAN_NAME
 from otel_train.records.span_rows import C_ATTRS, C_NAME, C_START, record_span_count
 from otel_train.records.step_records import StepRecordBuilder
 
-__all__ = ["MARKER_WAIT_SECONDS", "POLL_SECONDS", "ChildRingFeed", "ring_settings"]
+__all__ = ["MARKER_WAIT_SECONDS", "POLL_SECONDS", "ChildRingFeed"]
 
 _log = logging.getLogger("otel_train")
 #: How long the reader holds its place at a marker whose record has not come: the training
@@ -71,17 +71,6 @@ POLL_SECONDS = 0.02
 _BATCH_ITEMS = 512
 #: How long the first step waits for the training process's start_run time (train.startup).
 _READY_WAIT_SECONDS = 2.0
-
-
-def ring_settings(builder: StepRecordBuilder, identity: Any, device_synced: bool,
-                  device_type: str, span_timing: str | None, startup: Any) -> dict[str, Any]:
-    """What the exporter process needs to build the ring's steps as the training process
-    would (pickled into the ``ring`` frame): the builder's settings, the ``train.startup``
-    maker, and the training process's pid (host RSS is its memory, not the child's)."""
-    return {"identity": identity, "device_synced": device_synced, "device_type": device_type,
-            "span_timing": span_timing, "offset_ns": builder.offset_ns,
-            "host_rss_every_steps": builder.host_rss_every_steps, "startup": startup,
-            "pid": os.getpid()}
 
 
 class _Frame:

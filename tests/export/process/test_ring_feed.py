@@ -15,7 +15,8 @@ from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity
 from otel_train.export.process import ring_feed
-from otel_train.export.process.ring_feed import ChildRingFeed, ring_settings
+from otel_train.export.process.ring_feed import ChildRingFeed
+from otel_train.pipeline.ring_source import ring_settings
 from otel_train.pipeline.ring_source import RingSource
 from otel_train.recording.recorder import MonitorRecord, Recorder
 from otel_train.recording.step_ring import StepRing
