@@ -181,9 +181,9 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
                        device: DeviceTiming) -> RunTelemetry:
     """Build (not start) the whole telemetry pipeline of a run, as its plan says."""
     mode, provider = global_provider_for_run()
-    environment, sdk_sampler = gather_environment(options, mode, provider, status_dir,
-                                                  identity.rank, identity.world_size,
-                                                  local_rank=identity.local_rank)
+    environment, sdk_sampler = gather_environment(
+        options, mode, provider, status_dir, identity.rank, identity.world_size,
+        local_rank=identity.local_rank)
     plan = plan_pipeline(options, environment)
     stage_settings = derived_settings(options, identity, plan)
     # report.html at shutdown: rank 0, when spans go to the run directory's files.
@@ -213,11 +213,10 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     downstream = (built.client if plan.tail_sampler and plan.metrics_where != THERE
                   else None)
     try:
-        derived = DerivedMetricsStage(stage_settings, identity, status_dir, recorder, drops,
-                                      self_cost, collectors=built.collectors,
-                                      attribute_drops=builder.attribute_drops,
-                                      sampler_downstream=downstream,
-                                      metrics_resource=own_resource)
+        derived = DerivedMetricsStage(
+            stage_settings, identity, status_dir, recorder, drops, self_cost,
+            collectors=built.collectors, attribute_drops=builder.attribute_drops,
+            sampler_downstream=downstream, metrics_resource=own_resource)
     except BaseException:
         if export is not None:
             export.shutdown(0.5)  # no exporter process outlives a run that never started
@@ -233,11 +232,10 @@ def assemble_telemetry(options: RunOptions, identity: RunIdentity, status_dir: P
     worker = _span_worker(options, recorder, builder, route, drops, self_cost,
                           stage_settings.chain["console_min_interval_seconds"], startup,
                           source)
-    return RunTelemetry(plan=plan, sampler=sampler,
-                        global_provider=provider if mode == MODE_OURS else None,
-                        sdk_provider=sdk_provider, export=export, derived=derived,
-                        builder=builder, worker=worker, banner=banner, background=background,
-                        client=built.client)
+    return RunTelemetry(
+        plan=plan, sampler=sampler, global_provider=provider if mode == MODE_OURS else None,
+        sdk_provider=sdk_provider, export=export, derived=derived, builder=builder,
+        worker=worker, banner=banner, background=background, client=built.client)
 
 
 def _span_worker(options: RunOptions, recorder: Recorder, builder: StepRecordBuilder,
