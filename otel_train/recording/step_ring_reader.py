@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_train.recording.recorder import _recorder_c
 from otel_train.recording.step_events import PhaseEntry
 from otel_train.recording.step_ring import (
     ATTR_BOOL,
@@ -46,7 +47,14 @@ from otel_train.recording.step_ring import (
     StepRing,
 )
 
-__all__ = ["RingPhase", "RingStep", "StepRingReader", "unread_step_spans"]
+__all__ = ["RING_READER", "RingPhase", "RingStep", "StepRingReader", "unread_step_spans"]
+
+# The C reader where the accelerator was built and OTEL_TRAIN_PURE_PYTHON is not set (the
+# recorder's choice, made once in recorder.py), else the Python read loop below.
+_C_READ_ITEMS: Any = getattr(_recorder_c, "ring_read_items", None)
+#: Which reader reads the ring's records in this process.
+RING_READER = ("C accelerator (otel_train.recording._recorder_c.ring_read_items)"
+               if _C_READ_ITEMS is not None else "pure Python")
 
 
 class RingPhase(PhaseEntry):
@@ -140,7 +148,21 @@ class StepRingReader:
     def read_items(self, max_items: int | None = None
                    ) -> list[tuple[RingStep | str, int, int]]:
         """(step or ``QUEUED``, the byte position after its record, the marker's ordinal or
-        -1) of each record written since the last read, at most ``max_items``."""
+        -1) of each record written since the last read, at most ``max_items``: read in C
+        where the accelerator was built (``_recorder_c_ringread.c``), else in Python."""
+        read = _C_READ_ITEMS
+        if read is None:
+            return self._read_items_python(max_items)
+        out, self.position = read(self._buf, self._cap, self.position, max_items,
+                                  self.move_tail, self.strings, self.phases, RingPhase,
+                                  RingStep, QUEUED)
+        if not self.move_tail:
+            U64.pack_into(self._buf, OFF_READ, self.position)
+        return out
+
+    def _read_items_python(self, max_items: int | None = None
+                           ) -> list[tuple[RingStep | str, int, int]]:
+        """``read_items`` in Python: the C reader's twin."""
         buf, cap = self._buf, self._cap
         head = U64.unpack_from(buf, OFF_HEAD)[0]
         tail = self.position
