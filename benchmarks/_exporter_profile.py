@@ -167,10 +167,25 @@ def install() -> None:
             if path:
                 with lock:
                     data = {"steps": steps[0], "stages": dict(acc), "calls": dict(counts),
-                            "threads": threads}
+                            "threads": threads, "ring_reader": ring_reader}
                 with open(path, "w") as f:
                     json.dump(data, f)
         real_stop(self, timeout_seconds)
+
+    # The step ring (step_ring="on"): its records read and decoded (per batch), each step's
+    # span record built (per step: two clock reads a step are in this row).
+    from otel_train.export.process import ring_feed
+    from otel_train.recording import step_ring_reader
+
+    if os.environ.get("OTEL_TRAIN_PROFILE_PURE_RING_READER"):
+        step_ring_reader._C_READ_ITEMS = None
+    ring_reader = "C" if step_ring_reader._C_READ_ITEMS is not None else "Python"
+    reader_cls = step_ring_reader.StepRingReader
+    reader_cls.read_items = timed("ring: read and decode (read_items)",  # type: ignore[method-assign]
+                                  reader_cls.read_items)
+    feed_cls = ring_feed.ChildRingFeed
+    feed_cls._build = timed("ring: build the step's record (_build)",  # type: ignore[method-assign]
+                            feed_cls._build)
 
     Child.derive, Child.spans, Child.stop = derive, spans, stop  # type: ignore[method-assign]
     Child.stats = timed("reports: counts (stats)", Child.stats)  # type: ignore[method-assign]

@@ -84,13 +84,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile a live exporter process, stage by stage")
     parser.add_argument("--step-us", type=float, default=1000.0,
                         help="--live: each step's GIL-holding spin, microseconds")
+    parser.add_argument("--ring", action="store_true",
+                        help="--live: step_ring='on': the exporter process reads the steps from "
+                        "the shared-memory ring and builds their records (rows 'ring: ...')")
+    parser.add_argument("--pure-ring-reader", action="store_true",
+                        help="--live --ring: the exporter process reads the ring with the "
+                        "Python reader, not the C one (the before/after of the C reader)")
     parser.add_argument("--flush-every", type=int, default=0,
                         help="--live: flush the run every N steps (bench_hot_path.py's chunks: "
                         "500); 0: never, the run's own cadence")
     args = parser.parse_args(argv)
     logging.getLogger("otel_train").setLevel(logging.ERROR)  # slow-step warnings etc.
     if args.live:
-        return _live(args.steps, args.step_us, args.flush_every)
+        return _live(args.steps, args.step_us, args.flush_every, args.ring,
+                     args.pure_ring_reader)
     n = args.steps
     drops = DropCounter()
     ident = RunIdentity("bench", 0, 1, 0, "option")
@@ -240,8 +247,10 @@ def _chain_by_group(settings: dict[str, Any], records: list[Any], rounds: int,
     return [(label.removeprefix("chain: "), ns) for label, ns in best.items()]
 
 
-def _live(steps: int, step_us: float, flush_every: int = 0) -> int:
-    """Profile a live exporter process stage by stage (``--live``)."""
+def _live(steps: int, step_us: float, flush_every: int = 0, ring: bool = False,
+          pure_ring_reader: bool = False) -> int:
+    """Profile a live exporter process stage by stage (``--live``; ``ring``: the steps go
+    through the step ring, read and built in the exporter process)."""
     import json
     import os
     import time
@@ -261,9 +270,12 @@ def _live(steps: int, step_us: float, flush_every: int = 0) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "profile.json")
             os.environ["OTEL_TRAIN_EXPORTER_PROFILE"] = out_path
+            if pure_ring_reader:
+                os.environ["OTEL_TRAIN_PROFILE_PURE_RING_READER"] = "1"
             run = otel_train.start_run(
                 status_dir=tmp, exporter="otlp", otlp_endpoint=receiver.endpoint,
-                otlp_protocol="http/protobuf", prometheus_port=None, console=False)
+                otlp_protocol="http/protobuf", prometheus_port=None, console=False,
+                step_ring="on" if ring else "off")
             child = ProcessCpu(exporter_pid(run))
             gen = run.steps(range(steps + 200))
             for i in range(steps + 200):
@@ -299,6 +311,8 @@ def _live(steps: int, step_us: float, flush_every: int = 0) -> int:
     print(f"live exporter process: {n} steps of 7 spans fed (the first 200 too), "
           f"steps paced by a {step_us:.0f} µs spin"
           + (f", a flush every {flush_every} steps" if flush_every else "")
+          + (f", through the step ring ({prof.get('ring_reader', '?')} reader; the build row "
+             "includes two thread-clock reads a step)" if ring else "")
           + "; thread CPU per exported step")
     print(f"{'what':<60} {'CPU per step':>14}")
     print("-" * 75)

@@ -138,6 +138,10 @@ static PyMethodDef recorder_c_functions[] = {
     {"flat_phase_rows", (PyCFunction)(void (*)(void))otr_flat_phase_rows, METH_FASTCALL,
      "flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name): a flat step's phase "
      "rows (twin: records.step_records._flat_phases), None for any other event list."},
+    {"flat_step_record", (PyCFunction)(void (*)(void))otr_flat_step_record, METH_FASTCALL,
+     "flat_step_record(ev, step_loader, index, start_ns, end_ns, trace_id, flags, root_id, "
+     "offset_ns, last_bound, span_name, constants): a flat step's span record (twin: "
+     "records.step_records.StepRecordBuilder._step_record), None for any other event list."},
     {"ring_read_items", (PyCFunction)(void (*)(void))otr_ring_read_items, METH_FASTCALL,
      "ring_read_items(buffer, capacity, position, max_items, move_tail, strings, phases, "
      "phase_type, step_type, queued): ([(item, end, ordinal)], position) of the step ring's "

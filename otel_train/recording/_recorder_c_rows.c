@@ -156,3 +156,109 @@ otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     Py_DECREF(ev);
     return rows;
 }
+
+/* flat_step_record: a flat step's whole span record (twin: step_records._step_record's
+ * common case, which decides when it applies: no device readings, rare fields, own timing,
+ * memory reading, collectives, nor a step's own exposed communication time). The phase
+ * rows as flat_phase_rows makes them; the root's attributes in the Python builder's order:
+ * step, dataloader (when the step has one), train.slow False, then train.step.bound from
+ * the host clock alone (device_readings.label_step with no device time: `input` when the
+ * data phases took the share of the step's wall time, else the carried verdict or
+ * `compute`). Python numbers throughout, so any int the step holds compares and subtracts
+ * exactly as in Python. */
+
+/* The record's root attributes, or NULL. `c`: the constants tuple (see below). */
+static PyObject *
+flat_root_attributes(PyObject *const *args, PyObject *rows, PyObject *const *c)
+{
+    /* c: data_name, step_key, loader_key, slow_key, bound_key, input, compute, share */
+    PyObject *attrs = PyDict_New(), *data_ns = NULL, *wall = NULL, *cut = NULL;
+    if (attrs == NULL || PyDict_SetItem(attrs, c[1], args[2]) < 0
+        || (args[1] != Py_None && PyDict_SetItem(attrs, c[2], args[1]) < 0)
+        || PyDict_SetItem(attrs, c[3], Py_False) < 0) {
+        goto fail;
+    }
+    data_ns = otr_zero;
+    Py_INCREF(data_ns);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        int data = PyObject_RichCompareBool(PyTuple_GET_ITEM(row, 0), c[0], Py_EQ);
+        if (data < 0) {
+            goto fail;
+        }
+        if (data) {
+            PyObject *sum = PyNumber_Add(data_ns, PyTuple_GET_ITEM(row, 3));
+            if (sum == NULL) {
+                goto fail;
+            }
+            Py_SETREF(data_ns, sum);
+        }
+    }
+    /* data_ns >= share * wall_ns > 0, as Python compares an int with a float: exactly */
+    if ((wall = PyNumber_Subtract(args[4], args[3])) == NULL
+        || (cut = PyNumber_Multiply(c[7], wall)) == NULL) {
+        goto fail;
+    }
+    int input = PyObject_RichCompareBool(data_ns, cut, Py_GE);
+    if (input > 0) {
+        input = PyObject_RichCompareBool(cut, otr_zero, Py_GT);
+    }
+    if (input < 0) {
+        goto fail;
+    }
+    PyObject *last = args[9];
+    PyObject *bound = input ? c[5] : last != Py_None ? last : c[6];
+    if (input == 0 && last != Py_None) {
+        int truthy = PyObject_IsTrue(last); /* `last_device_bound or compute` */
+        if (truthy < 0) {
+            goto fail;
+        }
+        bound = truthy ? last : c[6];
+    }
+    if (PyDict_SetItem(attrs, c[4], bound) < 0) {
+        goto fail;
+    }
+    Py_DECREF(data_ns);
+    Py_DECREF(wall);
+    Py_DECREF(cut);
+    return attrs;
+fail:
+    Py_XDECREF(attrs);
+    Py_XDECREF(data_ns);
+    Py_XDECREF(wall);
+    Py_XDECREF(cut);
+    return NULL;
+}
+
+/* flat_step_record(ev, step_loader, index, start_ns, end_ns, trace_id, flags, root_id,
+ *                  offset_ns, last_bound, span_name, constants) -> tuple | None */
+PyObject *
+otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12 || !PyTuple_Check(args[11]) || PyTuple_GET_SIZE(args[11]) != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "flat_step_record(ev, step_loader, index, start_ns, end_ns, trace_id, "
+                        "flags, root_id, offset_ns, last_bound, span_name, constants[8])");
+        return NULL;
+    }
+    PyObject *const *c = &PyTuple_GET_ITEM(args[11], 0);
+    PyObject *row_args[5] = {args[0], args[1], args[7], args[8], c[0]};
+    PyObject *rows = otr_flat_phase_rows(module, row_args, 5);
+    if (rows == NULL || rows == Py_None) {
+        return rows;
+    }
+    PyObject *attrs = flat_root_attributes(args, rows, c);
+    PyObject *start = NULL, *end = NULL, *events = NULL, *rec = NULL;
+    if (attrs != NULL && (start = PyNumber_Add(args[3], args[8])) != NULL
+        && (end = PyNumber_Add(args[4], args[8])) != NULL
+        && (events = PyTuple_New(0)) != NULL) {
+        rec = PyTuple_Pack(11, args[10], args[5], args[7], args[6], start, end, attrs, Py_None,
+                           events, rows, Py_None);
+    }
+    Py_DECREF(rows);
+    Py_XDECREF(attrs);
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    Py_XDECREF(events);
+    return rec;
+}

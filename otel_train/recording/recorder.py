@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from otel_train.common.drop_counter import DropCounter
     from otel_train.recording.device_probes import DeviceProbes
 
-__all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "HOT_PATH", "DecodedPhase", "DeviceEventPhase",
+__all__ = ["ACCELERATED", "FLAT_PHASE_ROWS", "FLAT_STEP_RECORD", "HOT_PATH", "DecodedPhase", "DeviceEventPhase",
            "MonitorRecord", "MonitorSyncedPhase", "Phase", "Recorder", "Step", "SyncedPhase",
            "decode_events", "flat_events"]
 
@@ -95,6 +95,7 @@ _step_loop: Any = _recorder_c.StepLoop if _recorder_c is not None else pure_twin
 #: builder; None on the pure twin, whose builder runs its Python twin
 #: (records/step_records.py ``_flat_phases``).
 FLAT_PHASE_ROWS: Any = _recorder_c.flat_phase_rows if _recorder_c is not None else None
+FLAT_STEP_RECORD: Any = _recorder_c.flat_step_record if _recorder_c is not None else None
 # The pure twin's running steps shadow phase/monitor with the tables' lookups (PureStepCore).
 _SHADOWED_LOOKUPS = _recorder_c is None
 

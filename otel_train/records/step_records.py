@@ -26,6 +26,7 @@ from otel_train.common.trace_ids import SAMPLED as _SAMPLED
 from otel_train.common.trace_ids import operation_ids
 from otel_train.recording.recorder import (
     FLAT_PHASE_ROWS,
+    FLAT_STEP_RECORD,
     MonitorRecord,
     Step,
     decode_events,
@@ -34,7 +35,12 @@ from otel_train.recording.recorder import (
 from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.device import TIMING_EVENTS, TIMING_HOST, TIMING_SYNC
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
-from otel_train.records.device_readings import HostRss, device_readings, label_step
+from otel_train.records.device_readings import (
+    BOUND_INPUT_SHARE,
+    HostRss,
+    device_readings,
+    label_step,
+)
 from otel_train.records.comm_summary import comm_summary
 from otel_train.records.span_rows import (
     C_ATTRS,
@@ -55,6 +61,7 @@ _STEP = A.STEP
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
 _TRUNCATED, _TRUNCATED_REASON = A.TRUNCATED, A.TRUNCATED_REASON
+_COMM = A.COMM_EXPOSED
 
 
 # ``train.device.synced`` and ``train.device.timing`` of a span whose timing is its own
@@ -152,6 +159,18 @@ class StepRecordBuilder:
         ids = step.span_ids  # ids already handed to user spans (rare): keep them
         root_id = (ids and ids.get(-1)) or _getrandbits(64) or 1
         off = self._offset
+        if _flat_record is not None and not ids and self._plain(step):
+            # The common flat step, whole in C; None: not flat, built below.
+            rec = _flat_record(step.ev, step.loader, step.index, step.start_ns, step.end_ns,
+                               trace_id, flags, root_id, off, self._device_bound,
+                               A.STEP_SPAN_NAME, _FLAT_CONSTANTS)
+            if rec is not None:
+                if step.attrs:
+                    root_attrs = rec[C_ATTRS]
+                    root_attrs.update(_plain_attributes(step.attrs, self._limits,
+                                                        self._room - len(root_attrs),
+                                                        self.attribute_drops))
+                return rec
         step_end = step.end_ns
         step_loader = step.loader
         phases = None if step.dev or step.phase_attrs or step.queued_waits else _flat_rows(
@@ -202,6 +221,20 @@ class StepRecordBuilder:
             events = events + tuple(governing)
         return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
                 root_attrs, status, events, phases, ids or None)
+
+    def _plain(self, step: Step) -> bool:
+        """The step needs nothing but its flat phases, root attributes and the host clock's
+        bound (``flat_step_record`` builds it): no device readings, failure, rare field,
+        own timing, memory reading, collectives, nor exposed communication time of its own.
+        """
+        every = self.host_rss_every_steps
+        attrs = step.attrs
+        return not (step.error is not None or step.dev or step.phase_attrs
+                    or step.queued_waits or self._own_timing or self.collectives
+                    or (every and step.index % every == 0)
+                    or getattr(step, "stall_events", None)
+                    or getattr(step, "governing_events", None)
+                    or (attrs and _COMM in attrs))
 
     def _phases(self, step: Step, root_id: int
                 ) -> tuple[list[tuple[Any, ...]], dict[str, Any] | None, frozenset[int]]:
@@ -319,6 +352,12 @@ def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int,
     return phases
 
 
+# A flat step's whole record in C where the accelerator was built (``_step_record`` says
+# when; its own code below is the twin): the phase rows and the root attributes with the host
+# clock's ``train.step.bound`` (device_readings.label_step without device time).
+_flat_record: Callable[..., tuple[Any, ...] | None] | None = FLAT_STEP_RECORD
+_FLAT_CONSTANTS = (_DATA, _STEP, _DATALOADER, _SLOW, A.STEP_BOUND, A.BOUND_INPUT,
+                   A.BOUND_COMPUTE, BOUND_INPUT_SHARE)
 # Most of a record's Python was its flat phase rows: in C where the accelerator was built
 # (benchmarks/bench_processors.py measures both).
 _flat_rows: Callable[..., list[tuple[Any, ...]] | None] = FLAT_PHASE_ROWS or _flat_phases

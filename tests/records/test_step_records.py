@@ -20,6 +20,7 @@ from otel_train.common.drop_counter import DropCounter
 from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.span_rows import rows_from_record
+from otel_train.records import step_records as step_records_module
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 
 pytestmark = pytest.mark.timeout(30)
@@ -460,3 +461,61 @@ def test_records_built_from_the_step_ring_equal_those_built_from_the_steps(write
     assert [fixed().record(s) for s in StepRingReader(odd_ring).read() if s != "queued"
             ] == want
     assert len(want) >= 3
+
+
+@pytest.mark.skipif(step_records_module._flat_record is None,
+                    reason="the C accelerator was not built here (CI requires it)")
+@pytest.mark.parametrize("setting", ["plain", "own timing", "host rss", "collectives"])
+def test_a_flat_step_built_in_c_equals_its_python_twin_and_the_rest_falls_back(setting):
+    """flat_step_record builds the common flat step; the builder sends what it does not
+    cover (own timing, a memory reading, collectives, a failure, a step's own exposed
+    communication time, nesting) to the Python path, decided before anything is built."""
+    import random
+
+    from otel_train.recording.collectives import CollectiveLog
+
+    def builder() -> StepRecordBuilder:
+        b = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda tid: True, 10**18,
+                              span_timing=None if setting == "own timing" else "host",
+                              host_rss_every_steps=3 if setting == "host rss" else 0)
+        if setting == "collectives":
+            b.collectives = CollectiveLog()
+            b.collectives.extend([["all_reduce", 1024, 2**62, 2**62 + 10, 0]])  # later on
+        return b
+
+    rec = Recorder(100, DropCounter(), None)
+    for step in rec.steps(range(24), loader="train" if setting != "plain" else None):
+        with step.phase("data"):
+            if step.index % 4 == 1:
+                t = perf_counter_ns() + 200_000  # the data phase dominates: input-bound
+                while perf_counter_ns() < t:
+                    pass
+        with step.phase("forward"):
+            if step.index % 5 == 2:
+                with step.phase("inner"):  # nested: not flat, the Python decoder
+                    pass
+        if step.index % 6 == 3:
+            step.set_attribute("train.comm.exposed_seconds", 0.5)  # its own: Python
+        if step.index % 7 == 4:
+            step.set_attribute("loss", step.index / 3)
+            step.set_attribute("tag", "é" * 300)  # over the value length limit? kept alike
+        if step.index % 8 == 5:
+            with pytest.raises(RuntimeError), step.phase("backward"):
+                raise RuntimeError("boom")
+    steps = list(rec.queue)
+    c_builder, py_builder = builder(), builder()
+    for last in (None, "host"):  # the verdict carried from the last sampled step
+        c_builder._device_bound = py_builder._device_bound = last
+        for i, step in enumerate(steps):
+            random.seed(i)
+            c_rec = c_builder.record(step)
+            random.seed(i)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(step_records_module, "_flat_record", None)
+                py_rec = py_builder.record(step)
+            if setting == "host rss":  # a reading each time: equal but for its value
+                for r in (c_rec, py_rec):
+                    r[6].pop("train.memory.host_rss_bytes", None)
+            assert c_rec == py_rec, (setting, step.index)
+    bounds = {c_builder.record(s)[6].get("train.step.bound") for s in steps}
+    assert {"input", "host"} <= bounds or setting != "plain"
