@@ -177,8 +177,11 @@ def install() -> None:
     from otel_train.export.process import ring_feed
     from otel_train.recording import step_ring_reader
 
-    if os.environ.get("OTEL_TRAIN_PROFILE_PURE_RING_READER"):
+    if os.environ.get("OTEL_TRAIN_PROFILE_PYTHON_RING"):  # the Python reader and builder
+        from otel_train.records import step_records
+
         step_ring_reader._C_READ_ITEMS = None
+        step_records._flat_record = None
     ring_reader = "C" if step_ring_reader._C_READ_ITEMS is not None else "Python"
     reader_cls = step_ring_reader.StepRingReader
     reader_cls.read_items = timed("ring: read and decode (read_items)",  # type: ignore[method-assign]

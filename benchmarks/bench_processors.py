@@ -21,12 +21,16 @@ backward, optimizer, inference, val_loss) paced by a GIL-holding spin, the child
 timed from inside it (benchmarks/_exporter_profile.py: the frame read, ``marshal``, the chain
 group by group, the tail sampler, the records queued for export, the reports) and its threads
 read from ``/proc``. The wrappers cost a few clock reads per 256-step frame; the child's CPU
-per step is printed beside the same run's ``/proc`` total.
+per step is printed beside the same run's ``/proc`` total. ``--ring`` runs it with
+``step_ring="on"``: the exporter process reads the steps from the shared-memory ring and
+builds their records (rows ``ring: ...``), in C, or with ``--python-ring`` in Python (the
+twins of ``_recorder_c.ring_read_items`` and ``flat_step_record``).
 
 Usage::
 
     /work/venv/bin/python benchmarks/bench_processors.py [--steps 20000]
     /work/venv/bin/python benchmarks/bench_processors.py --live [--steps 5000 --step-us 1000]
+    /work/venv/bin/python benchmarks/bench_processors.py --live --ring [--python-ring]
 """
 
 from __future__ import annotations
@@ -87,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ring", action="store_true",
                         help="--live: step_ring='on': the exporter process reads the steps from "
                         "the shared-memory ring and builds their records (rows 'ring: ...')")
-    parser.add_argument("--pure-ring-reader", action="store_true",
-                        help="--live --ring: the exporter process reads the ring with the "
-                        "Python reader, not the C one (the before/after of the C reader)")
+    parser.add_argument("--python-ring", action="store_true",
+                        help="--live --ring: the exporter process reads the ring and builds "
+                        "its records in Python, not in C (the twins, side by side)")
     parser.add_argument("--flush-every", type=int, default=0,
                         help="--live: flush the run every N steps (bench_hot_path.py's chunks: "
                         "500); 0: never, the run's own cadence")
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("otel_train").setLevel(logging.ERROR)  # slow-step warnings etc.
     if args.live:
         return _live(args.steps, args.step_us, args.flush_every, args.ring,
-                     args.pure_ring_reader)
+                     args.python_ring)
     n = args.steps
     drops = DropCounter()
     ident = RunIdentity("bench", 0, 1, 0, "option")
@@ -248,7 +252,7 @@ def _chain_by_group(settings: dict[str, Any], records: list[Any], rounds: int,
 
 
 def _live(steps: int, step_us: float, flush_every: int = 0, ring: bool = False,
-          pure_ring_reader: bool = False) -> int:
+          python_ring: bool = False) -> int:
     """Profile a live exporter process stage by stage (``--live``; ``ring``: the steps go
     through the step ring, read and built in the exporter process)."""
     import json
@@ -270,8 +274,8 @@ def _live(steps: int, step_us: float, flush_every: int = 0, ring: bool = False,
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "profile.json")
             os.environ["OTEL_TRAIN_EXPORTER_PROFILE"] = out_path
-            if pure_ring_reader:
-                os.environ["OTEL_TRAIN_PROFILE_PURE_RING_READER"] = "1"
+            if python_ring:
+                os.environ["OTEL_TRAIN_PROFILE_PYTHON_RING"] = "1"
             run = otel_train.start_run(
                 status_dir=tmp, exporter="otlp", otlp_endpoint=receiver.endpoint,
                 otlp_protocol="http/protobuf", prometheus_port=None, console=False,
@@ -311,8 +315,8 @@ def _live(steps: int, step_us: float, flush_every: int = 0, ring: bool = False,
     print(f"live exporter process: {n} steps of 7 spans fed (the first 200 too), "
           f"steps paced by a {step_us:.0f} µs spin"
           + (f", a flush every {flush_every} steps" if flush_every else "")
-          + (f", through the step ring ({prof.get('ring_reader', '?')} reader; the build row "
-             "includes two thread-clock reads a step)" if ring else "")
+          + (f", through the step ring (read and built in {prof.get('ring_reader', '?')}; the "
+             "build row includes two thread-clock reads a step)" if ring else "")
           + "; thread CPU per exported step")
     print(f"{'what':<60} {'CPU per step':>14}")
     print("-" * 75)
