@@ -160,16 +160,8 @@ class StepRecordBuilder:
         root_id = (ids and ids.get(-1)) or _getrandbits(64) or 1
         off = self._offset
         if _flat_record is not None and not ids and self._plain(step):
-            # The common flat step, whole in C; None: not flat, built below.
-            rec = _flat_record(step.ev, step.loader, step.index, step.start_ns, step.end_ns,
-                               trace_id, flags, root_id, off, self._device_bound,
-                               A.STEP_SPAN_NAME, _FLAT_CONSTANTS)
+            rec = self._flat_step(step, trace_id, flags, root_id)
             if rec is not None:
-                if step.attrs:
-                    root_attrs = rec[C_ATTRS]
-                    root_attrs.update(_plain_attributes(step.attrs, self._limits,
-                                                        self._room - len(root_attrs),
-                                                        self.attribute_drops))
                 return rec
         step_end = step.end_ns
         step_loader = step.loader
@@ -221,6 +213,20 @@ class StepRecordBuilder:
             events = events + tuple(governing)
         return (A.STEP_SPAN_NAME, trace_id, root_id, flags, step.start_ns + off, step_end + off,
                 root_attrs, status, events, phases, ids or None)
+
+    def _flat_step(self, step: Step, trace_id: int, flags: int, root_id: int
+                   ) -> tuple[Any, ...] | None:
+        """The common flat step's record, whole in C (``_plain`` said it applies); None when
+        its events are not flat (the Python decoder builds it, with the same ids)."""
+        rec = _flat_record(step.ev, step.loader, step.index, step.start_ns,  # type: ignore[misc]
+                           step.end_ns, trace_id, flags, root_id, self._offset,
+                           self._device_bound, A.STEP_SPAN_NAME, _FLAT_CONSTANTS)
+        if rec is not None and step.attrs:
+            root_attrs = rec[C_ATTRS]
+            root_attrs.update(_plain_attributes(step.attrs, self._limits,
+                                                self._room - len(root_attrs),
+                                                self.attribute_drops))
+        return rec
 
     def _plain(self, step: Step) -> bool:
         """The step needs nothing but its flat phases, root attributes and the host clock's

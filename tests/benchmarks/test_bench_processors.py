@@ -38,3 +38,17 @@ def test_a_short_live_run_prints_the_exporter_process_stage_by_stage():
                   "main: records queued for export (on_records)", "send: HTTP POST (_post)"):
         match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d\d) µs", proc.stdout, re.M)
         assert match and float(match.group(1)) > 0, proc.stdout
+
+
+def test_a_short_live_run_through_the_step_ring_prints_its_read_and_build_rows():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_processors.py"), "--live", "--ring",
+         "--steps", "800", "--step-us", "300"], capture_output=True, text=True, env=env,
+        cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "through the step ring (read and built in " in proc.stdout, proc.stdout
+    for label in ("ring: read and decode (read_items)", "ring: build the step's record (_build)",
+                  "  thread otel-train-ring", "chain: views from records"):
+        match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d\d) µs", proc.stdout, re.M)
+        assert match and float(match.group(1)) > 0, proc.stdout
