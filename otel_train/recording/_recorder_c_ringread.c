@@ -280,7 +280,11 @@ otr_ring_read_items(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     unsigned long long cap = PyLong_AsUnsignedLongLong(args[1]);
     unsigned long long position = cap == (unsigned long long)-1 && PyErr_Occurred()
                                       ? 0 : PyLong_AsUnsignedLongLong(args[2]);
+    /* None: every record up to head (-1 here); a negative count reads none, as in Python */
     Py_ssize_t max_items = args[3] == Py_None ? -1 : PyLong_AsSsize_t(args[3]);
+    if (max_items < -1 || (max_items == -1 && args[3] != Py_None)) {
+        max_items = 0;
+    }
     int move_tail = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred() || move_tail < 0) {
         return NULL;

@@ -35,8 +35,8 @@ the oldest would mean writing what the reader owns. The producer writes a record
 then publishes ``head``: in C with a release store; in Python with a plain store after the
 record's, which x86 keeps in that order, as it keeps the Python reader's load of ``head``
 before its loads of the record. In one process the GIL orders both sides; a reader in
-another process on a weaker memory model (ARM) would need an acquire load of ``head``,
-which only a C reader gives.
+another process on a weaker memory model (ARM) needs an acquire load of ``head``, which the
+C reader (``_recorder_c_ringread.c``) gives.
 
 Usage::
 

@@ -1,9 +1,9 @@
 """The step ring read back: ``StepRingReader`` turns its records into ``RingStep`` objects.
 
 The consumer side of ``step_ring.py`` (whose docstring holds the layout): it reads records
-from ``tail`` up to ``head`` (the C writer publishes ``head`` with a release store; on the
-platforms CPython's ``struct`` reads here, a load that sees ``head`` sees the bytes before
-it), keeps the strings and phases each definition record sends, and moves ``tail`` past each
+from ``tail`` up to ``head`` (the C writer publishes ``head`` with a release store; the C
+reader, ``_recorder_c_ringread.c``, used where the accelerator was built, loads it with
+acquire; the Python read loop, its twin, relies on x86 keeping loads in order), keeps the strings and phases each definition record sends, and moves ``tail`` past each
 record it has read, which frees its room for the writer. A ``RingStep`` has the fields the
 record builder (``records/step_records.py``) reads of a ``Step``, so a step from the ring is
 built by the same code as one from the queue.
