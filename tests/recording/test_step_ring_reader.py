@@ -174,12 +174,13 @@ def test_the_c_reader_refuses_a_corrupt_record_and_an_id_never_defined_like_the_
             read()
 
 
-def test_ci_builds_the_c_ring_reader():
+def test_ci_builds_the_c_ring_reader_and_flat_step_record():
     if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
         pytest.skip("only CI must have built it; elsewhere the pure-Python twin is allowed")
     assert step_ring_reader._C_READ_ITEMS is not None, \
         "pip install -e . did not build otel_train/recording/_recorder_c_ringread.c"
     assert step_ring_reader.RING_READER.startswith("C accelerator")
+    assert step_records._flat_record is not None, "flat_step_record was not built"
 
 
 def test_otel_train_pure_python_selects_the_python_ring_reader():
