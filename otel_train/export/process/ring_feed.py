@@ -28,7 +28,8 @@ sends again the frames not settled, and reads the ring itself from ``tail``
 (``pipeline/ring_source.py``), so nothing is lost nor counted twice but the batch in flight.
 
 A thread, as the child's main loop blocks on the pipe and the ring has no descriptor to wait
-on: it looks every ``POLL_SECONDS`` when the ring is idle, and reads in batches.
+on: it sleeps once it has read to the head (``ring_pace.py``: up to 0.25 s, less when the
+ring fills fast), and reads in batches.
 
 Usage::
 
@@ -51,6 +52,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import is_cold_step
+from otel_train.export.process.ring_pace import RingPace
 from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.step_ring import QUEUED, StepRing
 from otel_train.recording.step_ring_reader import StepRingReader, unread_step_spans
@@ -59,14 +61,12 @@ from otel_train.common.attributes import STEP_SPAN_NAME
 from otel_train.records.span_rows import C_ATTRS, C_NAME, C_START, record_span_count
 from otel_train.records.step_records import StepRecordBuilder
 
-__all__ = ["MARKER_WAIT_SECONDS", "POLL_SECONDS", "ChildRingFeed"]
+__all__ = ["MARKER_WAIT_SECONDS", "ChildRingFeed"]
 
 _log = logging.getLogger("otel_train")
 #: How long the reader holds its place at a marker whose record has not come: the training
 #: process drains its queue within 0.5 s of a record's end (span_worker.py), then the pipe.
 MARKER_WAIT_SECONDS = 3.0
-#: How long the reader sleeps when the ring is idle.
-POLL_SECONDS = 0.02
 #: Steps read in one go: one hand-over to the derived chain and the stage.
 _BATCH_ITEMS = 512
 #: How long the first step waits for the training process's start_run time (train.startup).
@@ -216,6 +216,7 @@ class ChildRingFeed:
 
     # -- the reader ----------------------------------------------------------------------
     def _run(self) -> None:
+        pace = RingPace(self.ring.capacity, self._reader.position)
         while not self._stop.is_set():
             try:
                 with self._lock:
@@ -223,8 +224,8 @@ class ChildRingFeed:
             except Exception as exc:  # never a dead reader: log, go on
                 progressed = False
                 self._warn.warning("ring", "otel-train: reading the step ring: %r", exc)
-            if not progressed:
-                self._wake.wait(POLL_SECONDS)
+            if not progressed:  # read to the head: sleep (ring_pace.py says how long)
+                self._wake.wait(pace.next_sleep(self._reader.position))
                 self._wake.clear()
 
     def _pass(self, final: bool) -> bool:
@@ -486,3 +487,4 @@ class ChildRingFeed:
 
 
 _WAIT = object()
+
