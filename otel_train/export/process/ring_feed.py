@@ -397,7 +397,10 @@ class ChildRingFeed:
             self._marks.append((self._stage_in, self._frame_spans, position))
 
     def _hand_frame_record(self, rec: tuple[Any, ...], position: int) -> None:
-        """A record built in the training process (its first step: train.startup first)."""
+        """A record built in the training process (its first step: train.startup first).
+        A step's device verdict carries over to the ring steps built here after it."""
+        if rec[C_NAME] == STEP_SPAN_NAME:
+            self._builder.take_device_verdict(rec)
         if not self._first_done and rec[C_NAME] == STEP_SPAN_NAME:
             if self._first_start_ns is None and not self._startup_done:
                 self._first_start_ns = rec[C_START] - self._builder.offset_ns

@@ -324,3 +324,35 @@ def test_attribute_limits_apply_to_the_steps_built_in_the_exporter_process(
     assert len(roots) == 5 and {s.attributes["tag"] for s in roots} == {"abcde"}
     if step_ring == "on":
         assert run._telemetry.client._reports.ring_counts["steps"] == 5
+
+
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
+def test_ring_steps_built_in_the_exporter_process_carry_the_last_sampled_device_verdict(
+        tmp_path, monkeypatch, step_ring):
+    """On an accelerator, the steps with device readings (one in N) are queued and built in
+    the training process; the steps between them, read from the ring and built in the
+    exporter process, carry their verdict (host-bound here) as the queue path's do, not
+    the ``compute`` the host clock alone would say."""
+    from train_helpers import read_file_spans, start_test_run, use_fake_accelerator
+
+    from otel_train.common import attributes as A
+
+    acc = use_fake_accelerator(monkeypatch)
+    run = start_test_run(tmp_path, step_ring=step_ring, startup_span=False,
+                         device_events_every_steps=3)
+    assert run._telemetry.client.reads_ring == (step_ring == "auto")
+    for step in run.steps(range(9)):
+        for name in ("forward", "backward"):
+            with step.phase(name):
+                time.sleep(0.02)  # the device keeps pace with slow Python: host-bound
+                acc.launch(0.001)
+    run.shutdown(timeout=10)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
+             if s.name == "train.step"}
+    assert sorted(roots) == list(range(9))
+    sampled = [i for i, s in roots.items() if A.DEVICE_BUSY in s.attributes]
+    assert sampled == [0, 3, 6]
+    assert {i: s.attributes[A.STEP_BOUND] for i, s in roots.items()} == {
+        i: A.BOUND_HOST for i in range(9)}
+    if step_ring == "auto":
+        assert run._telemetry.client._reports.ring_counts["steps"] == 6  # built there
