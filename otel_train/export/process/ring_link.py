@@ -90,6 +90,17 @@ class RingClientPart:
                 "late_records": int(counts.get("late_records", 0)),
                 "resent_spans": int(self.resent_spans)}
 
+    def notice_exit(self) -> None:
+        """A child that exited unasked is given up now, its last reports read first (their
+        end of the pipe closed before it exited): before a drain, rather than at the span
+        worker's next look, so that the drain reads the ring here."""
+        if self._lifecycle.inert:
+            return
+        with self._io_lock:
+            if self._lifecycle.state in _REPORTS:
+                self._read()  # type: ignore[attr-defined]
+                self._check_exit()  # type: ignore[attr-defined]
+
     def count_resent(self, spans: int) -> None:
         """Spans of ring steps the child read and never settled, read again here."""
         self.resent_spans += spans

@@ -74,8 +74,10 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return False
 
 
-def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> None:
-    run = start_test_run(tmp_path)
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
+def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path,
+                                                          step_ring: str) -> None:
+    run = start_test_run(tmp_path, step_ring=step_ring)
     client = run._telemetry.export
     assert isinstance(client, ExportProcessClient)
     assert client.pid != os.getpid() and _alive(client.pid)
@@ -86,7 +88,12 @@ def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> Non
     assert len(spans) == 20 * 4 + 4  # root, data, 2 phases per step; val_loss on 4 steps
     assert {s.name for s in spans} == {"train.step", "data", "forward", "backward", "val_loss"}
     assert _wait_gone(client.pid, 5)
-    assert run._telemetry.worker.spans_built == len(spans)
+    # Built here, or (auto: the exporter process reads the step ring) the flat steps there.
+    ring = client._reports.ring_counts if client.reads_ring else {}
+    assert client.reads_ring == (step_ring == "auto")
+    built_there = ring.get("warm_spans", 0) + ring.get("cold_spans", 0)
+    assert run._telemetry.worker.spans_built + built_there == len(spans)
+    assert (built_there > 0) == (step_ring == "auto")
     assert run.costs()["steps"] == 20
 
 
@@ -333,7 +340,9 @@ def test_shutdown_keeps_its_bound_when_the_child_is_stuck_and_counts_every_span(
 
 def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
         tmp_path: Path) -> None:
-    run = start_test_run(tmp_path, max_queued_spans=300)
+    # The queue path (step_ring off): a full step ring drops the newest steps instead
+    # (tests/pipeline/test_ring_source.py).
+    run = start_test_run(tmp_path, max_queued_spans=300, step_ring="off")
     client = run._telemetry.export
     run.flush(timeout_seconds=10)
     os.kill(client.pid, signal.SIGSTOP)
@@ -514,19 +523,25 @@ def test_gpu_readings_of_this_process_reach_the_spans_the_child_exports(tmp_path
     assert all(r.attributes["train.gpu.memory_used_bytes"] == 3 << 30 for r in roots)
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child read the ring
 def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
-        tmp_path: Path) -> None:
-    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05)
+        tmp_path: Path, step_ring: str) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05,
+                         step_ring=step_ring)
     client = run._telemetry.export
+    assert client.reads_ring == (step_ring == "auto")
     _train(run, 10)
     assert run.flush(timeout_seconds=10)  # exported and its state here
     assert run.costs()["steps"] == 10
+    # The span worker looks no more: run.costs()' own drain notices the dead child.
+    run._telemetry.worker.paused = True
     os.kill(client.pid, signal.SIGKILL)
     end = time.monotonic() + 5
     while client._proc.poll() is None and time.monotonic() < end:
         time.sleep(0.02)
     _train(run, 15, start=10)
     costs = run.costs()
+    run._telemetry.worker.paused = False
     assert costs["steps"] == 25  # the state at 10, then 15 steps fed here
     assert costs["operations"]["val_loss"]["calls"] == 5
     assert _scrape(run.prometheus_url)['otel_train_steps_total{rank="0"}'] == 25

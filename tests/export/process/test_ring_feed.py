@@ -62,6 +62,9 @@ class _Exporter:
     def send_control(self, msg: tuple[Any, ...]) -> None:
         self.sent.append(msg)
 
+    def notice_exit(self) -> None:
+        """A drain asks whether the child died: it never does here."""
+
 
 def _builder() -> StepRecordBuilder:
     return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, OFFSET)
