@@ -406,7 +406,15 @@ class ChildRingFeed:
                 self._first_start_ns = rec[C_START] - self._builder.offset_ns
                 self._emit_startup()
             self._first_step(rec)
-        self._hand_on([rec], [], position, frame_spans=record_span_count(rec))
+        # Its frame's user span rows go with its first record, ahead of it as in a frame
+        # from the pipe: the tail sampler holds them for their steps, so a failed user span
+        # keeps its step (the record always comes from the frame at the head).
+        with self._frames_lock:
+            frame = self._frames[0] if self._frames else None
+            rows = frame.rows if frame is not None else []
+            if rows:
+                frame.rows = []
+        self._hand_on([rec], rows, position, frame_spans=record_span_count(rec) + len(rows))
 
     def _release_done_frames(self, position: int) -> None:
         """Frames whose records are all handed on: their rows follow, in frame order."""

@@ -551,10 +551,12 @@ def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
     assert steps == list(range(25))
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child reads the ring
 def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
-        tmp_path: Path) -> None:
+        tmp_path: Path, step_ring: str) -> None:
     run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=0.0,
-                         sample_keep_first_steps=2)
+                         sample_keep_first_steps=2, step_ring=step_ring)
+    assert run._telemetry.client.reads_ring == (step_ring == "auto")
     derived = run._telemetry.derived
     assert derived.remote is run._telemetry.export  # the chain and the sampler: there
     _wait_ready(run._telemetry.export)  # before it is, this process feeds the chain itself
