@@ -292,6 +292,12 @@ class _Child:
             except Exception as exc:
                 self.chain = self.shared = None
                 self.send(("derive_failed", repr(exc)), block=True)
+                if self._ring_fd is not None:
+                    # The ring's steps, built here, would reach no metrics: exit, so that
+                    # the training process takes over, reads the ring and feeds its own.
+                    self.send(("error", "the step ring is left to the training process"),
+                              block=True)
+                    os._exit(4)
             gc.freeze()  # the chain's modules and objects too (see child_main)
         elif kind == "ring":
             try:

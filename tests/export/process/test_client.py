@@ -649,9 +649,10 @@ def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
     run.shutdown(timeout=10)
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child leaves the ring here
 def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, step_ring: str) -> None:
     from otel_train.derived.stage import DerivedMetricsStage
 
     handed_over = DerivedMetricsStage.run_in_exporter_process
@@ -662,8 +663,9 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
 
     monkeypatch.setattr(DerivedMetricsStage, "run_in_exporter_process", broken)
     with caplog.at_level("WARNING", logger="otel_train"):
-        run = start_test_run(tmp_path)
+        run = start_test_run(tmp_path, step_ring=step_ring)
         client = run._telemetry.export
+        assert client.reads_ring == (step_ring == "auto")
         end = time.monotonic() + 10
         while client.derives_metrics and time.monotonic() < end:
             time.sleep(0.05)
@@ -672,6 +674,10 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
         assert run.costs()["steps"] == 20
         run.shutdown(timeout=10)
     assert any("could not run the derived metrics" in r.getMessage() for r in caplog.records)
+    # With the ring: the child left, the training process read the ring and exported.
+    assert run._telemetry.worker._ring_source is None or (
+        not run._telemetry.worker._ring_source.in_child)
+    assert run.dropped_spans() == {}
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 20 * 4 + 4  # export unharmed
 
 
@@ -768,23 +774,27 @@ def test_a_forked_copy_of_the_client_is_forked_and_inert_and_the_parent_exports(
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 3 * 3
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
 @pytest.mark.parametrize("sample_ratio", [None, 0.0], ids=["every-step", "sampled"])
 def test_steps_before_the_child_is_ready_feed_this_process_and_the_child_goes_on_from_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_ratio: float | None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_ratio: float | None,
+        step_ring: str) -> None:
     """The child's interpreter takes a while to start: the console and the metrics of the
     first steps do not wait for it; each step is counted once, on either side. A sampled
-    run leaves every step to the child (its sampler's counts must match what it was sent)."""
+    run leaves every step to the child (its sampler's counts must match what it was sent),
+    and so does a run whose child reads the step ring (the steps wait in the ring)."""
     from otel_train.export.process import launch
     from otel_train.export.process.client import ClientState
 
     monkeypatch.setattr(launch, "_BOOT", "import time; time.sleep(1.5); " + launch._BOOT)
     run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=sample_ratio,
-                         sample_keep_first_steps=2)
+                         sample_keep_first_steps=2, step_ring=step_ring)
     client, derived = run._telemetry.export, run._telemetry.derived
+    assert client.reads_ring == (step_ring == "auto")
     _train(run, 20)
     run._telemetry.worker.drain()  # the child is not up: this process feeds the chain
     assert client.state is ClientState.STARTING
-    fed_here = 20 if sample_ratio is None else 0
+    fed_here = 20 if sample_ratio is None and step_ring == "off" else 0
     assert derived.shared._assembler.views == fed_here
     assert derived.costs()["steps"] == fed_here
     _wait_ready(client)
