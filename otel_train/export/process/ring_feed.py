@@ -417,7 +417,8 @@ class ChildRingFeed:
         self._hand_on([rec], rows, position, frame_spans=record_span_count(rec) + len(rows))
 
     def _release_done_frames(self, position: int) -> None:
-        """Frames whose records are all handed on: their rows follow, in frame order."""
+        """Frames whose records are all handed on: their rows follow, in frame order (a
+        frame with records sent its rows with the first of them)."""
         while True:
             with self._frames_lock:
                 if not self._frames or self._frames[0].next < len(self._frames[0].recs):
