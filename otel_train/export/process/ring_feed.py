@@ -244,6 +244,9 @@ class ChildRingFeed:
                     batch = []
                 self._markers = max(self._markers, ordinal)
                 self._late_frames()  # records whose markers were passed over, first
+                # Frames of rows alone at the head (user spans drained without a record):
+                # on first, in frame order, so that the record's frame is at the head.
+                self._release_done_frames(self._position)
                 rec = self._match(ordinal, final)
                 if rec is _WAIT:
                     return moved

@@ -359,3 +359,26 @@ def test_ring_steps_built_in_the_exporter_process_carry_the_last_sampled_device_
         i: A.BOUND_HOST for i in range(9)}
     if step_ring == "auto":
         assert run._telemetry.client._reports.ring_counts["steps"] == 6  # built there
+
+
+def test_a_frame_of_user_span_rows_alone_ahead_of_a_record_does_not_hold_up_its_marker():
+    """The training process sent a frame of user span rows only, then the frame with the
+    queued record: the reader meeting the record's marker finds it at once (the rows go
+    on first, in frame order), it does not wait out MARKER_WAIT_SECONDS."""
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    source = RingSource(rec, ring, exporter=_Exporter())
+    _train(rec, range(3), queued_at=(1,))
+    queued = _queued_records(rec, _builder())
+    assert len(queued) == 1
+    child = _Child()
+    feed = _feed(ring, child)
+    user_row = ("user-root",)  # a row as the feed passes it on: opaque here
+    feed.add_frame([], [user_row], 0, [])
+    feed.add_frame(queued, [], 0, [source.take_ordinal()])
+    began = time.monotonic()
+    feed.catch_up(time.monotonic() + 5)
+    assert time.monotonic() - began < ring_feed.MARKER_WAIT_SECONDS
+    assert child.names() == ["train.step:0", "train.step:1", "train.step:2"]
+    assert [rows for _, rows in child.handed if rows] == [[user_row]]
+    assert feed.counts()["markers_unmatched"] == 0
