@@ -10,7 +10,9 @@ Variants, each compared with the bare loop:
 
 - ``otel-otlp``: otel-train exporting OTLP/HTTP to a real local receiver (the receivers of
   ``tests/otlp_receivers.py``, in their own process as a collector would be), Prometheus
-  metrics served and the console report on (it goes to stderr, sent to /dev/null);
+  metrics served and the console report on (it goes to stderr, sent to /dev/null); its
+  ``step_ring`` is the default (``auto``: on this plan the exporter process reads the ring)
+  unless ``OTEL_TRAIN_STEP_RING`` says otherwise (``off``: every step queued);
 - ``otel-ring`` (only when named in ``--variants``): ``otel-otlp`` with ``step_ring="on"``
   (finished flat steps through the shared-memory step ring, read and built by the exporter
   process: the training process does nothing per flat step after the hot path);
@@ -210,7 +212,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             export_process=variant != "otel-thread",
             sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None,
             background_cpus="off" if variant == "otel-any-cpu" else "auto",
-            step_ring="on" if variant == "otel-ring" else "off",
+            # otel-otlp: the default step ring (auto), or OTEL_TRAIN_STEP_RING's choice.
+            **({"step_ring": "on"} if variant == "otel-ring" else {}),
             **(THROUGHPUT if variant == "otel-throughput" else {}))
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,

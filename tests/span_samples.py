@@ -72,7 +72,9 @@ def _records(tmp_path):
     """Span records of steps of every shape, user span rows, and the run's factory."""
     from otel_train.records.span_rows import row_from_span
 
-    with start_test_run(tmp_path) as run:
+    # The queue path: every step's record is read from the recorder's queue (with the step
+    # ring, the default's, flat steps would go to the exporter process).
+    with start_test_run(tmp_path, step_ring="off") as run:
         run._telemetry.worker.paused = True
         run_shaped_steps(run, 4, phase_attribute=True)
         run_shaped_steps(run, 3)

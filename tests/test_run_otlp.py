@@ -264,7 +264,10 @@ def test_a_collector_slower_than_training_fills_the_bounded_export_queue(tmp_pat
 
 def test_record_queue_full_is_counted_when_the_builder_falls_behind(tmp_path):
     with HttpOtlpReceiver() as receiver:
-        with _start(tmp_path, "http/protobuf", receiver, max_queued_steps=2) as run:
+        # The recorder's queue (step_ring off): a full step ring is tests/pipeline/
+        # test_ring_source.py's.
+        with _start(tmp_path, "http/protobuf", receiver, max_queued_steps=2,
+                    step_ring="off") as run:
             run._telemetry.worker.paused = True
             time.sleep(0.1)  # let any drain cycle already under way finish
             for step in run.steps(range(5)):

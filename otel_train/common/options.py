@@ -124,8 +124,9 @@ class RunOptions:
     gpu_sample_interval_seconds: float = 5.0
     max_queued_steps: int = 4096
     # "on": finished flat steps go from the hot path into a shared-memory ring
-    # (recording/step_ring.py) instead of the queue; "off": every step is queued.
-    step_ring: str = _choice("off")
+    # (recording/step_ring.py) instead of the queue; "off": every step is queued; "auto":
+    # the ring where the exporter process reads it (pipeline/plan.py), the queue elsewhere.
+    step_ring: str = _choice("auto")
     max_queued_spans: int = 16384
     # Spans per OTLP request (or span-file line): at ~1 ms steps a 512-span batch is ~10
     # POSTs a second at ~0.75 ms of CPU each; 2048 is a quarter of that, still ~0.5 MiB
@@ -255,8 +256,8 @@ class RunOptions:
             self._fail("budget_action", "must be 'report' or 'govern'")
         if self.memory_peaks not in ("auto", "on", "off"):
             self._fail("memory_peaks", "must be one of auto, on, off")
-        if self.step_ring not in ("on", "off"):
-            self._fail("step_ring", "must be 'on' or 'off'")
+        if self.step_ring not in ("auto", "on", "off"):
+            self._fail("step_ring", "must be one of auto, on, off")
         if self.exporter is not None and self.exporter not in _EXPORTERS:
             self._fail("exporter", f"must be one of {', '.join(_EXPORTERS)} or None")
         if self.otlp_protocol is not None and self.otlp_protocol not in _PROTOCOLS:

@@ -196,8 +196,10 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "leaves when the run ends or the training process dies; if it cannot start, export "
         "falls back to a thread."),
     "step_ring": OptionDoc(
-        "export", "`on`: the hot path writes each finished flat step into a shared-memory ring "
-        "instead of queuing the Python object; `off` (the default): every step is queued",
+        "export", "`auto` (the default): the hot path writes each finished flat step into a "
+        "shared-memory ring read by the exporter process where the plan puts the exporter "
+        "process and the derived metrics there, else queues it; `on`: the ring on every plan; "
+        "`off`: every step is queued",
         details="A flat step (phases one after another, none failed) with root attribute "
         "values that are numbers, booleans or short strings is written as a compact record "
         "at its end (in C where the accelerator was built); any other step, and `run.monitor` "
@@ -205,8 +207,9 @@ OPTION_DOCS: dict[str, OptionDoc] = {
         "ring drops the newest step, counted as `step_ring_full`. With the exporter process "
         "as the route and the derived metrics there, the exporter process reads the ring "
         "and builds the steps' spans: the training process does nothing per flat step after "
-        "the hot path; on any other plan the span worker of the training process reads it "
-        "(`otel-train plan` says which)."),
+        "the hot path. On any other plan `auto` queues every step (read by the span worker "
+        "of the training process the ring costs no less than the queue) and `on` has the "
+        "span worker read the ring (`otel-train plan` says which)."),
     "export_process_nice": OptionDoc(
         "export", "with `export_process`: the exporter process's niceness, added to the "
         "training process's (0..19; 0: the same priority)",

@@ -364,6 +364,11 @@ class DerivedMetricsStage:
                 data["exporter_process_startup_cpu_seconds"] = startup
                 data["exporter_process_cpu_seconds_per_step"] = (
                     (seconds - startup) / snapshot.steps if snapshot.steps else None)
+            ring_counts = getattr(source, "step_ring_counts", None)
+            ring = ring_counts() if ring_counts is not None else None
+            if ring is not None:  # the exporter process reads the step ring
+                ring["full_dropped_spans"] = data["dropped_spans"].get("step_ring_full", 0)
+                data["step_ring"] = ring
             corrupt = source.corrupt_report_frames()
             if corrupt:
                 data["exporter_process_corrupt_report_frames"] = corrupt

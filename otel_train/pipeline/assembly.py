@@ -273,16 +273,16 @@ class BuiltExport:
 
 def _make_ring(plan: PipelinePlan, max_queued_steps: int
                ) -> tuple[StepRing | None, StepRing | None]:
-    """With ``step_ring="on"``: the step ring's shared memory, twice where the exporter
-    process reads it (the plan says so: its descriptor is passed to the child as it starts),
-    else once (the span worker reads it here); (None, None) when off or where it cannot be
+    """With a step ring in the plan (``step_ring="on"``, or ``"auto"`` where the exporter
+    process reads it): the ring's shared memory, twice where the exporter process reads it
+    (the plan says so: its descriptor is passed to the child as it starts), else once (the span worker reads it here); (None, None) when off or where it cannot be
     made (a warning; the queue takes every step)."""
     if plan.step_ring is None:
         return None, None
     try:
         ring = StepRing.create(ring_capacity_bytes(max_queued_steps))
     except (OSError, ValueError) as exc:
-        _log.warning("otel-train: step_ring=on: the ring could not be made (%r); steps are "
+        _log.warning("otel-train: step_ring: the ring could not be made (%r); steps are "
                      "queued as with step_ring=off", exc)
         return None, None
     return ring, (ring if plan.step_ring == RING_IN_EXPORTER else None)

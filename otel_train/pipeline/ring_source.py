@@ -124,8 +124,14 @@ class RingSource:
         the caller holds the drain, so no record is being taken meanwhile)."""
         with self._lock:
             if self.exporter is not None:
-                if not (may_take_over and self.exporter.taken_over):
+                if not may_take_over:
                     return 0
+                if not self.exporter.taken_over:
+                    # A drain (run.costs(), run.flush() too): a child that died since the
+                    # worker's last look is noticed now, so the steps the ring holds count.
+                    self.exporter.notice_exit()
+                    if not self.exporter.taken_over:
+                        return 0
                 self._take_over()
             return self._refill_locked()
 

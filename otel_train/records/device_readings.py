@@ -212,6 +212,25 @@ def label_step(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
     return None
 
 
+def device_verdict(root_attrs: dict[str, Any], phases: Sequence[tuple[Any, ...]],
+                   wall_ns: int, root_id: int) -> str | None:
+    """What a built step record's device readings alone say (``compute``/``host``), the
+    verdict :func:`label_step` returned when the record was built; None without readings.
+
+    A builder that did not build the record (the exporter process's, reading the step ring,
+    for a step the training process built) takes it over from here, so the steps after it
+    carry the verdict the training process's builder would have carried."""
+    busy = root_attrs.get(_BUSY)
+    if not isinstance(busy, (int, float)) or isinstance(busy, bool):
+        return None
+    lag = 0.0
+    for ph in phases:
+        if (ph[P_PARENT_ID] == root_id and ph[P_NAME] != _DATA
+                and ph[P_DEVICE_SECONDS] is not None):
+            lag += abs(ph[P_DEVICE_SECONDS] - ph[P_DURATION] / 1e9)
+    return step_bound(wall_ns / 1e9, 0.0, None, busy, None, lag)
+
+
 # Steps whose records are built within this long share one RSS reading: each read is a
 # syscall that lets go of the GIL, which the training thread then waits to take back.
 HOST_RSS_REUSE_NS = 250_000_000

@@ -39,12 +39,16 @@ from otel_train.records.device_readings import (
     BOUND_INPUT_SHARE,
     HostRss,
     device_readings,
+    device_verdict,
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
 from otel_train.records.span_rows import (
     C_ATTRS,
+    C_END,
     C_PHASES,
+    C_ROOT_ID,
+    C_START,
     P_DEVICE_SECONDS,
     P_END,
     P_EXTRA,
@@ -140,6 +144,15 @@ class StepRecordBuilder:
     def offset_ns(self) -> int:
         """What turns this builder's ``perf_counter_ns`` stamps into epoch nanoseconds."""
         return self._offset
+
+    def take_device_verdict(self, rec: tuple[Any, ...]) -> None:
+        """A step record another builder made (the training process's, for a step the ring
+        could not carry): its device verdict carries over to the steps built here after it,
+        as it does in the builder that made it."""
+        verdict = device_verdict(rec[C_ATTRS], rec[C_PHASES], rec[C_END] - rec[C_START],
+                                 rec[C_ROOT_ID])
+        if verdict is not None:
+            self._device_bound = verdict
 
     def record(self, record: Step | MonitorRecord) -> tuple[Any, ...]:
         """The span record (span_rows.py) of one step or monitoring operation.

@@ -159,6 +159,16 @@ def slow_section(data: RunData) -> str:
                          rows, "slow"))
 
 
+# The step ring's counts (monitoring_costs.json ``step_ring``) the drops table shows.
+_RING_WORDS = (
+    ("markers_unmatched", "step ring: queued records not there when their place was read "
+     "(lost ones counted above by reason)"),
+    ("late_records", "step ring: queued records exported after steps that ended later"),
+    ("resent_spans", "spans exported again from the training process after the exporter "
+     "process died"),
+)
+
+
 def drops_section(data: RunData) -> str:
     """Spans dropped (by reason), removed, steps missing, torn lines."""
     rows = []
@@ -174,6 +184,12 @@ def drops_section(data: RunData) -> str:
             for reason, n in sorted(left_out.items()):
                 rows.append((f"attribute values left out ({html.escape(str(reason))}), rank "
                              f"{c.get('rank', '?')}", int(n)))
+        # The step ring read by the exporter process: its records' detours (not drops).
+        ring = c.get("step_ring")
+        if isinstance(ring, dict):
+            for key, words in _RING_WORDS:
+                if ring.get(key):
+                    rows.append((f"{words}, rank {c.get('rank', '?')}", int(ring[key])))
     for r in data.removed:
         rows.append((f"removed by spans_total_max_bytes ({html.escape(r['_file'])})",
                      int(r.get("removed_spans", 0))))

@@ -76,3 +76,19 @@ def test_the_plan_speaks_in_words_a_user_reads_and_names_no_run_dir_that_will_no
     named = _plan("--run-id", "nightly-7")
     assert "export: span file otel-train-runs/nightly-7/spans.jsonl.gz" in named.stdout
     assert "<run id>" not in named.stdout
+
+
+def test_the_plan_command_says_what_the_default_step_ring_chose_and_why():
+    endpoint = ("--exporter", "otlp", "--otlp-endpoint", "http://collector:4317")
+    there = _plan(*endpoint)
+    here = _plan(*endpoint, "--no-export-process")
+    forced = _plan(*endpoint, "--no-export-process", OTEL_TRAIN_STEP_RING="on")
+    assert there.returncode == here.returncode == forced.returncode == 0
+    ring = {name: [ln for ln in done.stdout.splitlines() if "step ring:" in ln]
+            for name, done in (("there", there), ("here", here), ("forced", forced))}
+    assert len(ring["there"]) == len(ring["here"]) == len(ring["forced"]) == 1
+    assert "read by the exporter process (step_ring=auto" in ring["there"][0]
+    assert "nothing per flat step after the hot path" in ring["there"][0]
+    assert "off, steps are queued (step_ring=auto" in ring["here"][0]
+    assert "costs no less than the queue" in ring["here"][0]
+    assert "read by the span worker in the training process (step_ring=on" in ring["forced"][0]

@@ -292,3 +292,35 @@ def test_log_every_must_be_positive() -> None:
         ConsoleReportSpanProcessor(0)
     with pytest.raises(ValueError, match="console_min_interval_seconds"):
         ConsoleReportSpanProcessor(10, min_interval_seconds=-1.0)
+
+
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
+def test_the_console_reads_alike_when_the_exporter_process_reads_the_step_ring(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], step_ring: str) -> None:
+    """The console runs in the exporter process (its derived metrics there); with the step
+    ring (the default on that plan) it builds the flat steps from the ring: the same lines
+    in step order, the fast lines every log_every steps, the breakdown of the step whose
+    monitoring is material, as on the queue path."""
+    from train_helpers import start_test_run
+
+    run = start_test_run(tmp_path, console=True, log_every=10,
+                         console_min_interval_seconds=0, step_ring=step_ring)
+    assert run._telemetry.client.reads_ring == (step_ring == "auto")
+    assert run._telemetry.derived.remote is not None  # the console's lines come from there
+    for step in run.steps(range(50), loader="train"):
+        with step.phase("forward"):
+            time.sleep(0.002)
+        if step.index == 35:
+            with step.monitor("val_loss"):
+                time.sleep(0.1)  # material monitoring: a breakdown
+    run.shutdown(timeout=10)
+    err = capsys.readouterr().err
+    printed = [int(m.group(1)) for m in re.finditer(r"⏱️  step (\d+)[^\n]*", err)]
+    assert printed == sorted(printed)  # in step order
+    # a step the machine made slow gets its line too ("🚩 slow step"): not a routine one
+    routine = [int(m.group(1)) for m in re.finditer(r"⏱️  step (\d+)[^\n]*", err)
+               if "slow step" not in m.group(0) or int(m.group(1)) % 10 == 0]
+    assert [i for i in routine if i % 10 == 0] == [0, 10, 20, 30, 40]
+    assert "TIMING BREAKDOWN (Step 35)" in err
+    breakdown = err.split("TIMING BREAKDOWN (Step 35)")[1]
+    assert re.search(r"val_loss:\s+0\.1\d\ds \(\d+\.\d%\)", breakdown)

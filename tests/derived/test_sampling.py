@@ -210,10 +210,11 @@ def test_a_run_without_sampling_exports_every_step(tmp_path: Path):
 
 
 @pytest.mark.parametrize("where", [
-    {},  # decided in the exporter process, after the derived metrics there
+    {"step_ring": "off"},  # decided in the exporter process, after the derived metrics there
     {"metrics_in_export_process": False},  # decided here, exported from the exporter process
     {"export_process": False},  # decided and exported here
     {"step_ring": "on"},  # decided in the exporter process, which reads the step ring
+    {},  # the same, the step ring by default (auto)
 ])
 def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_step(
         tmp_path: Path, where: dict):
@@ -222,7 +223,7 @@ def test_a_sampled_run_writes_only_kept_steps_and_keeps_user_spans_with_their_st
     there = "metrics_in_export_process" not in where and "export_process" not in where
     assert (run._telemetry.derived.remote is not None) is there
     assert run._telemetry.client is None or run._telemetry.client.reads_ring == (
-        "step_ring" in where)
+        there and where.get("step_ring") != "off")
     tracer = trace.get_tracer("user")
     for step in run.steps(range(20)):
         with step.phase("forward"), tracer.start_as_current_span("user-work"):

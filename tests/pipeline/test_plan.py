@@ -179,5 +179,30 @@ def test_the_plan_says_who_reads_the_step_ring(options, env, reader):
     assert step_ring_in_exporter(plan.route, plan.metrics_where) == (
         reader == "exporter process")
     assert plan.step_ring == reader
-    off = _plan(env, **options)
+    off = _plan(env, step_ring="off", **options)
     assert off.step_ring is None and not [r for r in off.reasons if r.startswith("step ring:")]
+
+
+@pytest.mark.parametrize(("options", "env", "reader"), [
+    (OTLP, _env(), "exporter process"),
+    (dict(OTLP, sample_ratio=0.1), _env(), "exporter process"),
+    (dict(OTLP, export_process=False), _env(), None),
+    (dict(OTLP, metrics_in_export_process=False), _env(), None),
+    (OTLP, _env(drops=True), None),
+])
+def test_the_default_step_ring_is_on_only_where_the_exporter_process_reads_it(
+        options, env, reader):
+    plan = _plan(env, **options)  # step_ring="auto", the default
+    said = [r for r in plan.reasons if r.startswith("step ring:")]
+    assert plan.step_ring == reader and len(said) == 1 and "step_ring=auto" in said[0]
+    if reader is None:
+        assert "off, steps are queued" in said[0] and "costs no less than the queue" in said[0]
+    else:
+        assert "read by the exporter process" in said[0]
+        # The fallback when the exporter process cannot start queues every step.
+        assert plan.if_process_fails.step_ring is None
+
+
+def test_step_ring_names_its_choices_when_it_is_set_wrong():
+    with pytest.raises(ValueError, match="step_ring.*auto, on, off"):
+        RunOptions.resolve(environ={}, step_ring="yes")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,53 @@ def test_a_full_ring_drops_the_newest_steps_counted_and_delivered_plus_dropped_i
     delivered = _spans_per_step(tmp_path / "spans.jsonl")
     assert set(delivered.values()) == {5} and sorted(delivered) == list(range(written))
     assert sum(delivered.values()) + drops["step_ring_full"] == 5 * steps  # emitted
+    if export_process:  # monitoring_costs.json says it beside the ring's other counts
+        costs = _costs_file(tmp_path)
+        assert costs["dropped_spans"] == drops
+        assert costs["step_ring"]["full_dropped_spans"] == 5 * dropped
+        assert costs["step_ring"]["steps_built_in_exporter_process"] == written
+
+
+def _costs_file(status_dir: Path) -> dict:
+    import json
+
+    (path,) = status_dir.rglob("monitoring_costs*.json")
+    return json.loads(path.read_text())
+
+
+def test_queued_records_late_for_their_place_in_the_ring_are_counted_in_the_costs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The exporter process's reader does not wait at a marker whose queued record has not
+    come (its wait set to 0 there): it passes it over and exports the record when it comes.
+    run.costs() and monitoring_costs.json count both; nothing is lost."""
+    from otel_train.export.process import launch
+
+    monkeypatch.setattr(launch, "_BOOT", launch._BOOT.replace(
+        "from otel_train.export.process.child import child_main; ",
+        "from otel_train.export.process import ring_feed; "
+        "ring_feed.MARKER_WAIT_SECONDS = 0.0; "
+        "from otel_train.export.process.child import child_main; "))
+    run = otel_train.start_run(
+        exporter="jsonl", spans_path=str(tmp_path / "spans.jsonl"), prometheus_port=None,
+        console=False, status_dir=str(tmp_path), run_id="ring-late", startup_span=False)
+    assert run._telemetry.client.reads_ring  # step_ring="auto": read by the exporter process
+    for step in run.steps(range(60), loader="train"):
+        with step.phase("forward"):
+            pass
+        if step.index % 6 == 0:  # longer than the ring carries: queued, a marker in its place
+            step.set_attribute("note", "x" * 400)
+        if step.index % 6 == 1:
+            time.sleep(0.05)  # the reader (every 20 ms) reaches the marker before the record
+    costs = run.costs()
+    ring = costs["step_ring"]
+    assert ring["markers_unmatched"] >= 1 and ring["late_records"] >= 1
+    assert ring["steps_built_in_exporter_process"] == 50
+    run.shutdown(timeout=10)
+    final = _costs_file(tmp_path)["step_ring"]
+    assert 1 <= final["markers_unmatched"] == final["late_records"] <= 10  # all came late
+    assert final["resent_spans"] == final["full_dropped_spans"] == 0
+    assert run.dropped_spans() == {}
+    assert sorted(_spans_per_step(tmp_path / "spans.jsonl")) == list(range(60))
 
 
 @pytest.mark.parametrize("step_ring", ["off", "on"])

@@ -271,6 +271,38 @@ def test_steps_between_sampled_ones_take_the_last_sampled_verdict_unless_input_b
     assert labels == [A.BOUND_HOST] * 6  # not "compute", as the host clock alone would say
 
 
+def test_a_builder_that_takes_the_sampled_records_over_labels_the_steps_between_alike():
+    """The exporter process builds the ring's steps, the training process the sampled ones
+    (device readings): taking each sampled record over, its builder carries the verdict."""
+    from otel_train.records.device_readings import device_verdict
+
+    dev = FakeAccelerator()
+    rec = _recorder(dev, every=3)
+    for step in rec.steps(_sleepy(7, 0.0), None):
+        for name in ("forward", "backward"):
+            with step.phase(name):
+                time.sleep(0.02)  # the device keeps pace with slow Python: host-bound
+                dev.launch(0.001)
+    records = _records(rec)
+    here = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cuda", lambda t: True,
+                             epoch_offset_ns())
+    there = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cuda", lambda t: True,
+                              epoch_offset_ns())
+    labels, alone = [], []
+    for step, built in zip(rec.queue, records):
+        if step.dev:  # sampled: built in the training process, taken over there
+            assert device_verdict(built[6], built[9], built[5] - built[4],
+                                  built[2]) == A.BOUND_HOST
+            there.take_device_verdict(built)
+            labels.append(built[6][A.STEP_BOUND])
+            alone.append(built[6][A.STEP_BOUND])
+        else:
+            labels.append(there.record(step)[6][A.STEP_BOUND])
+            alone.append(here.record(step)[6][A.STEP_BOUND])  # never took a verdict over
+    assert labels == [r[6][A.STEP_BOUND] for r in records] == [A.BOUND_HOST] * 7
+    assert alone.count(A.BOUND_COMPUTE) == 4  # what the host clock alone says
+
+
 def test_phases_opened_and_closed_by_timestamps_get_device_time_and_peaks_too():
     dev, mem = FakeAccelerator(), FakeAllocator(block_bytes=MIB)
     rec = _recorder(dev, memory=mem)

@@ -377,3 +377,18 @@ def test_device_values_left_out_and_what_the_own_cost_leaves_out_are_on_the_page
     assert re.search(r"attribute values left out \(device_value_not_ready\), rank 0</th>"
                      r"<td class='count'>3<", html)
     assert "left out: the waits at monitoring boundaries" in html
+
+
+def test_the_step_rings_detours_are_counted_on_the_page(tmp_path):
+    _short_run(tmp_path, steps=30)
+    costs = next(tmp_path.glob("monitoring_costs*.json"))
+    data = json.loads(costs.read_text())
+    data["step_ring"] = {"steps_built_in_exporter_process": 30, "markers_unmatched": 4,
+                         "late_records": 3, "resent_spans": 0, "full_dropped_spans": 0}
+    costs.write_text(json.dumps(data))
+    html = write_report(tmp_path).read_text()
+    assert re.search(r"queued records not there when their place was read \(lost ones "
+                     r"counted above by reason\), rank 0</th><td class='count'>4<", html)
+    assert re.search(r"exported after steps that ended later, rank 0</th>"
+                     r"<td class='count'>3<", html)
+    assert "exported again from the training process" not in html  # 0: not shown

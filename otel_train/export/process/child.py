@@ -225,6 +225,20 @@ class _Child:
         self.export.on_records(recs, rows)
         return handed
 
+    def _derive_or_leave(self, settings: dict[str, Any]) -> None:
+        """The derived metrics here; if they cannot run, the training process is told, and
+        a process given the step ring exits: the ring's steps, built here, would reach no
+        metrics, so the training process takes over, reads the ring and feeds its own."""
+        try:
+            self.derive(settings)
+        except Exception as exc:
+            self.chain = self.shared = None
+            self.send(("derive_failed", repr(exc)), block=True)
+            if self._ring_fd is not None:
+                self.send(("error", "the step ring is left to the training process"),
+                          block=True)
+                os._exit(4)
+
     def read_ring(self, settings: dict[str, Any]) -> None:
         """Read the step ring here from now on (ring_feed.py)."""
         from otel_train.export.process.ring_feed import ChildRingFeed
@@ -287,11 +301,7 @@ class _Child:
                 self.stats(block=True)
             self.send(("flushed", msg[1], True), block=True)
         elif kind == "derive":
-            try:
-                self.derive(msg[1])
-            except Exception as exc:
-                self.chain = self.shared = None
-                self.send(("derive_failed", repr(exc)), block=True)
+            self._derive_or_leave(msg[1])
             gc.freeze()  # the chain's modules and objects too (see child_main)
         elif kind == "ring":
             try:

@@ -92,6 +92,12 @@ class ExporterProcessCpuCollector:
         """Its reports that could not be read, so far."""
         return self._client.corrupt_report_frames
 
+    def step_ring_counts(self) -> dict[str, int] | None:
+        """What became of the step ring's records in it (``ring_link.py``), None when it
+        reads no ring."""
+        counts = getattr(self._client, "step_ring_counts", None)
+        return counts() if counts is not None else None
+
     def cpu_seconds(self) -> float | None:
         """The exporter process's CPU seconds so far (its last reading once it has exited),
         or None if it was never readable."""

@@ -245,6 +245,7 @@ class ChildRingFeed:
                     batch = []
                 self._markers = max(self._markers, ordinal)
                 self._late_frames()  # records whose markers were passed over, first
+                self._release_done_frames(self._position)  # frames of rows alone, first
                 rec = self._match(ordinal, final)
                 if rec is _WAIT:
                     return moved
@@ -398,16 +399,27 @@ class ChildRingFeed:
             self._marks.append((self._stage_in, self._frame_spans, position))
 
     def _hand_frame_record(self, rec: tuple[Any, ...], position: int) -> None:
-        """A record built in the training process (its first step: train.startup first)."""
+        """A record built in the training process (its first step: train.startup first;
+        a step's device verdict carries over to the ring steps built here after it)."""
+        if rec[C_NAME] == STEP_SPAN_NAME:
+            self._builder.take_device_verdict(rec)
         if not self._first_done and rec[C_NAME] == STEP_SPAN_NAME:
             if self._first_start_ns is None and not self._startup_done:
                 self._first_start_ns = rec[C_START] - self._builder.offset_ns
                 self._emit_startup()
             self._first_step(rec)
-        self._hand_on([rec], [], position, frame_spans=record_span_count(rec))
+        # Its frame's (the head frame's) user span rows go ahead of its first record, as in
+        # a frame from the pipe: the tail sampler holds them, a failed one keeps its step.
+        with self._frames_lock:
+            frame = self._frames[0] if self._frames else None
+            rows = frame.rows if frame is not None else []
+            if rows:
+                frame.rows = []
+        self._hand_on([rec], rows, position, frame_spans=record_span_count(rec) + len(rows))
 
     def _release_done_frames(self, position: int) -> None:
-        """Frames whose records are all handed on: their rows follow, in frame order."""
+        """Frames whose records are all handed on: their rows (if not sent with the first
+        record) follow, in frame order."""
         while True:
             with self._frames_lock:
                 if not self._frames or self._frames[0].next < len(self._frames[0].recs):

@@ -75,6 +75,32 @@ class RingClientPart:
                 self._read()  # type: ignore[attr-defined]
                 self._check_exit()  # type: ignore[attr-defined]
 
+    def step_ring_counts(self) -> dict[str, int] | None:
+        """What became of the ring's records on their way through the child, for
+        run.costs() / monitoring_costs.json (``step_ring``); None when the child reads no
+        ring. ``markers_unmatched``: queued records not there when the child read their
+        place (``MARKER_WAIT_SECONDS`` at most): lost here, counted here by reason, or late;
+        ``late_records``: those that came afterwards and went on out of step order; ``resent_spans``: spans the child
+        never confirmed, exported again from this process after it died."""
+        if self._ring is None:
+            return None
+        counts = self._reports.ring_counts
+        return {"steps_built_in_exporter_process": int(counts.get("steps", 0)),
+                "markers_unmatched": int(counts.get("markers_unmatched", 0)),
+                "late_records": int(counts.get("late_records", 0)),
+                "resent_spans": int(self.resent_spans)}
+
+    def notice_exit(self) -> None:
+        """A child that exited unasked is given up now, its last reports read first (their
+        end of the pipe closed before it exited): before a drain, rather than at the span
+        worker's next look, so that the drain reads the ring here."""
+        if self._lifecycle.inert:
+            return
+        with self._io_lock:
+            if self._lifecycle.state in _REPORTS:
+                self._read()  # type: ignore[attr-defined]
+                self._check_exit()  # type: ignore[attr-defined]
+
     def count_resent(self, spans: int) -> None:
         """Spans of ring steps the child read and never settled, read again here."""
         self.resent_spans += spans

@@ -74,8 +74,10 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return False
 
 
-def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> None:
-    run = start_test_run(tmp_path)
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
+def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path,
+                                                          step_ring: str) -> None:
+    run = start_test_run(tmp_path, step_ring=step_ring)
     client = run._telemetry.export
     assert isinstance(client, ExportProcessClient)
     assert client.pid != os.getpid() and _alive(client.pid)
@@ -86,7 +88,12 @@ def test_a_run_exports_through_a_child_process_by_default(tmp_path: Path) -> Non
     assert len(spans) == 20 * 4 + 4  # root, data, 2 phases per step; val_loss on 4 steps
     assert {s.name for s in spans} == {"train.step", "data", "forward", "backward", "val_loss"}
     assert _wait_gone(client.pid, 5)
-    assert run._telemetry.worker.spans_built == len(spans)
+    # Built here, or (auto: the exporter process reads the step ring) the flat steps there.
+    ring = client._reports.ring_counts if client.reads_ring else {}
+    assert client.reads_ring == (step_ring == "auto")
+    built_there = ring.get("warm_spans", 0) + ring.get("cold_spans", 0)
+    assert run._telemetry.worker.spans_built + built_there == len(spans)
+    assert (built_there > 0) == (step_ring == "auto")
     assert run.costs()["steps"] == 20
 
 
@@ -333,7 +340,9 @@ def test_shutdown_keeps_its_bound_when_the_child_is_stuck_and_counts_every_span(
 
 def test_a_stuck_child_fills_the_bounded_queue_and_the_oldest_spans_are_dropped(
         tmp_path: Path) -> None:
-    run = start_test_run(tmp_path, max_queued_spans=300)
+    # The queue path (step_ring off): a full step ring drops the newest steps instead
+    # (tests/pipeline/test_ring_source.py).
+    run = start_test_run(tmp_path, max_queued_spans=300, step_ring="off")
     client = run._telemetry.export
     run.flush(timeout_seconds=10)
     os.kill(client.pid, signal.SIGSTOP)
@@ -514,19 +523,25 @@ def test_gpu_readings_of_this_process_reach_the_spans_the_child_exports(tmp_path
     assert all(r.attributes["train.gpu.memory_used_bytes"] == 3 << 30 for r in roots)
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child read the ring
 def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
-        tmp_path: Path) -> None:
-    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05)
+        tmp_path: Path, step_ring: str) -> None:
+    run = start_test_run(tmp_path, prometheus_port=0, export_interval_seconds=0.05,
+                         step_ring=step_ring)
     client = run._telemetry.export
+    assert client.reads_ring == (step_ring == "auto")
     _train(run, 10)
     assert run.flush(timeout_seconds=10)  # exported and its state here
     assert run.costs()["steps"] == 10
+    # The span worker looks no more: run.costs()' own drain notices the dead child.
+    run._telemetry.worker.paused = True
     os.kill(client.pid, signal.SIGKILL)
     end = time.monotonic() + 5
     while client._proc.poll() is None and time.monotonic() < end:
         time.sleep(0.02)
     _train(run, 15, start=10)
     costs = run.costs()
+    run._telemetry.worker.paused = False
     assert costs["steps"] == 25  # the state at 10, then 15 steps fed here
     assert costs["operations"]["val_loss"]["calls"] == 5
     assert _scrape(run.prometheus_url)['otel_train_steps_total{rank="0"}'] == 25
@@ -536,10 +551,12 @@ def test_a_killed_child_leaves_the_metrics_to_this_process_from_its_last_state(
     assert steps == list(range(25))
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child reads the ring
 def test_a_sampled_run_decides_in_the_child_and_user_spans_go_with_their_step(
-        tmp_path: Path) -> None:
+        tmp_path: Path, step_ring: str) -> None:
     run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=0.0,
-                         sample_keep_first_steps=2)
+                         sample_keep_first_steps=2, step_ring=step_ring)
+    assert run._telemetry.client.reads_ring == (step_ring == "auto")
     derived = run._telemetry.derived
     assert derived.remote is run._telemetry.export  # the chain and the sampler: there
     _wait_ready(run._telemetry.export)  # before it is, this process feeds the chain itself
@@ -632,9 +649,10 @@ def test_the_metrics_stay_in_this_process_when_asked_or_when_not_moved_yet(
     run.shutdown(timeout=10)
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])  # auto: the child leaves the ring here
 def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, step_ring: str) -> None:
     from otel_train.derived.stage import DerivedMetricsStage
 
     handed_over = DerivedMetricsStage.run_in_exporter_process
@@ -645,8 +663,9 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
 
     monkeypatch.setattr(DerivedMetricsStage, "run_in_exporter_process", broken)
     with caplog.at_level("WARNING", logger="otel_train"):
-        run = start_test_run(tmp_path)
+        run = start_test_run(tmp_path, step_ring=step_ring)
         client = run._telemetry.export
+        assert client.reads_ring == (step_ring == "auto")
         end = time.monotonic() + 10
         while client.derives_metrics and time.monotonic() < end:
             time.sleep(0.05)
@@ -655,6 +674,10 @@ def test_when_the_child_cannot_run_the_metrics_this_process_feeds_them_and_says_
         assert run.costs()["steps"] == 20
         run.shutdown(timeout=10)
     assert any("could not run the derived metrics" in r.getMessage() for r in caplog.records)
+    # With the ring: the child left, the training process read the ring and exported.
+    assert run._telemetry.worker._ring_source is None or (
+        not run._telemetry.worker._ring_source.in_child)
+    assert run.dropped_spans() == {}
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 20 * 4 + 4  # export unharmed
 
 
@@ -751,23 +774,27 @@ def test_a_forked_copy_of_the_client_is_forked_and_inert_and_the_parent_exports(
     assert len(read_file_spans(tmp_path / "spans.jsonl")) == 3 * 3
 
 
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
 @pytest.mark.parametrize("sample_ratio", [None, 0.0], ids=["every-step", "sampled"])
 def test_steps_before_the_child_is_ready_feed_this_process_and_the_child_goes_on_from_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_ratio: float | None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_ratio: float | None,
+        step_ring: str) -> None:
     """The child's interpreter takes a while to start: the console and the metrics of the
     first steps do not wait for it; each step is counted once, on either side. A sampled
-    run leaves every step to the child (its sampler's counts must match what it was sent)."""
+    run leaves every step to the child (its sampler's counts must match what it was sent),
+    and so does a run whose child reads the step ring (the steps wait in the ring)."""
     from otel_train.export.process import launch
     from otel_train.export.process.client import ClientState
 
     monkeypatch.setattr(launch, "_BOOT", "import time; time.sleep(1.5); " + launch._BOOT)
     run = start_test_run(tmp_path, prometheus_port=0, sample_ratio=sample_ratio,
-                         sample_keep_first_steps=2)
+                         sample_keep_first_steps=2, step_ring=step_ring)
     client, derived = run._telemetry.export, run._telemetry.derived
+    assert client.reads_ring == (step_ring == "auto")
     _train(run, 20)
     run._telemetry.worker.drain()  # the child is not up: this process feeds the chain
     assert client.state is ClientState.STARTING
-    fed_here = 20 if sample_ratio is None else 0
+    fed_here = 20 if sample_ratio is None and step_ring == "off" else 0
     assert derived.shared._assembler.views == fed_here
     assert derived.costs()["steps"] == fed_here
     _wait_ready(client)

@@ -62,6 +62,9 @@ class _Exporter:
     def send_control(self, msg: tuple[Any, ...]) -> None:
         self.sent.append(msg)
 
+    def notice_exit(self) -> None:
+        """A drain asks whether the child died: it never does here."""
+
 
 def _builder() -> StepRecordBuilder:
     return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, OFFSET)
@@ -324,3 +327,58 @@ def test_attribute_limits_apply_to_the_steps_built_in_the_exporter_process(
     assert len(roots) == 5 and {s.attributes["tag"] for s in roots} == {"abcde"}
     if step_ring == "on":
         assert run._telemetry.client._reports.ring_counts["steps"] == 5
+
+
+@pytest.mark.parametrize("step_ring", ["off", "auto"])
+def test_ring_steps_built_in_the_exporter_process_carry_the_last_sampled_device_verdict(
+        tmp_path, monkeypatch, step_ring):
+    """On an accelerator, the steps with device readings (one in N) are queued and built in
+    the training process; the steps between them, read from the ring and built in the
+    exporter process, carry their verdict (host-bound here) as the queue path's do, not
+    the ``compute`` the host clock alone would say."""
+    from train_helpers import read_file_spans, start_test_run, use_fake_accelerator
+
+    from otel_train.common import attributes as A
+
+    acc = use_fake_accelerator(monkeypatch)
+    run = start_test_run(tmp_path, step_ring=step_ring, startup_span=False,
+                         device_events_every_steps=3)
+    assert run._telemetry.client.reads_ring == (step_ring == "auto")
+    for step in run.steps(range(9)):
+        for name in ("forward", "backward"):
+            with step.phase(name):
+                time.sleep(0.02)  # the device keeps pace with slow Python: host-bound
+                acc.launch(0.001)
+    run.shutdown(timeout=10)
+    roots = {s.attributes["train.step"]: s for s in read_file_spans(tmp_path / "spans.jsonl")
+             if s.name == "train.step"}
+    assert sorted(roots) == list(range(9))
+    sampled = [i for i, s in roots.items() if A.DEVICE_BUSY in s.attributes]
+    assert sampled == [0, 3, 6]
+    assert {i: s.attributes[A.STEP_BOUND] for i, s in roots.items()} == {
+        i: A.BOUND_HOST for i in range(9)}
+    if step_ring == "auto":
+        assert run._telemetry.client._reports.ring_counts["steps"] == 6  # built there
+
+
+def test_a_frame_of_user_span_rows_alone_ahead_of_a_record_does_not_hold_up_its_marker():
+    """The training process sent a frame of user span rows only, then the frame with the
+    queued record: the reader meeting the record's marker finds it at once (the rows go
+    on first, in frame order), it does not wait out MARKER_WAIT_SECONDS."""
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    source = RingSource(rec, ring, exporter=_Exporter())
+    _train(rec, range(3), queued_at=(1,))
+    queued = _queued_records(rec, _builder())
+    assert len(queued) == 1
+    child = _Child()
+    feed = _feed(ring, child)
+    user_row = ("user-root",)  # a row as the feed passes it on: opaque here
+    feed.add_frame([], [user_row], 0, [])
+    feed.add_frame(queued, [], 0, [source.take_ordinal()])
+    began = time.monotonic()
+    feed.catch_up(time.monotonic() + 5)
+    assert time.monotonic() - began < ring_feed.MARKER_WAIT_SECONDS
+    assert child.names() == ["train.step:0", "train.step:1", "train.step:2"]
+    assert [rows for _, rows in child.handed if rows] == [[user_row]]
+    assert feed.counts()["markers_unmatched"] == 0
