@@ -1,13 +1,12 @@
 """The step ring read in the exporter process: its steps, and the queued records in their
 places, through the same path as a frame of records from the pipe.
 
-With ``step_ring="on"``, the exporter route and the derived metrics in the exporter process
-(``pipeline/assembly.py`` decides), the training process does no per-step work after the hot
-path: the hot path writes each flat step into the shared-memory ring (``recording/
-step_ring.py``), and this reader, a thread of the exporter process, builds each step's span
-record with a ``StepRecordBuilder`` made here from the training process's settings (the same
-code, so the same records) and hands them to the child's ``spans`` path (derived chain, tail
-sampler, export stage), exactly as a frame of records from the pipe.
+Where the plan has the exporter process read the step ring (``PipelinePlan.step_ring``), the
+training process does no per-step work after the hot path: the hot path writes each flat
+step into the shared-memory ring (``recording/step_ring.py``), and this reader, a thread of
+the exporter process, builds each step's span record with a ``StepRecordBuilder`` made here
+from the training process's settings (the same code, so the same records) and hands them to
+the child's ``spans`` path (derived chain, tail sampler, export stage), as a pipe's frame.
 
 A record the ring cannot carry is queued in the training process, and a ``QUEUED`` marker
 holds its place in the ring, with its ordinal. The training process's span worker builds
@@ -33,8 +32,7 @@ ring fills fast), and reads in batches.
 
 Usage::
 
-    feed = ChildRingFeed(child, ring_fd, settings)    # settings: pipeline/ring_source.py
-                                                      # ring_settings() of the run
+    feed = ChildRingFeed(child, ring_fd, settings)    # ring_source.py ring_settings()
     feed.start(); feed.add_frame(recs, rows, cost, ordinals)
     feed.catch_up(deadline); feed.counts(); feed.finish(deadline)
 """
