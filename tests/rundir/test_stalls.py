@@ -29,7 +29,9 @@ dist.init_process_group("gloo")
 with otel_train.start_run(stall_seconds=1.0 if rank == 0 else 60.0, run_id="gloo",
                           watchdog_interval_seconds=0.2, prometheus_port=None, console=False,
                           status_dir=sys.argv[1], export_process=False, exporter="none") as run:
-    for step in run.steps(range(3)):
+    # Two steps: the stall is step 1's; a loaded machine must not add a step 2 (whose
+    # all-reduce may wait over 1 s for rank 1, just back from its dump) as rank 0's last.
+    for step in run.steps(range(2)):
         if step.index == 1 and rank == 1:
             with step.phase("data_wait"):
                 time.sleep(5)  # RANK 1 IS HERE
