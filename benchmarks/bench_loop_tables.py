@@ -22,13 +22,14 @@ IN_PROCESS = ("otel-otlp", "otel-thread", "otel-paused", "otel-sampled", "otel-t
               "otel-any-cpu", "otel-none", "otel-recorder", "instrument", "otel-sdk",
               "record-function", "timestamps")
 # otel-train runs exporting OTLP
-EXPORTING = ("otel-otlp", "otel-ring", "otel-thread", "otel-paused", "otel-sampled", "otel-throughput",
-             "otel-any-cpu", "instrument")
+EXPORTING = ("otel-otlp", "otel-ring", "otel-queue", "otel-thread", "otel-paused",
+             "otel-sampled", "otel-throughput", "otel-any-cpu", "instrument")
 # Runs whose background can be frozen between blocks (an exporter process, no hooks to swap)
-FREEZABLE = ("otel-otlp", "otel-ring", "otel-sampled", "otel-throughput", "otel-any-cpu")
+FREEZABLE = ("otel-otlp", "otel-ring", "otel-queue", "otel-sampled", "otel-throughput",
+             "otel-any-cpu")
 PEERS = ("torchtel", "traceml")
 # Run only when named in --variants (not in the default list)
-OPT_IN = ("otel-ring",)
+OPT_IN = ("otel-ring", "otel-queue")
 PEER_MODULES = {"torchtel": "torchtel", "traceml": "traceml_ai"}
 
 

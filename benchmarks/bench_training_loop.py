@@ -16,6 +16,9 @@ Variants, each compared with the bare loop:
 - ``otel-ring`` (only when named in ``--variants``): ``otel-otlp`` with ``step_ring="on"``
   (finished flat steps through the shared-memory step ring, read and built by the exporter
   process: the training process does nothing per flat step after the hot path);
+- ``otel-queue`` (only when named in ``--variants``): ``otel-otlp`` with ``step_ring="off"``
+  (every step through the recorder's queue, built by the span worker in this process): the
+  ring's before and after in one run, ``--variants otel-queue,otel-otlp``;
 - ``otel-none``: otel-train with ``exporter="none"`` (spans built, metrics derived, no export);
 - ``otel-paused``: the ``otel-otlp`` run with its span worker paused during the block and
   drained after it: the training thread's own cost (hot path, step iterator) on a real loop,
@@ -213,7 +216,8 @@ def _series(variant: str, w: Workload, clock: ThreadClock, gcc: GcCounter,
             sample_ratio=SAMPLED_RATIO if variant == "otel-sampled" else None,
             background_cpus="off" if variant == "otel-any-cpu" else "auto",
             # otel-otlp: the default step ring (auto), or OTEL_TRAIN_STEP_RING's choice.
-            **({"step_ring": "on"} if variant == "otel-ring" else {}),
+            **({"step_ring": "on"} if variant == "otel-ring"
+               else {"step_ring": "off"} if variant == "otel-queue" else {}),
             **(THROUGHPUT if variant == "otel-throughput" else {}))
     elif variant == "otel-none":
         run = otel_train.start_run(exporter="none", prometheus_port=None, console=False,
