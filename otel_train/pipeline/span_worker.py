@@ -247,6 +247,11 @@ class SpanBuildWorker:
         finally:
             self._drain_lock.release()
 
+    def reads_ring_in_child(self) -> bool:
+        """The exporter process reads the step ring (not given up)."""
+        source = self._ring_source
+        return source is not None and source.in_child
+
     def _send_collectives(self) -> None:
         """While the exporter process reads the ring: the collectives timed since the last
         look go to its builder (the ring's steps' train.comm.*); never raises."""

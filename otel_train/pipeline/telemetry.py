@@ -86,6 +86,7 @@ class RunTelemetry:
 
     def costs(self) -> dict[str, Any]:
         """Fold in the steps still queued, then what monitoring cost so far."""
+        self._collectives_in(0.1)
         self.worker.drain()
         if self.derived.remote is not None:
             # The exporter process feeds the metrics: its state after those steps (bounded;
@@ -115,8 +116,17 @@ class RunTelemetry:
         self.banner.show(self.banner.lines(self.export_plan, self.prometheus_url,
                                            self.derived.scale_out_banner()))
 
+    def _collectives_in(self, timeout_seconds: float) -> None:
+        """The collectives of the steps ended so far completed, bounded: the exporter process
+        builds a ring step once the collectives sent cover its end, and a flush or a count
+        must include the last step (its bucket's done-callback may still be running)."""
+        log = self.builder.collectives
+        if log is not None and self.worker.reads_ring_in_child():
+            log.wait_running(timeout_seconds)
+
     def flush(self, timeout_seconds: float) -> bool:
         """Build everything queued, then flush processors and export; True if all went out."""
+        self._collectives_in(min(0.5, timeout_seconds / 4))
         self.worker.drain()
         millis = int(timeout_seconds * 1000)
         ok = True

@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from time import perf_counter_ns
 
@@ -84,6 +85,20 @@ class CollectiveLog:
         while entries and entries[0][E_END]:
             taken.append(entries.popleft())
         return taken, (entries[0][E_START] - 1 if entries else perf_counter_ns())
+
+    def wait_running(self, timeout_seconds: float) -> bool:
+        """Wait (``timeout_seconds`` at most) until the entries running now have completed:
+        a collective's end is set by its done-callback on the process group's thread, which
+        can run after the step that waited for it has ended. True when none runs."""
+        entries = self._entries
+        deadline = perf_counter_ns() + int(timeout_seconds * 1e9)
+        while True:
+            running = [e for e in entries if not e[E_END]]
+            if not running:
+                return True
+            if perf_counter_ns() >= deadline:
+                return False
+            time.sleep(0.001)
 
     def extend(self, entries: list[list]) -> None:
         """Entries taken in another process (``take_completed``), in order."""

@@ -45,3 +45,23 @@ def test_a_log_nobody_reads_keeps_only_the_newest_entries_and_counts_the_rest() 
         _at(log, i, i + 1)
     assert log.dropped == 2
     assert [e[E_START] for e in log.take(0, 10)] == [2, 3, 4]
+
+
+def test_waiting_for_running_collectives_ends_when_their_callbacks_have_run_or_at_the_bound():
+    import threading
+    import time
+
+    from otel_train.recording.collectives import E_END, CollectiveLog
+
+    log = CollectiveLog()
+    assert log.wait_running(0.0)  # none runs
+    entry = ["all_reduce", 16, time.perf_counter_ns(), 0, "allreduce"]
+    log._entries.append(entry)
+    assert not log.wait_running(0.01)  # still running at the bound
+
+    def done() -> None:  # the process group's thread ends it a little later
+        time.sleep(0.02)
+        entry[E_END] = time.perf_counter_ns()
+
+    threading.Thread(target=done).start()
+    assert log.wait_running(2.0) and entry[E_END]
