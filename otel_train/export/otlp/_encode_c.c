@@ -308,6 +308,19 @@ truth(PyObject *o)
 #define FAILED (-1)
 #define TRY(expr) do { int r_ = (expr); if (r_ <= 0) return r_; } while (0)
 
+/* The span in b appended to out as a ScopeSpans.spans field: DONE, or FAILED (an error set). */
+static int
+append_span_field(Buf *b, PyObject *out)
+{
+    PyObject *field = span_field(b);
+    if (field == NULL || PyList_Append(out, field) < 0) {
+        Py_XDECREF(field);
+        return FAILED;
+    }
+    Py_DECREF(field);
+    return DONE;
+}
+
 typedef struct {
     uint64_t tid_hi, tid_lo;
     PyObject *block;      /* the run constants' attribute fields */
@@ -539,28 +552,13 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
         }
         b->len = 0;
         int done = encode_phase(b, st, ph[i], ids[i], parent);
-        if (done != DONE) {
-            return done;
+        if (done != DONE || append_span_field(b, out) != DONE) {
+            return done != DONE ? done : FAILED;
         }
-        PyObject *field = span_field(b);
-        if (field == NULL || PyList_Append(out, field) < 0) {
-            Py_XDECREF(field);
-            return FAILED;
-        }
-        Py_DECREF(field);
     }
     b->len = 0;
     int done = encode_root(b, st, rec, root_id);
-    if (done != DONE) {
-        return done;
-    }
-    PyObject *field = span_field(b);
-    if (field == NULL || PyList_Append(out, field) < 0) {
-        Py_XDECREF(field);
-        return FAILED;
-    }
-    Py_DECREF(field);
-    return DONE;
+    return done != DONE ? done : append_span_field(b, out);
 }
 
 static PyObject *
