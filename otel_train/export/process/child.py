@@ -53,9 +53,9 @@ class _StatWriter:
         self.fd = fd
         self._lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...], block: bool = False) -> None:
+    def send(self, msg: tuple[Any, ...], block: bool = False) -> bool:
         """One frame; unless ``block``, skipped when the pipe is full (counts are cumulative,
-        the next report carries them)."""
+        the next report carries them). False if it was not written."""
         data = frame(marshal.dumps(msg))
         with self._lock:
             try:
@@ -68,7 +68,8 @@ class _StatWriter:
                 else:
                     os.write(self.fd, data)
             except OSError:
-                pass
+                return False
+        return True
 
 
 class _PipeLogHandler(logging.Handler):
@@ -194,18 +195,21 @@ class _Child:
         # they were taken, never a later one overtaken by an earlier.
         feed = self.ring_feed
         with self._stats_lock:
-            drops = self.drops.counts()
+            # Read once: the ring's settlement and the counts reported agree exactly.
+            exported, drops = self.export.exported, self.drops.counts()
             ring = None
-            if feed is not None:  # the ring's room freed past what the stage settled
-                feed.settle(self.export.exported + sum(drops.values()),
-                            partial=self.sampler is None)
+            if feed is not None:  # what the stage settled of the ring, freed after the report
+                feed.settlement.settle(exported + sum(drops.values()),
+                                       partial=self.sampler is None)
                 ring = feed.counts()
-            now = (self.export.exported, self.export.export_failures, drops, sampled_out,
-                   ring)
+            now = (exported, self.export.export_failures, drops, sampled_out, ring)
             if kind == "stats" and now == self._last_counts:
                 return
+            if not self.send((kind, *now), block):
+                return  # not written: the next report carries it, and frees the room
             self._last_counts = now
-            self.send((kind, *now), block)
+            if feed is not None:
+                feed.settlement.release_settled()
 
     def spans(self, recs: list[tuple[Any, ...]], rows: list[tuple[Any, ...]],
               parent_cost_ns: int, fed: bool = False, count: bool = False) -> int:

@@ -66,7 +66,6 @@ from otel_train.export.process.lifecycle import ClientLifecycle, ClientState
 from otel_train.export.process.outbox import Outbox
 from otel_train.export.process.reports import ChildReports
 from otel_train.export.process.ring_link import RingClientPart
-from otel_train.recording.step_ring_reader import unread_step_spans
 from otel_train.records.span_rows import RowSpanFactory, row_from_span
 
 __all__ = ["METRIC_EXPORTER_CPU", "ClientState", "ExportProcessClient",
@@ -447,8 +446,8 @@ class ExportProcessClient(RingClientPart, SpanProcessor):
             with self._io_lock:
                 lifecycle.close()
             self._fallback.shutdown(deadline - time.monotonic())
-        if self._ring is not None:  # the ring's steps nobody settled: counted
-            self._drops.add("shutdown_timeout", unread_step_spans(self._ring))
+        if self._ring is not None:  # the ring's spans no count read here covers: counted
+            self._drops.add("shutdown_timeout", self.unsettled_ring_spans())
 
     def _await_start(self, deadline: float) -> None:
         """A child still starting (a short run, a slow import) gets most of the time left;
@@ -474,11 +473,14 @@ class ExportProcessClient(RingClientPart, SpanProcessor):
         with self._io_lock:
             lifecycle.close()
             unsent = self._outbox.clear()
+        # Ended (killed past the deadline) before its last reports are read: what it
+        # counted and settled afterwards cannot be missed here, nor counted twice.
+        self._process.stop(deadline - time.monotonic() + 0.05)
+        with self._io_lock:
             self._read()
             lost = self._reports.unaccounted(self._outbox.sent_spans)
             self._drops.add("shutdown_timeout", unsent + lost)
             self._process.close_pipes()
-        self._process.stop(deadline - time.monotonic() + 0.05)
         if lost or unsent:
             self._warn.warning("shutdown", "otel-train: %d spans not exported before the "
                                "shutdown deadline (counted)", lost + unsent)

@@ -74,6 +74,7 @@ class ClientLifecycle:
     def __init__(self) -> None:
         self.state = ClientState.STARTING
         self.refused_moves = 0  # illegal moves asked for (each logged, rate-limited)
+        self.was_taken_over = False  # this process exported at some point (closed since)
         self._warn = RateLimitedLogger(_log)
 
     def child_ready(self) -> bool:
@@ -86,7 +87,9 @@ class ClientLifecycle:
 
     def take_over(self) -> bool:
         """The child died or never started in time: this process exports from now on."""
-        return self._move(ClientState.TAKEN_OVER)
+        moved = self._move(ClientState.TAKEN_OVER)
+        self.was_taken_over = self.was_taken_over or moved
+        return moved
 
     def close(self) -> bool:
         """Shut down: nothing more is sent."""

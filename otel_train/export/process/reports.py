@@ -60,6 +60,10 @@ class ChildReports:
         # frames it has settled, and the ring reader's own-cost counts for ``on_ring_counts``.
         self.ring = ring
         self.frames_settled = 0
+        # The ring position the child's counts cover, and its spans settled past it
+        # (``ring_settle.py``): the rest of the ring is what those counts do not cover.
+        self.ring_position: int | None = None
+        self.ring_partial_spans = 0
         self.ring_counts: dict[str, Any] = {}
         self.on_ring_counts: Callable[[dict[str, Any]], None] | None = None
         self._token = 0
@@ -144,6 +148,9 @@ class ChildReports:
     def _ring_counts(self, counts: dict[str, Any]) -> None:
         """The child's ring reader's cumulative counts (never raises)."""
         self.frames_settled = int(counts.get("frames_settled", 0))
+        if counts.get("ring_position") is not None:
+            self.ring_position = int(counts["ring_position"])
+            self.ring_partial_spans = int(counts.get("ring_partial_spans", 0))
         self.ring_counts = counts
         if self.on_ring_counts is not None:
             try:

@@ -18,13 +18,14 @@ frame was dropped in the training process, ``export_queue_full``, or its build f
 ``build_error``: counted there) is passed over and counted here (``markers_unmatched``); a
 record that comes after its marker was passed over goes on at once.
 
-Accounting: ``tail`` moves only past records whose spans are settled (exported, dropped or
-sampled out). The export stage is first in, first out (``outbox.Unconfirmed``), so each
-hand-over is marked with the stage's input count after it; once the stage has settled that
-many, the hand-over's ring records are released. The training process reads the spans of
-frames settled so far (``frames_settled``) in each count report: should this process die, it
+Accounting (``ring_settle.py``): ``tail`` moves only past records whose spans are settled
+(exported, dropped or sampled out), and only after the count report that says so was sent.
+The training process reads the spans of frames settled so far (``frames_settled``) and the
+ring position settled (``ring_position``) in each count report: should this process die, it
 sends again the frames not settled, and reads the ring itself from ``tail``
-(``pipeline/ring_source.py``), so nothing is lost nor counted twice but the batch in flight.
+(``pipeline/ring_source.py``), so nothing is lost nor counted twice but the batch in flight;
+should it be killed at the shutdown deadline, the training process counts the ring's spans
+past the position it last read as not delivered.
 
 A thread, as the child's main loop blocks on the pipe and the ring has no descriptor to wait
 on: it sleeps once it has read to the head (``ring_pace.py``: up to 0.25 s, less when the
@@ -51,6 +52,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.common.self_cost import is_cold_step
 from otel_train.export.process.ring_pace import RingPace
+from otel_train.export.process.ring_settle import RingSettlement
 from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.step_ring import QUEUED, StepRing
 from otel_train.recording.step_ring_reader import StepRingReader, unread_step_spans
@@ -120,15 +122,9 @@ class ChildRingFeed:
         self._comm_complete_ns = 0
         self._comm_waiting_since: float | None = None
         self._parent_cost_ns = 0
-        # Accounting: spans handed to the stage, the frames' spans handed on, and per
-        # hand-over (stage input after it, frames' spans after it, ring position after it).
-        self._stage_in = 0
-        self._frame_spans = 0
-        self._marks: deque[tuple[int, int, int]] = deque()
-        self._marks_lock = threading.Lock()
+        # Accounting: the hand-overs to the stage and what of them is settled.
+        self.settlement = RingSettlement(self._reader)
         self._position = self._reader.position  # after the last item handed on
-        self.frames_settled = 0
-        self._settled_mark = (0, 0)  # (stage input, frames' spans) of the last mark settled
         # Own cost (the training process's SelfCostMeter): what it would have counted.
         self.steps = 0
         self.warm_spans = 0
@@ -207,7 +203,7 @@ class ChildRingFeed:
                 head = self._position
             if unread > 0:
                 self._child.drops.add("shutdown_timeout", unread)
-                self._stage_in += unread  # settled: counted dropped
+                self.settlement.stage_in += unread  # settled: counted dropped
             self._reader.position = max(self._reader.position, head)
             self._position = max(self._position, head)
             self._mark(self._position)
@@ -313,7 +309,7 @@ class ChildRingFeed:
         except Exception as exc:
             spans = step.span_count()
             self._child.drops.add("build_error", spans)
-            self._stage_in += spans  # settled at once: counted dropped
+            self.settlement.stage_in += spans  # settled at once: counted dropped
             self._warn.warning("build", "otel-train: could not build spans: %r", exc)
             return None
         if not self._first_done:
@@ -340,7 +336,7 @@ class ChildRingFeed:
             rec = self._builder.host_timed(rec)
         except Exception as exc:
             self._child.drops.add("build_error", 1)
-            self._stage_in += 1
+            self.settlement.stage_in += 1
             self._warn.warning("build", "otel-train: could not build train.startup: %r", exc)
             return
         self.warm_spans += record_span_count(rec)
@@ -387,14 +383,13 @@ class ChildRingFeed:
                  frame_spans: int = 0) -> None:
         """Through the child's spans path (chain, sampler, stage), then marked."""
         handed = self._child.spans(recs, rows, self._parent_cost_ns, count=True)
-        self._stage_in += handed
-        self._frame_spans += frame_spans
+        self.settlement.stage_in += handed
+        self.settlement.frame_spans += frame_spans
         self._position = max(self._position, position)
         self._mark(self._position)
 
     def _mark(self, position: int) -> None:
-        with self._marks_lock:
-            self._marks.append((self._stage_in, self._frame_spans, position))
+        self.settlement.mark(position)
 
     def _hand_frame_record(self, rec: tuple[Any, ...], position: int) -> None:
         """A record built in the training process (its first step: train.startup first;
@@ -462,34 +457,9 @@ class ChildRingFeed:
             else:
                 self._release_done_frames(self._position)
 
-    def settle(self, stage_settled: int, partial: bool) -> None:
-        """The stage has settled its first ``stage_settled`` spans: free the ring's room
-        before the last hand-over wholly settled, and note the frames' spans settled
-        (``partial``: of the first hand-over not wholly settled too, when the stage's order
-        is the frames' order: no tail sampler)."""
-        release = None
-        with self._marks_lock:
-            marks = self._marks
-            while marks and marks[0][0] <= stage_settled:
-                stage_in, frames, position = marks.popleft()
-                release = position
-                self.frames_settled = frames
-                self._settled_mark = (stage_in, frames)
-            before_in, before_frames = self._settled_mark
-            if partial and marks:
-                stage_in, frames, _ = marks[0]
-                if frames > before_frames and stage_settled > before_in:
-                    self.frames_settled = before_frames + min(frames - before_frames,
-                                                              stage_settled - before_in)
-        if release is not None:
-            try:
-                self._reader.release(release)
-            except Exception as exc:
-                self._warn.warning("ring", "otel-train: freeing the step ring: %r", exc)
-
     def counts(self) -> dict[str, Any]:
         """What the training process reads of this reader in each count report."""
-        return {"frames_settled": self.frames_settled, "steps": self.steps,
+        return {**self.settlement.counts(), "steps": self.steps,
                 "warm_spans": self.warm_spans, "cold_spans": self.cold_spans,
                 "last_end_ns": self.last_end_ns, "first_start_ns": self._first_start_ns,
                 "startup_done": self._startup_done, "markers_unmatched": self.markers_unmatched,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_train.export.process.lifecycle import ClientState
+from otel_train.recording.step_ring_reader import unread_step_spans
 
 __all__ = ["RingClientPart"]
 
@@ -100,6 +101,21 @@ class RingClientPart:
             if self._lifecycle.state in _REPORTS:
                 self._read()  # type: ignore[attr-defined]
                 self._check_exit()  # type: ignore[attr-defined]
+
+    def unsettled_ring_spans(self) -> int:
+        """The ring's spans that no count read here covers, at the end: past the position
+        the child's last report read here settled (less its spans settled past it), or past
+        ``tail`` where this process read the ring (the child given up) or the child never
+        said. The child frees the ring's room only after the report saying so is sent, and
+        the reports are all read once it has ended, so ``tail`` is not past that position
+        (but for a report that could not be read); its bytes are intact while the producer
+        has not lapped it (else counted from ``tail``)."""
+        ring, reports = self._ring, self._reports
+        start = reports.ring_position
+        if start is not None and not self._lifecycle.was_taken_over:
+            if ring.counters()["head"] - start <= ring.capacity:
+                return max(0, unread_step_spans(ring, start) - reports.ring_partial_spans)
+        return unread_step_spans(ring)
 
     def count_resent(self, spans: int) -> None:
         """Spans of ring steps the child read and never settled, read again here."""

@@ -12,78 +12,18 @@ from typing import Any
 import pytest
 from train_helpers import clean_env  # noqa: F401  (autouse fixture)
 
+from ring_helpers import (OFFSET, FeedChild, RingExporter, make_feed, ring_builder,
+                          train_into)
+
 from otel_train.common.drop_counter import DropCounter
-from otel_train.common.identity import RunIdentity
 from otel_train.export.process import ring_feed
-from otel_train.export.process.ring_feed import ChildRingFeed
-from otel_train.pipeline.ring_source import ring_settings
 from otel_train.pipeline.ring_source import RingSource
 from otel_train.recording.recorder import MonitorRecord, Recorder
 from otel_train.recording.step_ring import StepRing
-from otel_train.records.span_rows import C_ATTRS, C_NAME, record_span_count
+from otel_train.records.span_rows import C_ATTRS
 from otel_train.records.step_records import StepRecordBuilder
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
 pytestmark = pytest.mark.timeout(60)
-
-IDENT = RunIdentity("feed", 0, 1, 0, "option")
-RESOURCE = Resource({"service.name": "feed"})
-SCOPE = InstrumentationScope("otel-train", "1")
-OFFSET = 10**18
-
-
-class _Child:
-    """What the feed calls of the exporter process's child: its spans path and drops."""
-
-    def __init__(self) -> None:
-        self.drops = DropCounter()
-        self.handed: list[tuple[list[Any], list[Any]]] = []
-
-    def spans(self, recs: list[Any], rows: list[Any], parent_cost_ns: int,
-              fed: bool = False, count: bool = False) -> int:
-        self.handed.append((list(recs), list(rows)))
-        return sum(map(record_span_count, recs)) + len(rows)
-
-    def names(self) -> list[str]:
-        return [f"{r[C_NAME]}:{r[C_ATTRS].get('train.step')}" for recs, _ in self.handed
-                for r in recs]
-
-
-class _Exporter:
-    """What the training process's RingSource calls of the client while the child reads."""
-
-    taken_over = False
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
-
-    def send_control(self, msg: tuple[Any, ...]) -> None:
-        self.sent.append(msg)
-
-    def notice_exit(self) -> None:
-        """A drain asks whether the child died: it never does here."""
-
-
-def _builder() -> StepRecordBuilder:
-    return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, OFFSET)
-
-
-def _feed(ring: StepRing, child: _Child, startup: Any = None) -> ChildRingFeed:
-    settings = ring_settings(_builder(), IDENT, False, "cpu", "host", startup)
-    feed = ChildRingFeed(child, ring.fd, settings, (dict(RESOURCE.attributes), None),
-                         ("otel-train", "1"))
-    feed.set_ready(None)
-    return feed
-
-
-def _train(rec: Recorder, steps: range, queued_at: tuple[int, ...]) -> None:
-    for step in rec.steps(steps, "train"):
-        with step.phase("forward"):
-            pass
-        if step.index in queued_at:
-            step.set_attribute("weights", [1.0, 2.0])  # a sequence: the queue's
 
 
 def _queued_records(rec: Recorder, builder: StepRecordBuilder) -> list[tuple[Any, ...]]:
@@ -97,16 +37,16 @@ def _queued_records(rec: Recorder, builder: StepRecordBuilder) -> list[tuple[Any
 def test_ring_steps_built_in_the_exporter_process_equal_the_training_process_records():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    source = RingSource(rec, ring, exporter=_Exporter())  # the child reads; nothing here
-    _train(rec, range(6), queued_at=())
+    source = RingSource(rec, ring, exporter=RingExporter())  # the child reads; nothing here
+    train_into(rec, range(6), queued_at=())
     # The same steps built here, from the ring read back by the training process's reader.
     from otel_train.recording.step_ring_reader import StepRingReader
 
     here = StepRingReader(StepRing.open(__import__("os").dup(ring.fd)), move_tail=False)
     random.seed(3)
-    want = [_builder().record(s) for s in here.read()]
-    child = _Child()
-    feed = _feed(ring, child)
+    want = [ring_builder().record(s) for s in here.read()]
+    child = FeedChild()
+    feed = make_feed(ring, child)
     random.seed(3)
     feed.catch_up(time.monotonic() + 5)
     got = [r for recs, _ in child.handed for r in recs]
@@ -117,14 +57,14 @@ def test_ring_steps_built_in_the_exporter_process_equal_the_training_process_rec
 def test_queued_records_go_on_at_their_markers_in_the_order_the_steps_ended():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=_Exporter())
-    _train(rec, range(4), queued_at=(1, 2))
+    RingSource(rec, ring, exporter=RingExporter())
+    train_into(rec, range(4), queued_at=(1, 2))
     with MonitorRecord(rec, "evaluate"):
         pass
-    _train(rec, range(4, 6), queued_at=(5,))
-    child = _Child()
-    feed = _feed(ring, child)
-    queued = _queued_records(rec, _builder())
+    train_into(rec, range(4, 6), queued_at=(5,))
+    child = FeedChild()
+    feed = make_feed(ring, child)
+    queued = _queued_records(rec, ring_builder())
     assert len(queued) == 4
     feed.catch_up(time.monotonic() + 0.2)  # marker 0 waits for its record: step 0 only
     assert child.names() == ["train.step:0"]
@@ -140,11 +80,11 @@ def test_a_marker_whose_record_never_comes_is_passed_over_bounded_and_counted(mo
     monkeypatch.setattr(ring_feed, "MARKER_WAIT_SECONDS", 0.05)
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=_Exporter())
-    _train(rec, range(5), queued_at=(1, 3))
-    child = _Child()
-    feed = _feed(ring, child)
-    queued = _queued_records(rec, _builder())
+    RingSource(rec, ring, exporter=RingExporter())
+    train_into(rec, range(5), queued_at=(1, 3))
+    child = FeedChild()
+    feed = make_feed(ring, child)
+    queued = _queued_records(rec, ring_builder())
     # Record 0's frame was dropped in the training process (export_queue_full): record 1
     # comes, so marker 0 is passed over at once; then nothing more waits.
     feed.add_frame(queued[1:], [], 0, [1])
@@ -152,7 +92,7 @@ def test_a_marker_whose_record_never_comes_is_passed_over_bounded_and_counted(mo
     assert child.names() == ["train.step:0", "train.step:2", "train.step:3", "train.step:4"]
     assert feed.counts()["markers_unmatched"] == 1
     # A marker with no frame at all: waited for MARKER_WAIT_SECONDS, then passed over.
-    _train(rec, range(5, 7), queued_at=(5,))
+    train_into(rec, range(5, 7), queued_at=(5,))
     rec.queue.clear()
     deadline = time.monotonic() + 5
     while feed.counts()["markers_unmatched"] < 2 and time.monotonic() < deadline:
@@ -168,24 +108,32 @@ def test_a_marker_whose_record_never_comes_is_passed_over_bounded_and_counted(mo
 def test_tail_moves_only_past_what_the_stage_settled_and_frames_settled_counts_theirs():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=_Exporter())
-    _train(rec, range(3), queued_at=(1,))
-    child = _Child()
-    feed = _feed(ring, child)
-    queued = _queued_records(rec, _builder())
+    RingSource(rec, ring, exporter=RingExporter())
+    train_into(rec, range(3), queued_at=(1,))
+    child = FeedChild()
+    feed = make_feed(ring, child)
+    queued = _queued_records(rec, ring_builder())
     feed.add_frame(queued, [("row",)], 0, [0])  # one queued step (3 spans) and a user row
     feed.catch_up(time.monotonic() + 5)
     # Handed on: step 0 (3 spans), step 1 from the frame (3), step 2 (3), the row (1).
     assert child.names() == ["train.step:0", "train.step:1", "train.step:2"]
     counters = ring.counters()
     assert counters["tail"] == 0 < counters["head"]  # nothing settled yet
-    feed.settle(3, partial=True)  # step 0 settled
-    assert 0 < ring.counters()["tail"] < counters["head"]
-    assert feed.frames_settled == 0
-    feed.settle(5, partial=True)  # two of the frame's record's three spans
-    assert feed.frames_settled == 2
-    feed.settle(10, partial=True)  # everything
-    assert ring.counters()["tail"] == counters["head"] and feed.frames_settled == 4
+    settlement = feed.settlement
+    settlement.settle(3, partial=True)  # step 0 settled: freed once the report is sent
+    assert ring.counters()["tail"] == 0 < settlement.position
+    settlement.release_settled()
+    assert 0 < ring.counters()["tail"] == settlement.position < counters["head"]
+    assert feed.counts()["frames_settled"] == 0
+    # The frame's hand-over: its row, then its record's three spans.
+    settlement.settle(5, partial=True)  # two of the frame's four spans
+    assert feed.counts()["frames_settled"] == 2 and feed.counts()["ring_partial_spans"] == 0
+    settlement.settle(8, partial=True)  # the frame's, and one of step 2's spans
+    assert feed.counts()["frames_settled"] == 4 and feed.counts()["ring_partial_spans"] == 1
+    settlement.settle(10, partial=True)  # everything
+    settlement.release_settled()
+    assert ring.counters()["tail"] == counters["head"] == feed.counts()["ring_position"]
+    assert feed.counts()["frames_settled"] == 4 and feed.counts()["ring_partial_spans"] == 0
 
 
 def test_train_startup_is_made_in_the_exporter_process_ahead_of_the_first_step():
@@ -193,12 +141,12 @@ def test_train_startup_is_made_in_the_exporter_process_ahead_of_the_first_step()
 
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    RingSource(rec, ring, exporter=_Exporter())
+    RingSource(rec, ring, exporter=RingExporter())
     maker = StartupRecordMaker(time.time_ns() - 10**9, "process", time.perf_counter_ns(),
                                OFFSET, {"train.attempt": 2, "train.restart.lost_seconds": 1.5})
-    _train(rec, range(2), queued_at=())
-    child = _Child()
-    feed = _feed(ring, child, startup=maker)
+    train_into(rec, range(2), queued_at=())
+    child = FeedChild()
+    feed = make_feed(ring, child, startup=maker)
     feed.catch_up(time.monotonic() + 5)
     names = child.names()
     assert names[0].startswith("train.startup") and names[1:] == ["train.step:0",
@@ -293,13 +241,13 @@ def test_a_child_that_cannot_read_the_ring_exits_and_the_training_process_reads_
 def test_a_marker_whose_record_failed_to_build_is_passed_at_once_not_waited_for():
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    exporter = _Exporter()
+    exporter = RingExporter()
     source = RingSource(rec, ring, exporter=exporter)
-    _train(rec, range(3), queued_at=(1,))
+    train_into(rec, range(3), queued_at=(1,))
     source.skip([0])  # the training process could not build queued record 0
     assert exporter.sent[-1] == ("ring_skip", [0])
-    child = _Child()
-    feed = _feed(ring, child)
+    child = FeedChild()
+    feed = make_feed(ring, child)
     feed.skip(exporter.sent[-1][1])
     began = time.monotonic()
     feed.catch_up(time.monotonic() + 5)
@@ -367,12 +315,12 @@ def test_a_frame_of_user_span_rows_alone_ahead_of_a_record_does_not_hold_up_its_
     on first, in frame order), it does not wait out MARKER_WAIT_SECONDS."""
     rec = Recorder(100, DropCounter(), None)
     ring = StepRing.create(1 << 16)
-    source = RingSource(rec, ring, exporter=_Exporter())
-    _train(rec, range(3), queued_at=(1,))
-    queued = _queued_records(rec, _builder())
+    source = RingSource(rec, ring, exporter=RingExporter())
+    train_into(rec, range(3), queued_at=(1,))
+    queued = _queued_records(rec, ring_builder())
     assert len(queued) == 1
-    child = _Child()
-    feed = _feed(ring, child)
+    child = FeedChild()
+    feed = make_feed(ring, child)
     user_row = ("user-root",)  # a row as the feed passes it on: opaque here
     feed.add_frame([], [user_row], 0, [])
     feed.add_frame(queued, [], 0, [source.take_ordinal()])
