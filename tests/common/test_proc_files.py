@@ -75,3 +75,34 @@ def test_a_child_processs_cpu_reads_as_process_cpu_seconds_does_and_none_once_re
     finally:
         child.communicate(b"", timeout=30)
     assert reader.cpu_seconds() is None
+
+
+def test_a_processs_threads_on_cpu_clocks_sum_to_its_cpu_in_nanoseconds_then_none_once_reaped(
+        ) -> None:
+    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        pytest.skip("kernel without schedstats")
+    # Two threads spin, one exits; the main thread spins again.
+    script = ("import threading, sys\n"
+              "t = threading.Thread(target=lambda: sum(range(20_000_000))); t.start()\n"
+              "sum(range(20_000_000)); t.join()\n"
+              "print('spun', flush=True); sys.stdin.readline()\n"
+              "sum(range(20_000_000)); print('again', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        reader = ProcessCpuReader(child.pid)
+        assert child.stdout.readline() == b"spun\n"
+        first = reader.on_cpu_ns()
+        stat = reader.cpu_seconds()
+        assert first is not None and stat is not None
+        # The nanosecond clocks agree with the kernel's tick count (10 ms a tick), the
+        # exited thread's time missed by a reader that came after it: at most its share.
+        assert 0.3 * stat * 1e9 <= first <= stat * 1e9 + 0.05e9
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"again\n"
+        second = reader.on_cpu_ns()
+        assert second is not None and second > first
+    finally:
+        child.communicate(b"", timeout=30)
+    assert reader.on_cpu_ns() is None

@@ -11,6 +11,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -47,21 +48,64 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 class ProcessCpuReader:
-    """``process_cpu_seconds`` for one process, read at each own-cost sample: the file kept
-    open (one ``pread`` a read, proc_files.py)."""
+    """One process's CPU, read at each own-cost sample: ``cpu_seconds`` from its
+    ``/proc/<pid>/stat`` (the kernel's total, dead threads included, in clock ticks), and
+    ``on_cpu_ns`` from each of its threads' ``schedstat`` (nanoseconds: a tick is 10 ms,
+    as long as the exporter process's whole burst of a ring read, so the interval-by-interval
+    figure the interference line is fitted on needs the threads' own clocks). Files are
+    kept open (one ``pread`` a read, proc_files.py); the thread list is read again every
+    ``THREADS_EVERY_SECONDS``."""
+
+    THREADS_EVERY_SECONDS = 2.0
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._file = ProcFileReader(f"/proc/{pid}/stat")
+        self._threads: dict[str, ProcFileReader] = {}
+        self._thread_ns: dict[str, int] = {}  # each thread's on-CPU ns at its last read
+        self._listed = float("-inf")
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU seconds so far, or None (the process has exited)."""
         data = self._file.read()
         return None if data is None else _stat_cpu_seconds(data)
 
+    def on_cpu_ns(self) -> int | None:
+        """The on-CPU nanoseconds of its threads so far (an exited thread's last reading
+        kept: the figure never goes back), or None where no thread can be read (no
+        ``schedstat`` on this kernel, or the process has exited)."""
+        now = time.monotonic()
+        if now - self._listed >= self.THREADS_EVERY_SECONDS:
+            self._listed = now
+            self._list_threads()
+        read = False
+        for tid, reader in self._threads.items():
+            data = reader.read()
+            if data is None:
+                continue
+            try:
+                self._thread_ns[tid] = int(data.split(None, 1)[0])
+                read = True
+            except (ValueError, IndexError):
+                continue
+        return sum(self._thread_ns.values()) if read else None
+
+    def _list_threads(self) -> None:
+        try:
+            tids = set(os.listdir(f"/proc/{self.pid}/task"))
+        except OSError:
+            return
+        for tid in list(self._threads):
+            if tid not in tids:
+                self._threads.pop(tid).close()
+        for tid in tids - set(self._threads):
+            self._threads[tid] = ProcFileReader(f"/proc/{self.pid}/task/{tid}/schedstat")
+
     def close(self) -> None:
-        """Close the file."""
+        """Close the files."""
         self._file.close()
+        for reader in self._threads.values():
+            reader.close()
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
