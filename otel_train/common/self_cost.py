@@ -131,7 +131,8 @@ class SelfCostMeter:
     def __init__(self, hot_path_ns_per_span: float = 0.0, started_ns: int | None = None,
                  training_tid: int | None = None, window_steps: int = 100,
                  cold_ns_per_span: float | None = None,
-                 device_work: DeviceWorkClock | None = None) -> None:
+                 device_work: DeviceWorkClock | None = None,
+                 batch_counter: Any = None) -> None:
         self.hot_path_ns_per_span = hot_path_ns_per_span
         self.cold_ns_per_span = (hot_path_ns_per_span if cold_ns_per_span is None
                                  else max(hot_path_ns_per_span, cold_ns_per_span))
@@ -160,6 +161,9 @@ class SelfCostMeter:
         # The device work otel-train adds on the training thread (syncs, events, allocator
         # reads, tensor copies), timed where it happens; None on CPU (device_work.py).
         self.device_work = device_work
+        # The batch counter (recording/step_counts.py), when the run counts tokens and
+        # samples from each batch: its ``spent_ns``, timed on the training thread.
+        self.batch_counter = batch_counter
 
     # -- feeding ------------------------------------------------------------------------
     def add_background_ns(self, ns: int) -> None:
@@ -249,16 +253,21 @@ class SelfCostMeter:
         work = self.device_work
         return (self._hot_path_ns + self._gil_wait_ns + self._runq_wait_ns
                 + SHARED_INTERPRETER_FACTOR * self._worker_beside_ns
-                + (work.charged_ns if work is not None else 0))
+                + (work.charged_ns if work is not None else 0) + self._counting_ns())
+
+    def _counting_ns(self) -> int:
+        """The training thread's time counting batches so far (0 without a counter)."""
+        counter = self.batch_counter
+        return counter.spent_ns if counter is not None else 0
 
     def _lost_locked(self) -> float:
         return self._accounted_locked() + self.interference.charge_ns()
 
     @property
     def total_ns(self) -> int:
-        """Background plus estimated hot-path CPU time so far."""
+        """Background plus estimated hot-path CPU time so far (batch counting included)."""
         with self._lock:
-            return int(self._background_ns + self._hot_path_ns)
+            return int(self._background_ns + self._hot_path_ns + self._counting_ns())
 
     def lost_parts(self) -> tuple[float, float]:
         """(hot path + waits ns, interference's busy steps) so far: a caller that compares
@@ -296,6 +305,7 @@ class SelfCostMeter:
             wall = (self.last_step_end_ns - self.first_step_ns
                     if self.first_step_ns is not None else 0)
             hot, own = self._hot_path_ns, self._on_training_thread_ns
+            counting = self._counting_ns()
             gil, runq, background = self._gil_wait_ns, self._runq_wait_ns, self._background_ns
             interference = self.interference.charge_ns()
             slope = self.interference.slope_ns()
@@ -319,6 +329,8 @@ class SelfCostMeter:
             "hot_path_us_per_step": per_step(hot),
             "hot_path_ns_per_span": {"warm": round(self.hot_path_ns_per_span, 1),
                                      "cold": round(self.cold_ns_per_span, 1)},
+            "batch_counting_us_per_step": (per_step(counting) if self.batch_counter is not None
+                                           else None),
             "wait_us_per_step": per_step(waits),
             "wait_gil_us_per_step": None if unavailable else per_step(gil),
             "wait_run_queue_us_per_step": None if unavailable else per_step(runq),

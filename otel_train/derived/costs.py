@@ -210,6 +210,8 @@ def own_cost_line(data: Mapping[str, Any]) -> str:
     head = (f"otel-train's own cost: {_share(share)} of the training loop's time "
             f"({us('lost_us_per_step')} per step of {us('step_wall_us')}: hot path "
             f"{us('hot_path_us_per_step')}, ")
+    if own.get("batch_counting_us_per_step") is not None:
+        head += f"counting batches {us('batch_counting_us_per_step')}, "
     if own.get("wait_unavailable"):
         head += f"wait on its threads not measured: {own['wait_unavailable']})"
     else:

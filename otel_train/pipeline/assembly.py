@@ -158,7 +158,8 @@ def assemble_run(options: RunOptions, drops: DropCounter, started_ns: int) -> Ru
         hot_path.warm_ns_per_span, started_ns=started_ns,
         window_steps=options.recent_window_steps, cold_ns_per_span=hot_path.cold_ns_per_span,
         # syncs, events, peaks, copies: timed where they happen (none on CPU)
-        device_work=device.work if device.device_type != "cpu" else None)
+        device_work=device.work if device.device_type != "cpu" else None,
+        batch_counter=counter)  # its time counting batches, timed on the training thread
     recorder = Recorder(options.max_queued_steps, drops, device.synchronize, device.probes,
                         device.monitor_synchronize, device_value_copier(device),
                         DueSchedule(options.budget_action == "govern", identity.rank,

@@ -292,11 +292,7 @@ class SpanBuildWorker:
             if reader is not None:
                 reader.close()
             reader = self._exporter_cpu = ProcessCpuReader(pid)
-        on_cpu = reader.on_cpu_ns()  # its threads' own clocks: a /proc stat tick is 10 ms
-        if on_cpu is not None:
-            return on_cpu
-        seconds = reader.cpu_seconds()
-        return None if seconds is None else int(seconds * 1e9)
+        return reader.cpu_ns()
 
     def _drain_locked(self, deadline_ns: int | None) -> int:
         cpu0 = thread_time_ns()

@@ -249,3 +249,20 @@ def test_intervals_of_a_few_steps_or_with_a_drain_on_the_training_thread_are_not
     assert meter.interference.points == 2
     _intervals(meter, [(90, 0)], state)
     assert meter.interference.points == 3
+
+
+def test_the_batch_counters_timed_work_is_charged_in_the_loss_and_the_overhead_total() -> None:
+    class Counter:
+        spent_ns = 0
+
+    counter = Counter()
+    meter = SelfCostMeter(2_000.0, started_ns=0, window_steps=50, batch_counter=counter)
+    meter.add_hot_path_spans(100 * 5)
+    meter.note_steps(100, 1_000 * MS, 1_000 * MS + 100 * 10 * MS)
+    before = meter.figures()
+    counter.spent_ns = 100 * 3_000  # 3 us a step
+    fig = meter.figures()
+    assert before["batch_counting_us_per_step"] == 0.0 and fig["batch_counting_us_per_step"] == 3.0
+    assert fig["lost_us_per_step"] == pytest.approx(before["lost_us_per_step"] + 3.0)
+    assert meter.total_ns == 100 * 5 * 2_000 + 100 * 3_000
+    assert _meter_with_steps().figures()["batch_counting_us_per_step"] is None

@@ -6,6 +6,7 @@ no data, and a fake accelerator that counts synchronize calls); the FLOP-counted
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -174,3 +175,30 @@ def test_run_step_counts_flops_from_step_1_to_the_next_run_step(tmp_path):
                 model(torch.randn(2, 4))
     roots = _roots(run)
     assert roots[1][A.FLOPS_COUNTED] is True and roots[2][A.FLOPS] == 2 * 2 * 4 * 4
+
+
+def test_the_time_counting_batches_is_timed_on_the_training_thread_and_charged(tmp_path):
+    slow = {"calls": 0}
+
+    def tokens(batch: Any) -> int:  # a counting callable that takes 2 ms a batch
+        slow["calls"] += 1
+        time.sleep(0.002)
+        return 10
+
+    with start_test_run(tmp_path, tokens_per_step=tokens) as run:
+        for _step in run.steps([IDS] * 5):
+            pass
+        with run.step() as step:
+            step.count(batch=IDS)  # a batch counted by hand: timed too
+        costs = run.costs()["own_cost"]
+    assert slow["calls"] == 6 and run._counter.spent_ns >= 6 * 2_000_000
+    assert costs["batch_counting_us_per_step"] >= 2_000  # 6 batches of 2 ms over 6 steps
+    assert costs["lost_us_per_step"] >= costs["batch_counting_us_per_step"]
+
+
+def test_a_run_that_counts_nothing_per_batch_reports_no_batch_counting(tmp_path):
+    with start_test_run(tmp_path, tokens_per_step=100, samples_per_step=4) as run:
+        for _step in run.steps([IDS] * 3):
+            pass
+        assert run._counter is None
+        assert run.costs()["own_cost"]["batch_counting_us_per_step"] is None

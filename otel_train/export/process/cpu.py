@@ -90,6 +90,15 @@ class ProcessCpuReader:
                 continue
         return sum(self._thread_ns.values()) if read else None
 
+    def cpu_ns(self) -> int | None:
+        """Its CPU so far in ns for an own-cost interval: its threads' clocks, or where
+        they cannot be read its ``/proc/<pid>/stat`` ticks; None once it has exited."""
+        on_cpu = self.on_cpu_ns()
+        if on_cpu is not None:
+            return on_cpu
+        seconds = self.cpu_seconds()
+        return None if seconds is None else int(seconds * 1e9)
+
     def _list_threads(self) -> None:
         try:
             tids = set(os.listdir(f"/proc/{self.pid}/task"))
