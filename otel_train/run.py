@@ -150,9 +150,9 @@ class Run:
         if prof is not None and prof.armed:  # only then: off, the loop is left as it is
             iterable = prof.hooked(iterable)
         counter = self._counter
-        if counter is not None and counter.active:  # only then: off, nothing per batch
-            iterable = counter.counted(iterable, self._recorder)
-        return self._recorder.steps(iterable, loader, max_steps)
+        if counter is not None and not counter.active:  # off: nothing per batch
+            counter = None
+        return self._recorder.steps(iterable, loader, max_steps, counter)
 
     def step(self, loader: str | None = None, index: int | None = None,
              start_ns: int | None = None) -> Step:

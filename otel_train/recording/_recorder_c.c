@@ -34,7 +34,7 @@
 PyObject *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
     *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
     *s_outside_error, *s_ended_error, *s_append, *s_train_phases,
-    *s_monitor_phases;
+    *s_monitor_phases, *s_loop_mode, *s_on_batch, *s_before_fetch;
 PyObject *otr_perf_counter_ns, *otr_one, *otr_zero;
 
 /* ---- RecorderCore --------------------------------------------------------------------- */
@@ -181,6 +181,9 @@ PyInit__recorder_c(void)
     INTERN(s_append, "append");
     INTERN(s_train_phases, "train_phases");
     INTERN(s_monitor_phases, "monitor_phases");
+    INTERN(s_loop_mode, "loop_mode");
+    INTERN(s_on_batch, "on_batch");
+    INTERN(s_before_fetch, "before_fetch");
     if ((otr_one = PyLong_FromLong(1)) == NULL || (otr_zero = PyLong_FromLong(0)) == NULL) {
         return NULL;
     }

@@ -13,7 +13,7 @@
 extern PyObject *s_error, *s_end_ns, *s_release_held, *s_device_step_start,
     *s_device_step_end, *s_drops, *s_add, *s_span_count, *s_finish_step, *s_queue_full,
     *s_outside_error, *s_ended_error, *s_append, *s_train_phases,
-    *s_monitor_phases;
+    *s_monitor_phases, *s_loop_mode, *s_on_batch, *s_before_fetch;
 extern PyObject *otr_perf_counter_ns; /* time.perf_counter_ns, where no direct clock is used */
 extern PyObject *otr_one;             /* 1, for next_index + 1 */
 extern PyObject *otr_zero;            /* 0: a step's end_ns until it ends */

@@ -17,6 +17,7 @@ typedef struct {
     PyObject *sync;           /* recorder.synchronize (device_sync) or None */
     PyObject *pending;        /* the step last returned, until the next __next__ or close */
     PyObject *empty;          /* () for Step.__new__ */
+    PyObject *counter;        /* the run's BatchCounter (step_counts.py), or NULL */
     Py_ssize_t left;          /* steps this loop may still start (max_steps); -1: no limit */
     int plain;                /* host clock only: no device_step_start/_end calls */
     int state;
@@ -34,6 +35,7 @@ StepLoop_traverse(StepLoop *self, visitproc visit, void *arg)
     Py_VISIT(self->nested_error);
     Py_VISIT(self->sync);
     Py_VISIT(self->pending);
+    Py_VISIT(self->counter);
     return 0;
 }
 
@@ -50,6 +52,7 @@ StepLoop_clear(StepLoop *self)
     Py_CLEAR(self->sync);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->empty);
+    Py_CLEAR(self->counter);
     return 0;
 }
 
@@ -57,11 +60,12 @@ static PyObject *
 StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"recorder", "iterable", "loader", "data_phase", "step_type",
-                             "nested_error", "max_steps", NULL};
+                             "nested_error", "max_steps", "counter", NULL};
     PyObject *rec, *iterable, *loader, *data, *step_type, *nested_error;
-    PyObject *max_steps = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|O:StepLoop", kwlist, &rec, &iterable,
-                                     &loader, &data, &step_type, &nested_error, &max_steps)) {
+    PyObject *max_steps = Py_None, *counter = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|OO:StepLoop", kwlist, &rec, &iterable,
+                                     &loader, &data, &step_type, &nested_error, &max_steps,
+                                     &counter)) {
         return NULL;
     }
     Py_ssize_t left = -1;
@@ -101,6 +105,10 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Py_INCREF(iterable);
     self->iterable = iterable; /* iter() runs in the first step's data phase */
     self->left = left;
+    if (counter != Py_None) {
+        Py_INCREF(counter);
+        self->counter = counter;
+    }
     self->state = LOOP_READY;
     self->empty = PyTuple_New(0);
     if (self->empty == NULL) {
@@ -124,6 +132,19 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 fail:
     Py_DECREF(self);
     return NULL;
+}
+
+/* The counter's loop_mode (0, 1 or 2), or -1 with an error set. */
+static long
+counter_mode(PyObject *counter)
+{
+    PyObject *mode = PyObject_GetAttr(counter, s_loop_mode);
+    if (mode == NULL) {
+        return -1;
+    }
+    long value = PyLong_AsLong(mode);
+    Py_DECREF(mode);
+    return value;
 }
 
 /* Ends `step` as Recorder.finish_step's usual path does, unless the loop body ended it. */
@@ -316,6 +337,21 @@ start_step(StepLoop *self)
         }
         Py_CLEAR(self->iterable);
     }
+    /* The batch counter's work this step (its loop_mode: 0 none, 1 count the batch after
+     * the fetch, 2 also end the open FLOP count before it), read once a step. */
+    long count_mode = self->counter != NULL ? counter_mode(self->counter) : 0;
+    if (count_mode < 0) {
+        fetch_failed(self, step, ev);
+        goto fail_ev;
+    }
+    if (count_mode == 2) {
+        PyObject *r = PyObject_CallMethodOneArg(self->counter, s_before_fetch, step);
+        if (r == NULL) {
+            fetch_failed(self, step, ev);
+            goto fail_ev;
+        }
+        Py_DECREF(r);
+    }
     PyObject *batch = PyIter_Next(self->it);
     if (batch == NULL) {
         if (PyErr_Occurred()) {
@@ -344,6 +380,16 @@ start_step(StepLoop *self)
         Py_DECREF(batch);
         goto fail_ev;
     }
+    if (count_mode > 0) {
+        /* train.tokens / train.samples of the batch, after the data phase: the loader's
+         * time is the data phase's; the counter times its own work (own cost). */
+        PyObject *r = PyObject_CallMethodObjArgs(self->counter, s_on_batch, step, batch, NULL);
+        if (r == NULL) {
+            Py_DECREF(batch);
+            goto fail_ev;
+        }
+        Py_DECREF(r);
+    }
     Py_XSETREF(core->batch, batch); /* steals batch */
     Py_DECREF(ev);
     Py_DECREF(index);
@@ -365,6 +411,18 @@ StepLoop_done(StepLoop *self)
     self->state = LOOP_DONE;
     Py_CLEAR(self->iterable);
     Py_CLEAR(self->it);
+    if (self->counter != NULL) {
+        /* A FLOP count still open ends with the loop, onto no step (lost). */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (counter_mode(self->counter) == 2) {
+            PyObject *r = PyObject_CallMethodOneArg(self->counter, s_before_fetch, Py_None);
+            Py_XDECREF(r);
+        }
+        PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        Py_CLEAR(self->counter);
+    }
 }
 
 static PyObject *

@@ -95,8 +95,21 @@ class PureRecorderCore:
 
 def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
               step_type: type, nested_error: Callable[[Any], Exception],
-              max_steps: int | None = None) -> Iterator[Any]:
-    """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``."""
+              max_steps: int | None = None, counter: Any = None) -> Iterator[Any]:
+    """The twin of ``_recorder_c.StepLoop``: a step per item, fetching it is ``data``;
+    ``counter`` (a ``BatchCounter``) counts each batch after the fetch."""
+    steps = _steps(rec, iterable, loader, data, step_type, nested_error, max_steps, counter)
+    del iterable  # as the C twin: the loop keeps the iterator, not the iterable
+    try:
+        yield from steps
+    finally:
+        if counter is not None and counter.loop_mode == 2:
+            counter.before_fetch(None)  # a FLOP count still open ends with the loop (lost)
+
+
+def _steps(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
+           step_type: type, nested_error: Callable[[Any], Exception],
+           max_steps: int | None, counter: Any) -> Iterator[Any]:
     plain, sync = rec.plain, rec.synchronize  # a step's start synced: data starts clean
     new_step = step_type.__new__
     train_lookup, monitor_lookup = rec.phase_lookup, rec.monitor_lookup
@@ -121,6 +134,11 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
             if it is None:  # in the first step's data phase: a DataLoader starts its workers
                 it = iter(iterable)
                 del iterable  # as the C twin: the loop keeps the iterator, not the iterable
+            # The counter's work this step (loop_mode: 0 none, 1 count the batch after the
+            # fetch, 2 also end the open FLOP count before it), read once a step.
+            count_mode = counter.loop_mode if counter is not None else 0
+            if count_mode == 2:
+                counter.before_fetch(step)
             batch = next(it)
         except BaseException as exc:
             if _end_fetch(rec, step, exc):
@@ -130,29 +148,35 @@ def step_loop(rec: Any, iterable: Iterable[Any], loader: str | None, data: Any,
             sync()  # explicit: device work of the fetch (e.g. a copy) counts as data
         ev.append(perf_counter_ns())
         ev.append(None)
+        if count_mode:  # after the data phase: the counter times its own work
+            counter.on_batch(step, batch)
         step.batch = batch
         try:
             yield step
         except BaseException as exc:
             _leave_loop(rec, step, exc)
             raise
-        if step.end_ns:
-            continue  # ended in the body (step.end(), or the run's shutdown)
-        if not plain:  # from here on, finish_step's usual path
-            rec.device_step_end(step)
-        step.end_ns = end = perf_counter_ns()
-        del step.phase, step.monitor  # back to the methods that refuse an ended step
-        step.batch = None  # the background must never keep a batch (or its memory)
-        if rec.current is step:
-            rec.current = rec.ev = None
-        rec.last_step_end_ns = end
-        queue = rec.queue  # read per step: a forked child's run swaps it out
-        if rec.ring is not None:  # the step ring takes it (or queues it behind a marker)
-            rec.ring.write_step(step)
-        elif len(queue) < rec.max_queued:
-            queue.append(step)
-        else:
-            rec.drops.add("record_queue_full", step.span_count())
+        if not step.end_ns:  # else ended in the body (step.end(), or the run's shutdown)
+            _end_step(rec, step, plain)
+
+
+def _end_step(rec: Any, step: Any, plain: bool) -> None:
+    """The step the loop body left: finish_step's usual path, inline."""
+    if not plain:
+        rec.device_step_end(step)
+    step.end_ns = end = perf_counter_ns()
+    del step.phase, step.monitor  # back to the methods that refuse an ended step
+    step.batch = None  # the background must never keep a batch (or its memory)
+    if rec.current is step:
+        rec.current = rec.ev = None
+    rec.last_step_end_ns = end
+    queue = rec.queue  # read per step: a forked child's run swaps it out
+    if rec.ring is not None:  # the step ring takes it (or queues it behind a marker)
+        rec.ring.write_step(step)
+    elif len(queue) < rec.max_queued:
+        queue.append(step)
+    else:
+        rec.drops.add("record_queue_full", step.span_count())
 
 
 def _may_start(rec: Any, nested_error: Callable[[Any], Exception]) -> bool:

@@ -344,7 +344,7 @@ class Recorder(_RecorderCore):
             self.synchronize()  # explicit: the step ends when its device work has ended
 
     def steps(self, iterable: Iterable[Any], loader: str | None,
-              max_steps: int | None = None) -> Iterator[Step]:
+              max_steps: int | None = None, counter: Any = None) -> Iterator[Step]:
         """Yield a Step per item of ``iterable``; fetching the item is the ``data`` phase.
 
         ``iter(iterable)`` runs in the first step's ``data`` phase; ``max_steps`` ends the
@@ -356,7 +356,7 @@ class Recorder(_RecorderCore):
         check_iterable(iterable)
         return _step_loop(  # type: ignore[no-any-return]
             self, iterable, loader, self.phase(PHASE_DATA, KIND_TRAIN), Step, nested_step_error,
-            check_max_steps(max_steps))
+            check_max_steps(max_steps), counter)
 
     def timestamp_ns(self) -> int:
         """A phase-boundary timestamp (``perf_counter_ns``), synchronizing per device_sync."""

@@ -24,7 +24,7 @@ Usage::
 
     counter = BatchCounter.for_run(CountSettings(tokens_per_step=..., samples_per_step=...))
                                                           # None: nothing to do per batch
-    loader = counter.counted(loader, recorder)            # run.steps wraps the loader
+    recorder.steps(loader, "train", None, counter)        # run.steps: on_batch per batch
     step.count(tokens=4096)                               # or per step, by hand
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
@@ -189,11 +189,15 @@ class BatchCounter:
         self._find_peak = find_peak  # flops_per_step given, no peak: the table's, once
         self._flops: FlopCount | None = None
         self.failures = 0  # a callable that raised: counted and logged, never raised
-        # The training thread's time counting batches (``counted``): not the hot path's
+        # The training thread's time counting batches (``on_batch``): not the hot path's
         # calibrated spans, so it is timed where it runs, two clock reads a batch (~0.1 us
         # next to ~1-3 us of shape reads), and charged as the run's own cost.
         self.spent_ns = 0
         self.active = False  # whether anything is left to do per batch or per step
+        # What run.steps' loop (the C StepLoop, pure_twin.step_loop) calls per step: 0
+        # nothing, 1 ``on_batch`` after each fetch, 2 ``before_fetch`` too (a FLOP count
+        # is open); read once a step.
+        self.loop_mode = 0
         self._refresh()
 
     @classmethod
@@ -208,6 +212,7 @@ class BatchCounter:
         self._per_step = self.flops_index is not None or self._find_peak
         self.active = bool(self._tokens_fn or self._samples_fn or self._shape_tokens
                            or self._shape_samples or self._per_step or self._flops is not None)
+        self.loop_mode = 0 if not self.active else 2 if self._flops is not None else 1
 
     def count_into(self, step: Any, batch: Any, add: bool = False) -> None:
         """Write the batch's counts on ``step``'s root attributes (``add``: to those of its
@@ -252,28 +257,27 @@ class BatchCounter:
                   type(batch).__name__)
 
     # -- the step loop and run.step() -------------------------------------------------
-    def counted(self, iterable: Iterable[Any], recorder: Any) -> Iterator[Any]:
-        """``iterable``, each batch counted on the step that fetched it (``run.steps``)."""
-        it = iter(iterable)  # a generator: this runs in the first step's data phase
+    def on_batch(self, step: Any, batch: Any) -> None:
+        """The batch ``step`` fetched (run.steps, after its data phase): counted on it, the
+        FLOP-counted step opened; timed (``spent_ns``); never raises."""
+        began = perf_counter_ns()
         try:
-            while self.active:
-                if self._flops is not None:
-                    self.close_flops(recorder.current)
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                step = recorder.current
-                if step is not None:
-                    began = perf_counter_ns()
-                    self.count_into(step, batch)
-                    if self._per_step:  # the FLOP-counted step, the peak: once each
-                        self.at_step_start(step, batch)
-                    self.spent_ns += perf_counter_ns() - began
-                yield batch
-            yield from it  # nothing left to count (an ambiguous batch): the loader's own pace
-        finally:  # the loop ended (or was left): a FLOP count still open ends with it
-            self.close_flops(None)
+            if self.active:
+                self.count_into(step, batch)
+                if self._per_step:  # the FLOP-counted step, the peak: once each
+                    self.at_step_start(step, batch)
+        except Exception as exc:  # never into training
+            _warn.warning("count", "otel-train: counting a batch: %r", exc)
+        self.spent_ns += perf_counter_ns() - began
+
+    def before_fetch(self, step: Any) -> None:
+        """A FLOP count still open ends onto ``step``, before its batch is fetched."""
+        began = perf_counter_ns()
+        try:
+            self.close_flops(step)
+        except Exception as exc:  # never into training
+            _warn.warning("flops", "otel-train: ending the FLOP count: %r", exc)
+        self.spent_ns += perf_counter_ns() - began
 
     def at_step_start(self, step: Any, batch: Any = None) -> None:
         """The FLOP-counted step starts its counting; the peak is looked up once."""

@@ -196,6 +196,22 @@ def test_the_time_counting_batches_is_timed_on_the_training_thread_and_charged(t
     assert costs["lost_us_per_step"] >= costs["batch_counting_us_per_step"]
 
 
+def test_the_data_phase_is_the_loaders_time_and_the_count_comes_after_it(tmp_path):
+    def tokens(batch: Any) -> int:  # counting that takes 20 ms a batch
+        time.sleep(0.02)
+        return 10
+
+    with start_test_run(tmp_path, tokens_per_step=tokens) as run:
+        for _step in run.steps([IDS] * 3):
+            pass
+    spans = run_spans(run)
+    data = [s for s in spans if s.name == "data"]
+    roots = [s for s in spans if s.parent_id is None and s.name == A.STEP_SPAN_NAME]
+    assert len(data) == 3 and all(r.attributes[A.TOKENS] == 10 for r in roots)
+    assert all(d.duration_seconds < 0.015 for d in data)
+    assert all(r.duration_seconds >= 0.02 for r in roots)
+
+
 def test_a_run_that_counts_nothing_per_batch_reports_no_batch_counting(tmp_path):
     with start_test_run(tmp_path, tokens_per_step=100, samples_per_step=4) as run:
         for _step in run.steps([IDS] * 3):
