@@ -42,9 +42,9 @@ def _loop_ns(batches: list[Any], counted: bool) -> float:
     from otel_train.recording.step_counts import BatchCounter
 
     rec = Recorder(len(batches) + 1, DropCounter(), None)
-    it = BatchCounter().counted(batches, rec) if counted else batches
+    counter = BatchCounter() if counted else None
     t0 = time.thread_time_ns()
-    for _step in rec.steps(it, None):
+    for _step in rec.steps(batches, None, None, counter):
         pass
     return (time.thread_time_ns() - t0) / len(batches)
 
