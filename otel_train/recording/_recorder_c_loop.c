@@ -18,6 +18,7 @@ typedef struct {
     PyObject *pending;        /* the step last returned, until the next __next__ or close */
     PyObject *empty;          /* () for Step.__new__ */
     PyObject *counter;        /* the run's BatchCounter (step_counts.py), or NULL */
+    PyObject *on_batch;       /* its bound on_batch, called after each fetch */
     Py_ssize_t left;          /* steps this loop may still start (max_steps); -1: no limit */
     int plain;                /* host clock only: no device_step_start/_end calls */
     int state;
@@ -36,6 +37,7 @@ StepLoop_traverse(StepLoop *self, visitproc visit, void *arg)
     Py_VISIT(self->sync);
     Py_VISIT(self->pending);
     Py_VISIT(self->counter);
+    Py_VISIT(self->on_batch);
     return 0;
 }
 
@@ -53,6 +55,7 @@ StepLoop_clear(StepLoop *self)
     Py_CLEAR(self->pending);
     Py_CLEAR(self->empty);
     Py_CLEAR(self->counter);
+    Py_CLEAR(self->on_batch);
     return 0;
 }
 
@@ -108,6 +111,11 @@ StepLoop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (counter != Py_None) {
         Py_INCREF(counter);
         self->counter = counter;
+        self->on_batch = PyObject_GetAttr(counter, s_on_batch);
+        if (self->on_batch == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
     }
     self->state = LOOP_READY;
     self->empty = PyTuple_New(0);
@@ -383,7 +391,8 @@ start_step(StepLoop *self)
     if (count_mode > 0) {
         /* train.tokens / train.samples of the batch, after the data phase: the loader's
          * time is the data phase's; the counter times its own work (own cost). */
-        PyObject *r = PyObject_CallMethodObjArgs(self->counter, s_on_batch, step, batch, NULL);
+        PyObject *args[2] = {step, batch};
+        PyObject *r = PyObject_Vectorcall(self->on_batch, args, 2, NULL);
         if (r == NULL) {
             Py_DECREF(batch);
             goto fail_ev;
@@ -422,6 +431,7 @@ StepLoop_done(StepLoop *self)
         PyErr_Clear();
         PyErr_Restore(type, value, tb);
         Py_CLEAR(self->counter);
+        Py_CLEAR(self->on_batch);
     }
 }
 
