@@ -55,6 +55,10 @@ class RingExporter:
     def notice_exit(self) -> None:
         """A drain asks whether the child died: it never does here."""
 
+    def settled_ring_position(self) -> int | None:
+        """The position the child's last report settled: none here."""
+        return None
+
 
 def ring_builder() -> StepRecordBuilder:
     return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, OFFSET)

@@ -12,7 +12,8 @@ ring holding each one's place. Two ways to read it:
   drains the recorder's queue only, each record taken with its ordinal (``take_ordinal``:
   the n-th record queued since the ring was attached, held in the ring by the n-th marker).
   Nothing here runs per ring step. Should the child be given up, the next drain reads the
-  ring here from ``tail`` (the child moves it only past what it settled): the records of the
+  ring here from the position the child's last report read here settled (``tail`` lags
+  it by at most one report; the child moves it only past what it settled): the records of the
   markers already drained went in frames (sent again or exported by the client), so only
   the later markers take the queue's records, and the steps the child had read ahead are
   counted as sent again (``count_resent``).
@@ -136,18 +137,25 @@ class RingSource:
             return self._refill_locked()
 
     def _take_over(self) -> None:
-        """Read the ring here from ``tail``, as the child left it."""
+        """Read the ring here from where the child's counts leave off, as it left it."""
         reader = StepRingReader(self.ring)
         reader.know(self._writer.string_ids, self._writer.phase_ids)
         read_ahead = U64.unpack_from(self.ring.buffer, OFF_READ)[0]
         self._reader = reader
         self._drained_markers = self.popped
         self.exporter, exporter = None, self.exporter
-        # The steps between tail and where the child had read: handed on there, perhaps
+        # The child's last report read there settled the ring up to ``settled`` (its room
+        # is freed only after the report is sent, so tail may lag it): those steps are in
+        # its counts, exported or dropped, and are not read again.
+        settled = exporter.settled_ring_position()
+        # The steps between that and where the child had read: handed on there, perhaps
         # exported in part; read again here (the batch in flight may arrive twice).
         resent = 0
         position = reader.position
         for item, end, ordinal in reader.read_items():
+            if settled is not None and end <= settled:
+                position = end
+                continue
             if item is not QUEUED and position < read_ahead:
                 resent += item.span_count()
             position = end

@@ -187,3 +187,39 @@ def test_ring_cost_counts_add_what_the_exporter_process_counted_since_its_last_r
     figures = meter.figures()
     assert figures["steps"] == 3 and startup.done
     assert figures["hot_path_us_per_step"] == round((9 * 100 + 2 * 300) / 3 / 1e3, 3)
+
+
+def test_a_take_over_reads_the_ring_from_what_the_childs_last_report_settled():
+    from ring_helpers import RingExporter
+
+    from otel_train.recording.step_ring_reader import StepRingReader
+
+    class _Client(RingExporter):
+        """The child has read four steps, reported two settled, and died."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.settled: int | None = None
+            self.resent = 0
+
+        def settled_ring_position(self) -> int | None:
+            return self.settled
+
+        def count_resent(self, spans: int) -> None:
+            self.resent += spans
+
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    client = _Client()
+    source = RingSource(rec, ring, exporter=client)
+    for step in rec.steps(range(6), "train"):
+        with step.phase("forward"):
+            pass
+    child = StepRingReader(StepRing.open(os.dup(ring.fd)), move_tail=False)
+    items = child.read_items(4)  # read ahead: steps 0-3, handed on there
+    client.settled = items[1][1]  # its last report read here: steps 0 and 1 settled
+    assert ring.counters()["tail"] == 0  # not freed yet: the child died before that
+    client.taken_over = True
+    source.refill()
+    assert [r.index for r in source.pending] == [2, 3, 4, 5]  # 0 and 1 are in its counts
+    assert client.resent == 2 * 3  # steps 2 and 3 were handed on there: sent again

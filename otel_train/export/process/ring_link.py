@@ -102,6 +102,10 @@ class RingClientPart:
                 self._read()  # type: ignore[attr-defined]
                 self._check_exit()  # type: ignore[attr-defined]
 
+    def settled_ring_position(self) -> int | None:
+        """The ring position the child's last report read here settled (None: none said)."""
+        return self._reports.ring_position
+
     def unsettled_ring_spans(self) -> int:
         """The ring's spans that no count read here covers, at the end: past the position
         the child's last report read here settled (less its spans settled past it), or past
