@@ -172,8 +172,8 @@ def install() -> None:
                     json.dump(data, f)
         real_stop(self, timeout_seconds)
 
-    # The step ring (step_ring="on"): its records read and decoded (per batch), each step's
-    # span record built (per step: two clock reads a step are in this row).
+    # The step ring (step_ring="on"): its records read and decoded, and the steps' span
+    # records built (a run of steps between markers at a time).
     from otel_train.export.process import ring_feed
     from otel_train.recording import step_ring_reader
 
@@ -187,8 +187,8 @@ def install() -> None:
     reader_cls.read_items = timed("ring: read and decode (read_items)",  # type: ignore[method-assign]
                                   reader_cls.read_items)
     feed_cls = ring_feed.ChildRingFeed
-    feed_cls._build = timed("ring: build the step's record (_build)",  # type: ignore[method-assign]
-                            feed_cls._build)
+    feed_cls._build_run = timed("ring: build the steps' records (_build_run)",  # type: ignore[method-assign]
+                                feed_cls._build_run)
 
     Child.derive, Child.spans, Child.stop = derive, spans, stop  # type: ignore[method-assign]
     Child.stats = timed("reports: counts (stats)", Child.stats)  # type: ignore[method-assign]

@@ -10,6 +10,26 @@
  */
 #include "_recorder_c.h"
 
+/* Interned attribute names of a phase entry that is no C phase (a RingPhase of the step
+ * ring): made once, so each read is a lookup, not a string made from C text. */
+static PyObject *rows_s_name, *rows_s_kind, *rows_s_loader;
+
+static int
+intern_entry_names(void)
+{
+    if (rows_s_loader != NULL) {
+        return 0;
+    }
+    if ((rows_s_name = PyUnicode_InternFromString("name")) == NULL
+        || (rows_s_kind = PyUnicode_InternFromString("kind")) == NULL
+        || (rows_s_loader = PyUnicode_InternFromString("loader")) == NULL) {
+        Py_CLEAR(rows_s_name);
+        Py_CLEAR(rows_s_kind);
+        return -1;
+    }
+    return 0;
+}
+
 /* The phase entry's name, kind and loader: the C phase's slots, or attributes elsewhere. */
 static int
 entry_fields(PyObject *entry, PyObject **name, PyObject **kind, PyObject **loader)
@@ -29,9 +49,12 @@ entry_fields(PyObject *entry, PyObject **name, PyObject **kind, PyObject **loade
         return 0;
     }
     *name = *kind = *loader = NULL;
-    if ((*name = PyObject_GetAttrString(entry, "name")) == NULL
-        || (*kind = PyObject_GetAttrString(entry, "kind")) == NULL
-        || (*loader = PyObject_GetAttrString(entry, "loader")) == NULL) {
+    if (intern_entry_names() < 0) {
+        return -1;
+    }
+    if ((*name = PyObject_GetAttr(entry, rows_s_name)) == NULL
+        || (*kind = PyObject_GetAttr(entry, rows_s_kind)) == NULL
+        || (*loader = PyObject_GetAttr(entry, rows_s_loader)) == NULL) {
         Py_XDECREF(*name);
         Py_XDECREF(*kind);
         return -1;

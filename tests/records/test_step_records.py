@@ -519,3 +519,73 @@ def test_a_flat_step_built_in_c_equals_its_python_twin_and_the_rest_falls_back(s
             assert c_rec == py_rec, (setting, step.index)
     bounds = {c_builder.record(s)[6].get("train.step.bound") for s in steps}
     assert {"input", "host"} <= bounds or setting != "plain"
+
+
+def test_a_run_s_trace_ids_from_its_copied_hash_equal_step_trace_id():
+    from otel_train.records.step_records import step_trace_ids
+
+    for run_id in ("run-s", "é-run", ""):
+        trace_id_of = step_trace_ids(run_id)
+        for step in (0, 1, 9, 10, 12345, -3, 2**70, True):
+            assert trace_id_of(step) == step_trace_id(run_id, step), (run_id, step)
+
+
+def test_span_ids_drawn_at_once_are_the_ids_of_a_draw_each():
+    import random
+
+    from otel_train.records.step_records import draw_span_ids
+
+    for n in (0, 1, 7, 512, 1025, 3000):
+        random.seed(n)
+        want = [random.getrandbits(64) or 1 for _ in range(n)]
+        after = random.getrandbits(64)
+        random.seed(n)
+        assert draw_span_ids(n) == want
+        assert random.getrandbits(64) == after  # the generator's state after them too
+
+
+def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out():
+    """step_records (the step ring's reader builds a batch at a time) draws the same ids and
+    builds the same records as record() per step, C and Python paths, flat, nested and
+    failed steps, user span ids kept; a step whose build fails is handed over, the others
+    go on."""
+    import random
+
+    rec = Recorder(100, DropCounter(), None)
+    for step in rec.steps(range(20), loader="train"):
+        with step.phase("forward"):
+            if step.index % 5 == 2:
+                with step.phase("inner"):  # nested: the Python decoder
+                    pass
+        if step.index % 7 == 4:
+            step.set_attribute("loss", step.index / 3)
+    steps = list(rec.queue)
+    steps[3].span_ids = {-1: 77, 0: 78}  # ids handed to user spans early: kept, none drawn
+
+    def fixed() -> StepRecordBuilder:
+        return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, 10**18)
+
+    random.seed(5)
+    one_by_one = fixed()
+    want = [one_by_one.record(s) for s in steps]
+    after = random.getrandbits(64)
+    random.seed(5)
+    failed = []
+    got = fixed().step_records(steps, lambda s, exc: failed.append(s))
+    assert got == want and not failed
+    assert random.getrandbits(64) == after
+    assert got[3][2] == 77
+
+    class Broken:  # a step whose build raises
+        span_ids = None
+        trace_id = 0
+        index = "x"
+
+        def __getattr__(self, name):
+            raise RuntimeError("unreadable")
+
+    random.seed(5)
+    got = fixed().step_records(steps[:2] + [Broken()] + steps[2:], lambda s, exc: failed.append(
+        (s, exc)))
+    assert len(failed) == 1 and isinstance(failed[0][1], RuntimeError)
+    assert [r[6]["train.step"] for r in got] == list(range(20))
