@@ -36,17 +36,10 @@ def timed_on_views(shared: Any, views: Any, acc: dict[str, int]) -> None:
     """``shared.on_views(views)``, each group's thread CPU added to ``acc[label]``."""
     with shared.lock:
         shared._assembler.views += len(views)
+        steps_only = all(view.is_step for view in views)
         for group in shared._groups:
             t0 = thread_time_ns()
-            for view in views:
-                for proc, on_step, on_operation in group:
-                    try:
-                        if view.is_step:
-                            on_step(view)
-                        elif not view.envelope or proc.takes_envelope:
-                            on_operation(view)
-                    except Exception as exc:
-                        shared._failed(proc, view, exc)
+            shared.feed_group(group, views, steps_only)
             acc["chain: " + group_label(group)] += thread_time_ns() - t0
 
 

@@ -166,6 +166,20 @@ def phase_span_ids(phases: Sequence[tuple[Any, ...]], ids: dict[int, int] | None
     return [(ids and ids.get(i)) or rand(64) or 1 for i in range(n)]
 
 
+_MANY_ID_STRUCTS = [struct.Struct(f"<{n}Q") for n in range(1025)]
+
+
+def draw_span_ids(n: int) -> list[int]:
+    """``n`` span ids from one draw: the ids of ``n`` draws of ``getrandbits(64) or 1``, the
+    generator's state after them included (see :func:`phase_span_ids`)."""
+    if n <= 0:
+        return []
+    if n >= len(_MANY_ID_STRUCTS):
+        return [_getrandbits(64) or 1 for _ in range(n)]
+    drawn = list(_MANY_ID_STRUCTS[n].unpack(_getrandbits(64 * n).to_bytes(8 * n, "little")))
+    return [i or 1 for i in drawn] if 0 in drawn else drawn
+
+
 def phase_end_order(phases: Sequence[tuple[Any, ...]]) -> Sequence[int]:
     """A record's phase indices in the order their spans ended (a nested phase ends
     before its parent; ties keep their order). Flat steps are in that order already."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import struct
 import traceback
 from collections.abc import Callable, Sequence
 from time import perf_counter_ns, time_ns
@@ -57,6 +56,7 @@ from otel_train.records.span_rows import (
     P_KIND,
     P_START,
     RowSpanFactory,
+    draw_span_ids,
 )
 
 _log = logging.getLogger("otel_train")
@@ -383,21 +383,6 @@ def step_trace_ids(run_id: str) -> Callable[[int], int]:
         digest.update(b"%d" % step)
         return from_bytes(digest.digest(), "big") or 1  # 0 is the invalid trace id
     return trace_id_of
-
-
-_ID_STRUCTS = [struct.Struct(f"<{n}Q") for n in range(1025)]
-
-
-def draw_span_ids(n: int) -> list[int]:
-    """``n`` span ids from one draw: ``random`` fills a long draw 32 bits at a time, least
-    significant first, so these are the ids of ``n`` 64-bit draws (``getrandbits(64) or 1``
-    each), its state after them included."""
-    if not n:
-        return []
-    if n >= len(_ID_STRUCTS):
-        return [_getrandbits(64) or 1 for _ in range(n)]
-    drawn = list(_ID_STRUCTS[n].unpack(_getrandbits(64 * n).to_bytes(8 * n, "little")))
-    return [i or 1 for i in drawn] if 0 in drawn else drawn
 
 
 def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int,

@@ -530,20 +530,6 @@ def test_a_run_s_trace_ids_from_its_copied_hash_equal_step_trace_id():
             assert trace_id_of(step) == step_trace_id(run_id, step), (run_id, step)
 
 
-def test_span_ids_drawn_at_once_are_the_ids_of_a_draw_each():
-    import random
-
-    from otel_train.records.step_records import draw_span_ids
-
-    for n in (0, 1, 7, 512, 1025, 3000):
-        random.seed(n)
-        want = [random.getrandbits(64) or 1 for _ in range(n)]
-        after = random.getrandbits(64)
-        random.seed(n)
-        assert draw_span_ids(n) == want
-        assert random.getrandbits(64) == after  # the generator's state after them too
-
-
 def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out():
     """step_records (the step ring's reader builds a batch at a time) draws the same ids and
     builds the same records as record() per step, C and Python paths, flat, nested and

@@ -139,7 +139,34 @@ as_u64(PyObject *o, uint64_t *out)
     if (!PyLong_Check(o)) {
         return 0;
     }
+    /* Below 2**63 (times, most ids) read digit by digit; PyLong_AsUnsignedLongLong goes
+     * through a byte array, the most of this encoder's CPU when every field took it. */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow == 0) {
+        if (small == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (small < 0) {
+            return 0;
+        }
+        *out = (uint64_t)small;
+        return 1;
+    }
+    if (overflow < 0) {
+        return 0;
+    }
+#if PY_VERSION_HEX < 0x030E0000
+    /* 2**63 and over: exact when it needs at most 64 bits (read modulo 2**64 then). */
+    if ((int64_t)_PyLong_NumBits(o) > 64) {
+        PyErr_Clear();
+        return 0;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(o);
+#else
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
+#endif
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
         return 0;

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from itertools import islice
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_train.common import attributes as A
@@ -36,6 +36,7 @@ from otel_train.export.encode_cache import ForeignScope, IdentityCache, KeyValue
 from otel_train.export.otlp import wire as W
 from otel_train.records import span_rows as _rows
 from otel_train.records.span_rows import INTERNAL_KIND, row_scope
+from otel_train.records.span_rows import draw_span_ids as _draw_span_ids
 from otel_train.records.span_rows import phase_span_ids as _phase_span_ids
 
 _log = logging.getLogger("otel_train")
@@ -224,7 +225,35 @@ class _Encoder:
         self._last_constants = (constants, (consts, keys, block), keys.isdisjoint(_PHASE_KEYS))
         return consts, keys, block
 
-    def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any]) -> list[bytes]:
+    def records(self, recs: Sequence[tuple[Any, ...]], constants: Mapping[str, Any],
+                failed: Callable[[tuple[Any, ...], Exception], None]) -> list[bytes]:
+        """The encoded spans of ``recs``, in order, as :meth:`record` encodes each, with the
+        same span ids: the phase ids of each run of records that draws its own (no ids
+        handed to user spans) are drawn at once, the same ids as a draw a record
+        (``span_rows.draw_span_ids``). A record that cannot be encoded goes to ``failed``;
+        the others go on."""
+        out: list[bytes] = []
+        record = self.record
+        pool: list[int] = []
+        at = 0
+        for k, rec in enumerate(recs):
+            try:
+                phases, ids = rec[_C_PHASES], rec[_C_IDS]
+                if not phases or ids:  # draws none, or its own: as record() does
+                    out += record(rec, constants)
+                    continue
+                n = len(phases)
+                if at + n > len(pool):  # the ids of this run of records, in one draw
+                    pool = _draw_span_ids(_run_draws(recs, k))
+                    at = 0
+                at += n  # its ids, whether or not it can be encoded
+                out += record(rec, constants, pool[at - n:at])
+            except Exception as exc:
+                failed(rec, exc)
+        return out
+
+    def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any],
+               span_ids: list[int] | None = None) -> list[bytes]:
         """The Span messages of one span record (span_rows.py) as ScopeSpans.spans fields
         (tag, length, message), in ``rows_from_record``'s order and with its span ids: the
         same bytes as encoding its rows, no row made.
@@ -246,7 +275,8 @@ class _Encoder:
             # attribute: the rows' own rules.
             return [W.span_field(self.row(r, consts, keys, block))
                     for r in _rows.rows_from_record(rec)]
-        span_ids = _phase_span_ids(phases, rec[_C_IDS])
+        if span_ids is None:
+            span_ids = _phase_span_ids(phases, rec[_C_IDS])
         if self._step_fields is not None:
             fields = self._step_fields(rec, span_ids, block, keys)
             if fields is not None:
@@ -453,6 +483,18 @@ class _Encoder:
 
 
 
+def _run_draws(recs: Sequence[tuple[Any, ...]], k: int) -> int:
+    """Phase ids the run of records from ``k`` draws, up to the first that draws none or its
+    own (a record with no phases, or with ids handed to user spans)."""
+    total = 0
+    for rec in recs[k:]:
+        phases = rec[_C_PHASES]
+        if not phases or rec[_C_IDS]:
+            break
+        total += len(phases)
+    return total
+
+
 def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:
     """A cached span head: its name and kind fields, attribute fields, and their length."""
     return fields, attributes, len(fields) + len(attributes)
@@ -469,6 +511,11 @@ class OtlpSpanFields:
     def from_record(self, rec: tuple[Any, ...]) -> list[bytes]:
         """One step's (or operation's) encoded spans."""
         return self._encoder.record(rec, self._constants)
+
+    def from_records(self, recs: Sequence[tuple[Any, ...]],
+                     failed: Callable[[tuple[Any, ...], Exception], None]) -> list[bytes]:
+        """The encoded spans of several records, in order (``_Encoder.records``)."""
+        return self._encoder.records(recs, self._constants, failed)
 
     def from_row(self, row: tuple[Any, ...]) -> bytes:
         """One span row, encoded."""

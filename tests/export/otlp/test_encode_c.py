@@ -295,3 +295,30 @@ def test_the_python_encoder_alone_passes_the_encoding_tests():
         cwd=tests, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+@needs_c
+def test_ids_and_times_at_the_edges_of_64_bits_are_written_by_the_c_encoder_as_by_the_python():
+    """Ints read digit by digit below 2**63 and by their bit count above: every id and time
+    up to 2**64 - 1 is written in C, the same bytes; 2**64 and negatives go to Python."""
+    rec = ("train.step", 2**127 + 5, 2**63, 1, 10, 2**64 - 1, {STEP: 1, SLOW: False}, None,
+           (), [("forward", "compute", None, 5, 1, 2**63, 2**62, 2**63 - 1, None, (), None,
+                 None)], {0: 2**64 - 1})
+    for root, start, end, phase_end in ((2**63, 10, 2**64 - 1, 2**63 - 1),
+                                        (2**64 - 1, 2**63, 2**63 + 1, 2**64 - 1),
+                                        (1, 1, 2**62, 2**63)):
+        r = _with(_with(rec, root=root, end=end), start=start,
+                  phases=[_phase(rec[9][0], end=phase_end, parent=root)])
+        want, got, c = _both(r, {"run": "x"}, 3)
+        assert c and got == want, (root, start, end, phase_end)
+    for odd in (_with(rec, end=2**64), _with(rec, start=-5), _with(rec, ids={0: -1})):
+        outcomes = []
+        for accelerated in (False, True):
+            enc = _Encoder(accelerated=accelerated)
+            random.seed(3)
+            try:
+                outcomes.append(enc.record(odd, {"run": "x"}))
+            except Exception as exc:
+                outcomes.append(type(exc))
+            assert enc.records_in_c == 0
+        assert outcomes[0] == outcomes[1], (odd, outcomes)
