@@ -63,7 +63,7 @@ _log = logging.getLogger("otel_train")
 _SAMPLED_FLAGS = int(_SAMPLED)
 _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
-_STEP = A.STEP
+_STEP, _STEP_SPAN_NAME = A.STEP, A.STEP_SPAN_NAME
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
 _TRUNCATED, _TRUNCATED_REASON = A.TRUNCATED, A.TRUNCATED_REASON
@@ -142,6 +142,7 @@ class StepRecordBuilder:
         # Timestamps of collectives (Run.collective_log): None until something times them.
         self.collectives: CollectiveLog | None = None
         self._trace_id_of = step_trace_ids(identity.run_id)
+        self._rare_fields: dict[type, bool] = {}  # step_records: per step class
 
     @property
     def offset_ns(self) -> int:
@@ -174,15 +175,40 @@ class StepRecordBuilder:
         """The span records of ``steps`` (no monitoring operations), in order: the records
         :meth:`record` makes of each, for less CPU a step (the step ring's reader builds its
         steps a batch at a time). The root span ids are drawn at once, the same ids as a draw
-        a step (``span_rows.phase_span_ids`` says why); a step that cannot be built is handed
-        to ``failed`` and left out, the others go on."""
+        a step (``span_rows.draw_span_ids``); the common flat step without attributes goes
+        to ``flat_step_record`` straight from here. A step that cannot be built is handed to
+        ``failed`` and left out, the others go on."""
         ids = draw_span_ids(sum(1 for s in steps if not (s.span_ids and s.span_ids.get(-1))))
-        out = []
+        out: list[tuple[Any, ...]] = []
         append, build, drawn = out.append, self._step_record, iter(ids)
+        flat = _flat_record
+        # What sends every step of the run to the Python path (``_plain``), read once.
+        if self._own_timing or self.collectives or self.host_rss_every_steps:
+            flat = None
+        trace_of, is_sampled, off = self._trace_id_of, self.is_sampled, self._offset
+        rare = self._rare_fields
         for step in steps:
             try:
                 own = step.span_ids and step.span_ids.get(-1)
-                append(build(step, own or next(drawn)))
+                root_id = own or next(drawn)
+                if (flat is not None and not own and step.error is None and not (
+                        step.dev or step.phase_attrs or step.queued_waits or step.span_ids
+                        or step.attrs)):
+                    kind = type(step)
+                    carries = rare.get(kind)
+                    if carries is None:
+                        carries = rare[kind] = _may_carry_rare_fields(kind)
+                    if not carries or not (getattr(step, "stall_events", None)
+                                           or getattr(step, "governing_events", None)):
+                        trace_id = step.trace_id or trace_of(step.index)
+                        rec = flat(step.ev, step.loader, step.index, step.start_ns,
+                                   step.end_ns, trace_id,
+                                   _SAMPLED_FLAGS if is_sampled(trace_id) else 0, root_id, off,
+                                   self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS)
+                        if rec is not None:
+                            append(rec)
+                            continue
+                append(build(step, root_id))
             except Exception as exc:
                 failed(step, exc)
         return out
@@ -368,6 +394,14 @@ class StepRecordBuilder:
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return (rec.span_name or rec.name, trace_id, span_id, flags, rec.start_ns + off,
                 rec.end_ns + off, attrs, status, events, None, None)
+
+
+def _may_carry_rare_fields(kind: type) -> bool:
+    """Whether a step of class ``kind`` can hold the watchdog's or the schedule's events
+    (``stall_events``, ``governing_events``): a class with neither, whose instances take no
+    new attribute (slots alone, as the step ring's ``RingStep``), cannot."""
+    return (hasattr(kind, "stall_events") or hasattr(kind, "governing_events")
+            or kind.__dictoffset__ != 0)  # type: ignore[attr-defined]
 
 
 def step_trace_ids(run_id: str) -> Callable[[int], int]:

@@ -530,12 +530,17 @@ def test_a_run_s_trace_ids_from_its_copied_hash_equal_step_trace_id():
             assert trace_id_of(step) == step_trace_id(run_id, step), (run_id, step)
 
 
-def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out():
+@pytest.mark.parametrize("setting", ["plain", "own timing", "host rss"])
+def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out(
+        setting):
     """step_records (the step ring's reader builds a batch at a time) draws the same ids and
     builds the same records as record() per step, C and Python paths, flat, nested and
-    failed steps, user span ids kept; a step whose build fails is handed over, the others
-    go on."""
+    failed steps, user span ids kept, a stall's events, steps read back from the ring; a
+    step whose build fails is handed over, the others go on."""
     import random
+
+    from otel_train.recording.step_ring import StepRing, attach_ring
+    from otel_train.recording.step_ring_reader import StepRingReader
 
     rec = Recorder(100, DropCounter(), None)
     for step in rec.steps(range(20), loader="train"):
@@ -547,9 +552,20 @@ def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_
             step.set_attribute("loss", step.index / 3)
     steps = list(rec.queue)
     steps[3].span_ids = {-1: 77, 0: 78}  # ids handed to user spans early: kept, none drawn
+    steps[8].stall_events = [("train.stall", 10**18 + 5, {"train.stall.seconds": 2.0})]
+    ring = StepRing.create(1 << 16)
+    attach_ring(rec, ring)
+    for step in rec.steps(range(20, 26), loader="train"):
+        with step.phase("forward"):
+            pass
+    ring_steps = [s for s in StepRingReader(ring).read() if s != "queued"]
+    assert len(ring_steps) == 6
+    steps += ring_steps
 
     def fixed() -> StepRecordBuilder:
-        return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, 10**18)
+        return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, 10**18,
+                                 span_timing=None if setting == "own timing" else "host",
+                                 host_rss_every_steps=3 if setting == "host rss" else 0)
 
     random.seed(5)
     one_by_one = fixed()
@@ -558,9 +574,12 @@ def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_
     random.seed(5)
     failed = []
     got = fixed().step_records(steps, lambda s, exc: failed.append(s))
+    if setting == "host rss":  # a reading each time: equal but for its value
+        for r in got + want:
+            r[6].pop("train.memory.host_rss_bytes", None)
     assert got == want and not failed
     assert random.getrandbits(64) == after
-    assert got[3][2] == 77
+    assert got[3][2] == 77 and got[8][8][-1][0] == "train.stall"
 
     class Broken:  # a step whose build raises
         span_ids = None
@@ -574,4 +593,4 @@ def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_
     got = fixed().step_records(steps[:2] + [Broken()] + steps[2:], lambda s, exc: failed.append(
         (s, exc)))
     assert len(failed) == 1 and isinstance(failed[0][1], RuntimeError)
-    assert [r[6]["train.step"] for r in got] == list(range(20))
+    assert [r[6]["train.step"] for r in got] == list(range(26))
