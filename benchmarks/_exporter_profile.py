@@ -110,21 +110,14 @@ def install() -> None:
     steps = [0]
 
     def derive(self: Any, settings: Any) -> None:
-        from otel_train.records.span_rows import view_from_record
+        from otel_train.records.span_rows import views_from_records
 
         real_derive(self, settings)
 
         def feed(shared: Any, recs: Any, rank: Any) -> None:
             """chain.feed_records, the views' making and each group timed apart."""
             t0 = thread_time_ns()
-            views = []
-            for rec in recs:
-                try:
-                    view = view_from_record(rec, rank)
-                except Exception:  # skipped, as feed_records does (it also logs)
-                    continue
-                if view is not None:
-                    views.append(view)
+            views = views_from_records(recs, rank, lambda exc: None)  # skipped, as there
             add("chain: views from records", thread_time_ns() - t0)
             if views:
                 part: dict[str, int] = defaultdict(int)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import random
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -124,6 +124,33 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     view.operations.append((view.name, view.duration_ns))
     view.monitor_ns = view.duration_ns
     return view
+
+
+def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
+                       failed: Callable[[Exception], None]) -> list[StepView]:
+    """The ``StepView`` of each record (:func:`view_from_record`), a frame at once: a step's
+    made here without a call a record; a record whose view cannot be made goes to
+    ``failed``, the others go on."""
+    out: list[StepView] = []
+    append = out.append
+    for rec in recs:
+        try:
+            attrs, phases = rec[6], rec[9]  # C_ATTRS, C_PHASES
+            if phases is None or attrs.get(_KIND_ATTR) == _ENVELOPE:
+                view = view_from_record(rec, rank)
+                if view is not None:
+                    append(view)
+                continue
+            view = StepView(True, rec[0], RowRoot(attrs), (rec[1], rec[2]),  # type: ignore[arg-type]
+                            attrs, rec[4], rec[5], phases)
+            view.rank = rank
+            view.events = rec[8]  # C_EVENTS
+            if phases:
+                count_monitoring(view)
+            append(view)
+        except Exception as exc:
+            failed(exc)
+    return out
 
 
 def check_row(row: tuple[Any, ...]) -> None:
