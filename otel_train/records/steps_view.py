@@ -372,6 +372,15 @@ class SharedStepSpanProcessor(SpanProcessor):
             except Exception as exc:  # an on_steps that does not guard its steps itself
                 self._failed(proc, views[0], exc)
             return
+        if steps_only:  # view by view, together: each step to each member in turn
+            members = [(proc, on_step) for proc, on_step, _ in group]
+            for view in views:
+                for proc, on_step in members:
+                    try:
+                        on_step(view)
+                    except Exception as exc:
+                        self._failed(proc, view, exc)
+            return
         for view in views:
             for proc, on_step, on_operation in group:
                 try:
