@@ -594,3 +594,61 @@ def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_
         (s, exc)))
     assert len(failed) == 1 and isinstance(failed[0][1], RuntimeError)
     assert [r[6]["train.step"] for r in got] == list(range(26))
+
+
+@pytest.mark.skipif(step_records_module._flat_records is None,
+                    reason="the C accelerator was not built here (CI requires it)")
+def test_ring_trace_ids_hashed_in_c_equal_step_trace_id_across_block_boundaries():
+    """The C BLAKE2b (flat_step_records' trace ids) against hashlib's, run ids from empty
+    to several 128-byte blocks (the step's digits crossing a block's end), any 64-bit
+    step; an index that is no 64-bit int is left to Python (None)."""
+    import random
+
+    from otel_train.recording.recorder import _recorder_c
+
+    rng = random.Random(2)
+    for run_id in ["", "run-s", "é" * 63, *("x" * n for n in range(110, 131)), "y" * 300]:
+        prefix = f"{run_id}\x00".encode()
+        for step in [0, 1, 9, 10, -1, 2**63 - 1, -2**63] + [rng.randrange(-2**63, 2**63)
+                                                              for _ in range(20)]:
+            assert _recorder_c.ring_trace_id(prefix, step) == step_trace_id(run_id, step), (
+                run_id, step)
+    assert _recorder_c.ring_trace_id(b"r\x00", 2**64) is None
+    assert _recorder_c.ring_trace_id(b"r\x00", True) is None  # bool: str() says "True"
+
+
+def test_ring_steps_built_a_run_at_a_time_in_c_equal_those_built_in_python(monkeypatch):
+    """flat_step_records (C: a run of ring steps, trace ids included) against the Python
+    path of step_records for the same steps: the same records, the same ids drawn; a step
+    the C leaves (attributes, a non-flat list) built in Python in its place."""
+    import random
+
+    from otel_train.recording.step_ring import StepRing, attach_ring
+    from otel_train.recording.step_ring_reader import StepRingReader
+
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    attach_ring(rec, ring)
+    for step in rec.steps(range(40), loader="train"):
+        with step.phase("forward"):
+            pass
+        if step.index % 9 == 4:
+            step.set_attribute("loss", step.index / 7)
+        with step.monitor("val_loss"):
+            pass
+    steps = [s for s in StepRingReader(ring).read() if s != "queued"]
+    assert len(steps) == 40 and any(s.attrs for s in steps)
+
+    def built(c: bool) -> list:
+        if not c:
+            monkeypatch.setattr(step_records_module, "_flat_records", None)
+        b = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: t % 3 > 0, 10**18)
+        random.seed(9)
+        failed = []
+        out = b.step_records(steps, lambda s, e: failed.append(e))
+        assert not failed
+        return out
+
+    c_built = built(True)
+    assert built(False) == c_built
+    assert {r[3] for r in c_built} == {0, 1}  # the builder's sampling decision, each
