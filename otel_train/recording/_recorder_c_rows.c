@@ -87,33 +87,96 @@ is_flat(PyObject *ev)
     return 1;
 }
 
+/* A phase entry's fields as a row reads them, kept through one flat_step_records call
+ * (a run's steps share their phase entries: each is read once a call, not once a step). */
+#define ENTRY_CACHE_SIZE 32
+typedef struct {
+    PyObject *entry, *name, *kind, *loader; /* strong references */
+    int own;                                /* the entry's loader is true */
+    int data;                               /* its name equals data_name */
+} EntryFields;
+
+typedef struct {
+    EntryFields e[ENTRY_CACHE_SIZE];
+    int n;
+} EntryCache;
+
+static void
+entry_cache_clear(EntryCache *cache)
+{
+    for (int i = 0; i < cache->n; i++) {
+        Py_DECREF(cache->e[i].entry);
+        Py_DECREF(cache->e[i].name);
+        Py_DECREF(cache->e[i].kind);
+        Py_DECREF(cache->e[i].loader);
+    }
+    cache->n = 0;
+}
+
+/* The entry's name, kind and own loader (new references), whether its loader is true
+ * and whether it is a data phase: from `cache` when it holds the entry (NULL: none). */
+static int
+entry_row_fields(EntryCache *cache, PyObject *entry, PyObject *data_name, PyObject **name,
+                 PyObject **kind, PyObject **own_loader, int *own, int *data)
+{
+    if (cache != NULL) {
+        for (int i = 0; i < cache->n; i++) {
+            EntryFields *ef = &cache->e[i];
+            if (ef->entry == entry) {
+                *name = ef->name;
+                *kind = ef->kind;
+                *own_loader = ef->loader;
+                Py_INCREF(*name);
+                Py_INCREF(*kind);
+                Py_INCREF(*own_loader);
+                *own = ef->own;
+                *data = ef->data;
+                return 0;
+            }
+        }
+    }
+    if (entry_fields(entry, name, kind, own_loader) < 0) {
+        return -1;
+    }
+    /* As decoded: only data spans carry a loader; the kind is the phase's own. */
+    *own = PyObject_IsTrue(*own_loader);
+    *data = *own ? 0 : (*own < 0 ? -1 : PyObject_RichCompareBool(*name, data_name, Py_EQ));
+    if (*own < 0 || *data < 0) {
+        Py_DECREF(*name);
+        Py_DECREF(*kind);
+        Py_DECREF(*own_loader);
+        return -1;
+    }
+    if (cache != NULL && cache->n < ENTRY_CACHE_SIZE) {
+        EntryFields *ef = &cache->e[cache->n++];
+        ef->entry = entry;
+        ef->name = *name;
+        ef->kind = *kind;
+        ef->loader = *own_loader;
+        Py_INCREF(entry);
+        Py_INCREF(*name);
+        Py_INCREF(*kind);
+        Py_INCREF(*own_loader);
+        ef->own = *own;
+        ef->data = *data;
+    }
+    return 0;
+}
+
 /* One phase's row (span_rows.py's layout), a new reference or NULL. */
 static PyObject *
 phase_row(PyObject **item, Py_ssize_t ordinal, PyObject *step_loader, PyObject *root_id,
-          PyObject *offset, PyObject *data_name)
+          PyObject *offset, PyObject *data_name, EntryCache *cache)
 {
     PyObject *name, *kind, *own_loader, *row = NULL;
-    if (entry_fields(item[0], &name, &kind, &own_loader) < 0) {
+    int own, data;
+    if (entry_row_fields(cache, item[0], data_name, &name, &kind, &own_loader, &own,
+                         &data) < 0) {
         return NULL;
     }
     PyObject *ord = NULL, *duration = NULL, *start = NULL, *end = NULL, *loader = NULL;
-    /* As decoded: only data spans carry a loader; the kind is the phase's own. */
-    int own = PyObject_IsTrue(own_loader);
-    if (own < 0) {
-        goto done;
-    }
-    if (own) {
-        loader = own_loader;
-        Py_INCREF(loader);
-    }
-    else {
-        int data = PyObject_RichCompareBool(name, data_name, Py_EQ);
-        if (data < 0) {
-            goto done;
-        }
-        loader = data ? step_loader : Py_None;
-        Py_INCREF(loader);
-    }
+    loader = own ? own_loader : data ? step_loader : Py_None;
+    Py_INCREF(loader);
     if ((duration = PyNumber_Subtract(item[2], item[1])) == NULL
         || (ord = PyLong_FromSsize_t(ordinal)) == NULL
         || (start = PyNumber_Add(item[1], offset)) == NULL
@@ -139,6 +202,8 @@ done:
     return row;
 }
 
+static PyObject *flat_phase_rows_impl(PyObject *const *args, EntryCache *cache);
+
 /* flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name) -> list | None */
 PyObject *
 otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -148,6 +213,12 @@ otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
                         "flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name)");
         return NULL;
     }
+    return flat_phase_rows_impl(args, NULL);
+}
+
+static PyObject *
+flat_phase_rows_impl(PyObject *const *args, EntryCache *cache)
+{
     if (!PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "flat_phase_rows: ev must be a list");
         return NULL;
@@ -169,7 +240,7 @@ otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     PyObject *rows = PyList_New(phases);
     for (Py_ssize_t k = 0; rows != NULL && k < phases; k++) {
         PyObject *row = phase_row(&PyTuple_GET_ITEM(ev, 4 * k), k + 1, args[1], args[2],
-                                  args[3], args[4]);
+                                  args[3], args[4], cache);
         if (row == NULL) {
             Py_CLEAR(rows);
             break;
@@ -253,10 +324,12 @@ fail:
     return NULL;
 }
 
+static PyObject *flat_step_record_impl(PyObject *const *args, EntryCache *cache);
+
 /* flat_step_record(ev, step_loader, index, start_ns, end_ns, trace_id, flags, root_id,
  *                  offset_ns, last_bound, span_name, constants) -> tuple | None */
 PyObject *
-otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+otr_flat_step_record(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 12 || !PyTuple_Check(args[11]) || PyTuple_GET_SIZE(args[11]) != 8) {
         PyErr_SetString(PyExc_TypeError,
@@ -264,9 +337,15 @@ otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "flags, root_id, offset_ns, last_bound, span_name, constants[8])");
         return NULL;
     }
+    return flat_step_record_impl(args, NULL);
+}
+
+static PyObject *
+flat_step_record_impl(PyObject *const *args, EntryCache *cache)
+{
     PyObject *const *c = &PyTuple_GET_ITEM(args[11], 0);
     PyObject *row_args[5] = {args[0], args[1], args[7], args[8], c[0]};
-    PyObject *rows = otr_flat_phase_rows(module, row_args, 5);
+    PyObject *rows = flat_phase_rows_impl(row_args, cache);
     if (rows == NULL || rows == Py_None) {
         return rows;
     }
@@ -499,7 +578,7 @@ attr_empty(PyObject *step, PyObject *name)
  * the watchdog's or the schedule's events, with the run-wide conditions met.
  * is_sampled: the builder's callable (called with each trace id), or None: all sampled. */
 PyObject *
-otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10 || !PyList_Check(args[0]) || !PyList_Check(args[2])
         || !PyBytes_Check(args[3]) || !PyList_Check(args[9])) {
@@ -512,10 +591,16 @@ otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (intern_step_names() < 0) {
         return NULL;
     }
+    if (!PyTuple_Check(args[8]) || PyTuple_GET_SIZE(args[8]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "flat_step_records: constants must be a tuple of 8");
+        return NULL;
+    }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred()) {
         return NULL;
     }
+    EntryCache cache;
+    cache.n = 0;
     PyObject *steps = args[0], *root_ids = args[2], *prefix = args[3], *is_sampled = args[4];
     PyObject *out = args[9];
     Py_ssize_t used = 0;  /* root ids taken */
@@ -574,7 +659,7 @@ otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *rec_args[12] = {f[0], f[1], f[2], f[3], f[4], trace, flags,
                                   PyList_GET_ITEM(root_ids, used), args[5], args[6], args[7],
                                   args[8]};
-        rec = otr_flat_step_record(module, rec_args, 12);
+        rec = flat_step_record_impl(rec_args, &cache);
         if (rec == NULL) {
             goto stop;
         }
@@ -611,7 +696,9 @@ otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(f[i]);
         }
         Py_DECREF(step);
+        entry_cache_clear(&cache);
         return NULL;
     }
+    entry_cache_clear(&cache);
     return PyLong_FromSsize_t(k);
 }
