@@ -167,7 +167,7 @@ def install() -> None:
         from otel_train.records import step_records
 
         step_ring_reader._C_READ_ITEMS = None
-        step_records._flat_record = None
+        step_records._flat_record = step_records._flat_records = None
     ring_reader = "C" if step_ring_reader._C_READ_ITEMS is not None else "Python"
     reader_cls = step_ring_reader.StepRingReader
     reader_cls.read_items = timed("ring: read and decode (read_items)",  # type: ignore[method-assign]

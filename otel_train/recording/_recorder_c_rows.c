@@ -566,26 +566,31 @@ attr_empty(PyObject *step, PyObject *name)
 }
 
 /* flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns,
- *                   last_bound, span_name, constants, out) -> int
+ *                   last_bound, span_name, constants, out, rss_every) -> int
  *
  * From steps[start] on, each step's record as flat_step_record makes it, appended to
  * `out`, its trace id made here (ring_trace_id) and its root span id taken from root_ids
  * in turn; stops at the first step it does not build (its index is returned; len(steps)
  * when all were): a step with an error, device readings, phase attributes, queued waits,
- * span ids or a trace id of its own, attributes, an index that is no 64-bit int, or a list
- * of events that is not flat, or anything that fails on it. The caller (StepRecordBuilder.step_records) builds that one
+ * span ids or a trace id of its own, attributes, an index that is no 64-bit int or a
+ * multiple of rss_every (> 0: its root reads the host's memory), or a list of events that
+ * is not flat, or anything that fails on it. The caller (StepRecordBuilder.step_records) builds that one
  * in Python and calls again from the next; it passes only steps whose class cannot hold
  * the watchdog's or the schedule's events, with the run-wide conditions met.
  * is_sampled: the builder's callable (called with each trace id), or None: all sampled. */
 PyObject *
 otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10 || !PyList_Check(args[0]) || !PyList_Check(args[2])
+    if (nargs != 11 || !PyList_Check(args[0]) || !PyList_Check(args[2])
         || !PyBytes_Check(args[3]) || !PyList_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError,
                         "flat_step_records(steps: list, start, root_ids: list, trace_prefix: "
                         "bytes, is_sampled, offset_ns, last_bound, span_name, constants, "
-                        "out: list)");
+                        "out: list, rss_every: int)");
+        return NULL;
+    }
+    long long rss_every = PyLong_AsLongLong(args[10]);
+    if (rss_every == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (intern_step_names() < 0) {
@@ -632,6 +637,14 @@ otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
                               rows_s_end_ns};
         for (int i = 0; i < 5; i++) {
             if ((f[i] = PyObject_GetAttr(step, names[i])) == NULL) {
+                goto stop;
+            }
+        }
+        if (rss_every > 0) {  /* a step whose root reads the host's memory: Python's */
+            int overflow;
+            long long index = PyLong_AsLongLongAndOverflow(f[2], &overflow);
+            if (!PyLong_CheckExact(f[2]) || overflow || (index == -1 && PyErr_Occurred())
+                || index % rss_every == 0) {
                 goto stop;
             }
         }

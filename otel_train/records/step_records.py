@@ -189,9 +189,11 @@ class StepRecordBuilder:
         ids = draw_span_ids(sum(1 for s in steps if not (s.span_ids and s.span_ids.get(-1))))
         out: list[tuple[Any, ...]] = []
         flat = _flat_record
-        # What sends every step of the run to the Python path (``_plain``), read once.
-        if self._own_timing or self.collectives or self.host_rss_every_steps:
+        # What sends every step of the run to the Python path (``_plain``), read once; a
+        # step whose root reads the host's memory (every N-th) is sent there one by one.
+        if self._own_timing or self.collectives:
             flat = None
+        every = self.host_rss_every_steps
         many = _flat_records if flat is not None and self._trace_prefix is not None else None
         if many is not None and any(self._carries_rare(kind) for kind in {type(s) for s in steps}):
             many = None  # a class that may hold a stall's or a schedule's events: one by one
@@ -201,7 +203,7 @@ class StepRecordBuilder:
             if many is not None:
                 j = many(steps, k, ids[used:], self._trace_prefix, self.is_sampled,
                          self._offset, self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS,
-                         out)
+                         out, every)
                 used += j - k
                 k = j
                 if k >= n:
@@ -226,9 +228,11 @@ class StepRecordBuilder:
     def _one_step_record(self, step: Step, root_id: int, flat: Any) -> tuple[Any, ...]:
         """One step of ``step_records``: the flat step without attributes straight to C
         (``flat``: None where the run's conditions send every step to ``_step_record``)."""
+        every = self.host_rss_every_steps
         if (flat is not None and step.error is None and not (
                 step.dev or step.phase_attrs or step.queued_waits or step.span_ids
-                or step.attrs)) and (not self._carries_rare(type(step)) or not (
+                or step.attrs or (every and step.index % every == 0))) and (
+                not self._carries_rare(type(step)) or not (
                     getattr(step, "stall_events", None)
                     or getattr(step, "governing_events", None))):
             trace_id = step.trace_id or self._trace_id_of(step.index)

@@ -617,10 +617,13 @@ def test_ring_trace_ids_hashed_in_c_equal_step_trace_id_across_block_boundaries(
     assert _recorder_c.ring_trace_id(b"r\x00", True) is None  # bool: str() says "True"
 
 
-def test_ring_steps_built_a_run_at_a_time_in_c_equal_those_built_in_python(monkeypatch):
+@pytest.mark.parametrize("rss_every", [0, 4])
+def test_ring_steps_built_a_run_at_a_time_in_c_equal_those_built_in_python(monkeypatch,
+                                                                           rss_every):
     """flat_step_records (C: a run of ring steps, trace ids included) against the Python
     path of step_records for the same steps: the same records, the same ids drawn; a step
-    the C leaves (attributes, a non-flat list) built in Python in its place."""
+    the C leaves (attributes, a memory reading every N-th step) built in Python in its
+    place."""
     import random
 
     from otel_train.recording.step_ring import StepRing, attach_ring
@@ -642,11 +645,14 @@ def test_ring_steps_built_a_run_at_a_time_in_c_equal_those_built_in_python(monke
     def built(c: bool) -> list:
         if not c:
             monkeypatch.setattr(step_records_module, "_flat_records", None)
-        b = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: t % 3 > 0, 10**18)
+        b = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: t % 3 > 0, 10**18,
+                              host_rss_every_steps=rss_every)
         random.seed(9)
         failed = []
         out = b.step_records(steps, lambda s, e: failed.append(e))
         assert not failed
+        read = [r[6].pop("train.memory.host_rss_bytes", None) is not None for r in out]
+        assert sum(read) == (10 if rss_every else 0)  # steps 0, 4, ..., 36
         return out
 
     c_built = built(True)
