@@ -99,6 +99,8 @@ class _Encoder:
                              "here, or OTEL_TRAIN_PURE_PYTHON is set")
         self._step_fields = (_encode_c.step_fields if _encode_c is not None
                              and accelerated is not False else None)
+        self._steps_fields = (_encode_c.steps_fields if self._step_fields is not None
+                              else None)
         self.records_in_c = 0
         self.records_in_python = 0
         self._kv: dict[bytes, KeyValueCache[bytes]] = {}  # per field tag
@@ -239,31 +241,35 @@ class _Encoder:
             self._constants(constants)
             last = self._last_constants
         (_, keys, block), phase_keys_free = last[1], last[2]  # type: ignore[index]
-        # The usual step straight to C (what record() does first), no call between.
-        step_fields = self._step_fields if phase_keys_free else None
+        # Runs of the usual step straight to C in one call (what record() does first).
+        many = self._steps_fields if phase_keys_free else None
+        recs = recs if type(recs) is list else list(recs)
         pool: list[int] = []
-        at = 0
-        for k, rec in enumerate(recs):
+        at = k = 0
+        while k < len(recs):
+            rec, first = recs[k], k
             try:
                 phases, ids = rec[_C_PHASES], rec[_C_IDS]
                 if not phases or ids:  # draws none, or its own: as record() does
+                    k += 1
                     out += record(rec, constants)
                     continue
                 n = len(phases)
                 if at + n > len(pool):  # the ids of this run of records, in one draw
                     pool = _draw_span_ids(_run_draws(recs, k))
                     at = 0
-                at += n  # its ids, whether or not it can be encoded
-                span_ids = pool[at - n:at]
-                if step_fields is not None:
-                    fields = step_fields(rec, span_ids, block, keys)
-                    if fields is not None:
-                        self.records_in_c += 1
-                        out += fields
+                if many is not None:
+                    j, at = many(recs, k, pool, at, block, keys, out)
+                    self.records_in_c += j - k
+                    if j > k:
+                        k = j
                         continue
-                out += record(rec, constants, span_ids)
+                k += 1  # this one here, with its ids, whether or not it can be encoded
+                at += n
+                out += record(rec, constants, pool[at - n:at])
             except Exception as exc:
                 failed(rec, exc)
+                k = max(k, first + 1)  # never the same record twice
         return out
 
     def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any],

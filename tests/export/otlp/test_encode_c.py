@@ -322,3 +322,32 @@ def test_ids_and_times_at_the_edges_of_64_bits_are_written_by_the_c_encoder_as_b
                 outcomes.append(type(exc))
             assert enc.records_in_c == 0
         assert outcomes[0] == outcomes[1], (odd, outcomes)
+
+
+@needs_c
+def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
+    """_Encoder.records with the C (steps_fields: runs of the usual step in one call, a
+    record it leaves, half encoded, given back to the Python) against the Python encoder
+    alone: the same fields, the same ids drawn, the same record handed over as failed."""
+    records, _, factory = _records(tmp_path)
+    step = _flat(records)
+    shapes = list(_usual_shapes(step).values())
+    odd = list(_odd_shapes(step).values())
+    broken = _with(step, phases=[("forward",)])
+    frame = []
+    for i in range(40):  # usual runs broken by odd records, now and then
+        frame.append(shapes[i % len(shapes)])
+        if i % 7 == 3:
+            frame.append(odd[i % len(odd)])
+    frame += records + [broken] + shapes
+    outcomes = []
+    for accelerated in (False, True):
+        enc = _Encoder(accelerated=accelerated)
+        random.seed(21)
+        failed = []
+        fields = enc.records(frame, factory.run_constants, lambda r, e: failed.append(r))
+        outcomes.append((fields, failed, random.getrandbits(64)))
+        if accelerated:
+            assert enc.records_in_c >= 40
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == [broken]
