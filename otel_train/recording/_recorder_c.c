@@ -144,9 +144,8 @@ static PyMethodDef recorder_c_functions[] = {
      "records.step_records.StepRecordBuilder._step_record), None for any other event list."},
     {"flat_step_records", (PyCFunction)(void (*)(void))otr_flat_step_records, METH_FASTCALL,
      "flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns, "
-     "last_bound, span_name, constants, out, rss_every) -> int: ring steps' records from "
-     "steps[start] "
-     "on, appended to out, up to the first it does not build (its index)"},
+     "last_bound, span_name, constants, out, rss_every, ids_at) -> int: ring steps' records "
+     "from steps[start] on, appended to out, up to the first it does not build (its index)"},
     {"ring_trace_id", (PyCFunction)(void (*)(void))otr_ring_trace_id, METH_FASTCALL,
      "ring_trace_id(prefix, index) -> int | None: blake2b(prefix + str(index), "
      "digest_size=16) as an int, step_trace_id's"},

@@ -566,11 +566,11 @@ attr_empty(PyObject *step, PyObject *name)
 }
 
 /* flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns,
- *                   last_bound, span_name, constants, out, rss_every) -> int
+ *                   last_bound, span_name, constants, out, rss_every, ids_at) -> int
  *
  * From steps[start] on, each step's record as flat_step_record makes it, appended to
  * `out`, its trace id made here (ring_trace_id) and its root span id taken from root_ids
- * in turn; stops at the first step it does not build (its index is returned; len(steps)
+ * in turn from root_ids[ids_at]; stops at the first step it does not build (its index is returned; len(steps)
  * when all were): a step with an error, device readings, phase attributes, queued waits,
  * span ids or a trace id of its own, attributes, an index that is no 64-bit int or a
  * multiple of rss_every (> 0: its root reads the host's memory), or a list of events that
@@ -581,17 +581,24 @@ attr_empty(PyObject *step, PyObject *name)
 PyObject *
 otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11 || !PyList_Check(args[0]) || !PyList_Check(args[2])
+    if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[2])
         || !PyBytes_Check(args[3]) || !PyList_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError,
                         "flat_step_records(steps: list, start, root_ids: list, trace_prefix: "
                         "bytes, is_sampled, offset_ns, last_bound, span_name, constants, "
-                        "out: list, rss_every: int)");
+                        "out: list, rss_every: int, ids_at: int)");
         return NULL;
     }
     long long rss_every = PyLong_AsLongLong(args[10]);
     if (rss_every == -1 && PyErr_Occurred()) {
         return NULL;
+    }
+    Py_ssize_t used = PyLong_AsSsize_t(args[11]);  /* root ids taken so far */
+    if (used == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (used < 0) {
+        used = 0;
     }
     if (intern_step_names() < 0) {
         return NULL;
@@ -608,7 +615,6 @@ otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     cache.n = 0;
     PyObject *steps = args[0], *root_ids = args[2], *prefix = args[3], *is_sampled = args[4];
     PyObject *out = args[9];
-    Py_ssize_t used = 0;  /* root ids taken */
     Py_ssize_t k = start < 0 ? 0 : start;
     for (; k < PyList_GET_SIZE(steps); k++) {
         if (used >= PyList_GET_SIZE(root_ids)) {

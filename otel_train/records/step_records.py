@@ -201,9 +201,9 @@ class StepRecordBuilder:
         n = len(steps)
         while k < n:
             if many is not None:
-                j = many(steps, k, ids[used:], self._trace_prefix, self.is_sampled,
-                         self._offset, self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS,
-                         out, every)
+                j = many(steps, k, ids, self._trace_prefix, self.is_sampled, self._offset,
+                         self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS, out, every,
+                         used)
                 used += j - k
                 k = j
                 if k >= n:
