@@ -8,7 +8,6 @@ record is turned into rows or bytes (``span_rows.rows_from_record``).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import traceback
@@ -22,7 +21,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
-from otel_train.common.identity import RunIdentity, step_trace_id
+from otel_train.common.identity import RunIdentity
 from otel_train.common.trace_ids import SAMPLED as _SAMPLED
 from otel_train.common.trace_ids import operation_ids
 from otel_train.recording.recorder import (
@@ -45,6 +44,7 @@ from otel_train.records.device_readings import (
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
+from otel_train.records.step_batch import may_carry_rare_fields, step_trace_ids
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_END,
@@ -222,7 +222,7 @@ class StepRecordBuilder:
     def _carries_rare(self, kind: type) -> bool:
         carries = self._rare_fields.get(kind)
         if carries is None:
-            carries = self._rare_fields[kind] = _may_carry_rare_fields(kind)
+            carries = self._rare_fields[kind] = may_carry_rare_fields(kind)
         return carries
 
     def _one_step_record(self, step: Step, root_id: int, flat: Any) -> tuple[Any, ...]:
@@ -424,29 +424,6 @@ class StepRecordBuilder:
         status, events = _status_and_events(rec.error, rec.end_ns + off)
         return (rec.span_name or rec.name, trace_id, span_id, flags, rec.start_ns + off,
                 rec.end_ns + off, attrs, status, events, None, None)
-
-
-def _may_carry_rare_fields(kind: type) -> bool:
-    """Whether a step of class ``kind`` can hold the watchdog's or the schedule's events
-    (``stall_events``, ``governing_events``): a class with neither, whose instances take no
-    new attribute (slots alone, as the step ring's ``RingStep``), cannot."""
-    return (hasattr(kind, "stall_events") or hasattr(kind, "governing_events")
-            or kind.__dictoffset__ != 0)  # type: ignore[attr-defined]
-
-
-def step_trace_ids(run_id: str) -> Callable[[int], int]:
-    """``identity.step_trace_id(run_id, step)`` for one run, for less CPU a step: the hash
-    of the run id's part is computed once and copied for each step."""
-    head = hashlib.blake2b(f"{run_id}\x00".encode(), digest_size=16)
-    copy, from_bytes = head.copy, int.from_bytes
-
-    def trace_id_of(step: int) -> int:
-        if type(step) is not int:  # what step_trace_id's f-string writes, for any other
-            return step_trace_id(run_id, step)
-        digest = copy()
-        digest.update(b"%d" % step)
-        return from_bytes(digest.digest(), "big") or 1  # 0 is the invalid trace id
-    return trace_id_of
 
 
 def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int,

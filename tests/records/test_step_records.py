@@ -521,15 +521,6 @@ def test_a_flat_step_built_in_c_equals_its_python_twin_and_the_rest_falls_back(s
     assert {"input", "host"} <= bounds or setting != "plain"
 
 
-def test_a_run_s_trace_ids_from_its_copied_hash_equal_step_trace_id():
-    from otel_train.records.step_records import step_trace_ids
-
-    for run_id in ("run-s", "é-run", ""):
-        trace_id_of = step_trace_ids(run_id)
-        for step in (0, 1, 9, 10, 12345, -3, 2**70, True):
-            assert trace_id_of(step) == step_trace_id(run_id, step), (run_id, step)
-
-
 @pytest.mark.parametrize("setting", ["plain", "own timing", "host rss"])
 def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out(
         setting):

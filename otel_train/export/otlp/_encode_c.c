@@ -641,7 +641,7 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * encode (k, with `at` where its ids begin): one with no phases or ids of its own (it draws
  * none from `ids`), one whose ids `ids` runs out of, one this encoder leaves to Python, or
  * one that fails here (the Python encodes it, and reports its own error). One call a frame
- * of the usual steps (_Encoder.records), not one a record. */
+ * of the usual steps (span_fields.encode_frame), not one a record. */
 static PyObject *
 steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from itertools import islice
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_train.common import attributes as A
@@ -36,7 +36,6 @@ from otel_train.export.encode_cache import ForeignScope, IdentityCache, KeyValue
 from otel_train.export.otlp import wire as W
 from otel_train.records import span_rows as _rows
 from otel_train.records.span_rows import INTERNAL_KIND, row_scope
-from otel_train.records.span_rows import draw_span_ids as _draw_span_ids
 from otel_train.records.span_rows import phase_span_ids as _phase_span_ids
 
 _log = logging.getLogger("otel_train")
@@ -227,50 +226,17 @@ class _Encoder:
         self._last_constants = (constants, (consts, keys, block), keys.isdisjoint(_PHASE_KEYS))
         return consts, keys, block
 
-    def records(self, recs: Sequence[tuple[Any, ...]], constants: Mapping[str, Any],
-                failed: Callable[[tuple[Any, ...], Exception], None]) -> list[bytes]:
-        """The encoded spans of ``recs``, in order, as :meth:`record` encodes each, with the
-        same span ids: the phase ids of each run of records that draws its own (no ids
-        handed to user spans) are drawn at once, the same ids as a draw a record
-        (``span_rows.draw_span_ids``). A record that cannot be encoded goes to ``failed``;
-        the others go on."""
-        out: list[bytes] = []
-        record = self.record
-        last = self._last_constants
+    def frame_parts(self, constants: Mapping[str, Any]) -> tuple[frozenset[str], bytes, Any]:
+        """What encoding a frame of records (``span_fields.encode_frame``) reads of this
+        encoder for ``constants``: their keys, their attribute block, and the C encoder of a
+        frame's usual steps (None where the Python encodes them, or where a run constant is
+        named like a phase attribute and the rows' rules apply)."""
+        last = self._last_constants  # the run's one mapping, every frame: no call for it
         if last is None or last[0] is not constants:
             self._constants(constants)
             last = self._last_constants
         (_, keys, block), phase_keys_free = last[1], last[2]  # type: ignore[index]
-        # Runs of the usual step straight to C in one call (what record() does first).
-        many = self._steps_fields if phase_keys_free else None
-        recs = recs if type(recs) is list else list(recs)
-        pool: list[int] = []
-        at = k = 0
-        while k < len(recs):
-            rec, first = recs[k], k
-            try:
-                phases, ids = rec[_C_PHASES], rec[_C_IDS]
-                if not phases or ids:  # draws none, or its own: as record() does
-                    k += 1
-                    out += record(rec, constants)
-                    continue
-                n = len(phases)
-                if at + n > len(pool):  # the ids of this run of records, in one draw
-                    pool = _draw_span_ids(_run_draws(recs, k))
-                    at = 0
-                if many is not None:
-                    j, at = many(recs, k, pool, at, block, keys, out)
-                    self.records_in_c += j - k
-                    if j > k:
-                        k = j
-                        continue
-                k += 1  # this one here, with its ids, whether or not it can be encoded
-                at += n
-                out += record(rec, constants, pool[at - n:at])
-            except Exception as exc:
-                failed(rec, exc)
-                k = max(k, first + 1)  # never the same record twice
-        return out
+        return keys, block, self._steps_fields if phase_keys_free else None
 
     def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any],
                span_ids: list[int] | None = None) -> list[bytes]:
@@ -503,40 +469,6 @@ class _Encoder:
 
 
 
-def _run_draws(recs: Sequence[tuple[Any, ...]], k: int) -> int:
-    """Phase ids the run of records from ``k`` draws, up to the first that draws none or its
-    own (a record with no phases, or with ids handed to user spans)."""
-    total = 0
-    for rec in recs[k:]:
-        phases = rec[_C_PHASES]
-        if not phases or rec[_C_IDS]:
-            break
-        total += len(phases)
-    return total
-
-
 def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:
     """A cached span head: its name and kind fields, attribute fields, and their length."""
     return fields, attributes, len(fields) + len(attributes)
-
-
-class OtlpSpanFields:
-    """An OTLP exporter's queue items: encoded spans (ScopeSpans.spans fields), made where
-    records arrive, with caches of their own (the export thread encodes requests apart)."""
-
-    def __init__(self, run_constants: Mapping[str, Any]) -> None:
-        self._encoder = _Encoder()
-        self._constants = dict(run_constants)  # one object: the record cache goes by identity
-
-    def from_record(self, rec: tuple[Any, ...]) -> list[bytes]:
-        """One step's (or operation's) encoded spans."""
-        return self._encoder.record(rec, self._constants)
-
-    def from_records(self, recs: Sequence[tuple[Any, ...]],
-                     failed: Callable[[tuple[Any, ...], Exception], None]) -> list[bytes]:
-        """The encoded spans of several records, in order (``_Encoder.records``)."""
-        return self._encoder.records(recs, self._constants, failed)
-
-    def from_row(self, row: tuple[Any, ...]) -> bytes:
-        """One span row, encoded."""
-        return self._encoder.row_field(row, self._constants)

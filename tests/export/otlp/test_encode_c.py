@@ -19,6 +19,7 @@ from train_helpers import clean_env  # noqa: F401
 
 from otel_train.export.otlp import encoding
 from otel_train.export.otlp.encoding import _Encoder
+from otel_train.export.otlp.span_fields import encode_frame
 
 needs_c = pytest.mark.skipif(not encoding.ACCELERATED,
                              reason="the C span encoder was not built here (CI requires it)")
@@ -326,7 +327,7 @@ def test_ids_and_times_at_the_edges_of_64_bits_are_written_by_the_c_encoder_as_b
 
 @needs_c
 def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
-    """_Encoder.records with the C (steps_fields: runs of the usual step in one call, a
+    """encode_frame with the C (steps_fields: runs of the usual step in one call, a
     record it leaves, half encoded, given back to the Python) against the Python encoder
     alone: the same fields, the same ids drawn, the same record handed over as failed."""
     records, _, factory = _records(tmp_path)
@@ -345,7 +346,8 @@ def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
         enc = _Encoder(accelerated=accelerated)
         random.seed(21)
         failed = []
-        fields = enc.records(frame, factory.run_constants, lambda r, e: failed.append(r))
+        fields = encode_frame(enc, frame, factory.run_constants,
+                              lambda r, e: failed.append(r))
         outcomes.append((fields, failed, random.getrandbits(64)))
         if accelerated:
             assert enc.records_in_c >= 40

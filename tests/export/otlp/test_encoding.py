@@ -17,6 +17,7 @@ from span_samples import _records, _records_and_rows
 from train_helpers import clean_env  # noqa: F401
 
 from otel_train.export.otlp.encoding import _Encoder
+from otel_train.export.otlp.span_fields import encode_frame
 from otel_train.records.span_rows import RowSpanFactory
 
 
@@ -326,7 +327,7 @@ def test_phases_whose_own_attributes_are_only_their_device_timing_stay_on_the_fa
 
 def test_records_encoded_together_are_the_bytes_of_each_encoded_alone_with_the_same_ids(
         tmp_path):
-    """_Encoder.records (the export stage's frames) draws each run's phase ids at once: the
+    """encode_frame (the export stage's frames) draws each run's phase ids at once: the
     same ids as a draw a record, whatever the records between (operations with no phases,
     records with ids handed to user spans, one that cannot be encoded, which is handed over
     while the others go on)."""
@@ -349,7 +350,8 @@ def test_records_encoded_together_are_the_bytes_of_each_encoded_alone_with_the_s
     after = random.getrandbits(64)
     random.seed(4)
     failed = []
-    together = _Encoder().records(mixed, constants, lambda rec, exc: failed.append(rec))
+    together = encode_frame(_Encoder(), mixed, constants,
+                            lambda rec, exc: failed.append(rec))
     assert together == alone and failed == [broken]
     assert random.getrandbits(64) == after
     assert any(r[9] is None for r in mixed) and any(r[10] for r in mixed)
