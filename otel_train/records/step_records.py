@@ -244,11 +244,10 @@ class StepRecordBuilder:
         return self._step_record(step, root_id)
 
     def _step_record(self, step: Step, root_id: int = 0) -> tuple[Any, ...]:
-        """``root_id``: the root's span id, drawn by the caller (0: drawn here)."""
         trace_id = step.trace_id or self._trace_id_of(step.index)
         flags = _SAMPLED_FLAGS if self.is_sampled(trace_id) else 0
         ids = step.span_ids  # ids already handed to user spans (rare): keep them
-        root_id = (ids and ids.get(-1)) or root_id or _getrandbits(64) or 1
+        root_id = (ids and ids.get(-1)) or root_id or _getrandbits(64) or 1  # 0: drawn here
         off = self._offset
         if _flat_record is not None and not ids and self._plain(step):
             rec = self._flat_step(step, trace_id, flags, root_id)

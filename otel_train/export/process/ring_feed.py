@@ -246,28 +246,15 @@ class ChildRingFeed:
                 if batch:
                     self._hand_on(batch, [], batch_end)
                     batch = []
-                self._markers = max(self._markers, ordinal)
-                self._late_frames()  # records whose markers were passed over, first
-                self._release_done_frames(self._position)  # frames of rows alone, first
-                rec = self._match(ordinal, final)
-                if rec is _WAIT:
+                if not self._at_marker(ordinal, end, final):
                     return moved
-                popleft()
-                self._markers = max(self._markers, ordinal + 1)
-                if rec is not None:
-                    self._hand_frame_record(rec, end)
-                else:
-                    self._position = max(self._position, end)
-                    self._mark(self._position)
-                self._release_done_frames(self._position)
                 batch_end = self._position
                 moved = True
                 continue
             if comm and self._comm_pending(item.end_ns):
                 break
             if self._first_start_ns is None and not self._startup_done:
-                if not self._ready_known and not final and \
-                        time.monotonic() - self._started < _READY_WAIT_SECONDS:
+                if self._first_waits(final):
                     break  # the first step waits for start_run's time (bounded)
                 self._first_start_ns = item.start_ns
                 self._emit_startup()
@@ -286,6 +273,30 @@ class ChildRingFeed:
             moved = self._late_frames() or moved
         self._release_done_frames(self._position)
         return moved
+
+    def _at_marker(self, ordinal: int, end: int, final: bool) -> bool:
+        """Marker ``ordinal`` at the head of the items: its record handed on, or passed over
+        (counted); False while it waits for the record."""
+        self._markers = max(self._markers, ordinal)
+        self._late_frames()  # records whose markers were passed over, first
+        self._release_done_frames(self._position)  # frames of rows alone, first
+        rec = self._match(ordinal, final)
+        if rec is _WAIT:
+            return False
+        self._items.popleft()
+        self._markers = max(self._markers, ordinal + 1)
+        if rec is not None:
+            self._hand_frame_record(rec, end)
+        else:
+            self._position = max(self._position, end)
+            self._mark(self._position)
+        self._release_done_frames(self._position)
+        return True
+
+    def _first_waits(self, final: bool) -> bool:
+        """The run's first step waits for start_run's time (``set_ready``), bounded."""
+        return (not self._ready_known and not final
+                and time.monotonic() - self._started < _READY_WAIT_SECONDS)
 
     def _comm_pending(self, end_ns: int) -> bool:
         """The run times collectives and their entries do not cover a step ending at
