@@ -36,17 +36,10 @@ def timed_on_views(shared: Any, views: Any, acc: dict[str, int]) -> None:
     """``shared.on_views(views)``, each group's thread CPU added to ``acc[label]``."""
     with shared.lock:
         shared._assembler.views += len(views)
+        steps_only = all(view.is_step for view in views)
         for group in shared._groups:
             t0 = thread_time_ns()
-            for view in views:
-                for proc, on_step, on_operation in group:
-                    try:
-                        if view.is_step:
-                            on_step(view)
-                        elif not view.envelope or proc.takes_envelope:
-                            on_operation(view)
-                    except Exception as exc:
-                        shared._failed(proc, view, exc)
+            shared.feed_group(group, views, steps_only)
             acc["chain: " + group_label(group)] += thread_time_ns() - t0
 
 
@@ -117,21 +110,14 @@ def install() -> None:
     steps = [0]
 
     def derive(self: Any, settings: Any) -> None:
-        from otel_train.records.span_rows import view_from_record
+        from otel_train.records.span_rows import views_from_records
 
         real_derive(self, settings)
 
         def feed(shared: Any, recs: Any, rank: Any) -> None:
             """chain.feed_records, the views' making and each group timed apart."""
             t0 = thread_time_ns()
-            views = []
-            for rec in recs:
-                try:
-                    view = view_from_record(rec, rank)
-                except Exception:  # skipped, as feed_records does (it also logs)
-                    continue
-                if view is not None:
-                    views.append(view)
+            views = views_from_records(recs, rank, lambda exc: None)  # skipped, as there
             add("chain: views from records", thread_time_ns() - t0)
             if views:
                 part: dict[str, int] = defaultdict(int)
@@ -172,8 +158,8 @@ def install() -> None:
                     json.dump(data, f)
         real_stop(self, timeout_seconds)
 
-    # The step ring (step_ring="on"): its records read and decoded (per batch), each step's
-    # span record built (per step: two clock reads a step are in this row).
+    # The step ring (step_ring="on"): its records read and decoded, and the steps' span
+    # records built (a run of steps between markers at a time).
     from otel_train.export.process import ring_feed
     from otel_train.recording import step_ring_reader
 
@@ -181,14 +167,14 @@ def install() -> None:
         from otel_train.records import step_records
 
         step_ring_reader._C_READ_ITEMS = None
-        step_records._flat_record = None
+        step_records._flat_record = step_records._flat_records = None
     ring_reader = "C" if step_ring_reader._C_READ_ITEMS is not None else "Python"
     reader_cls = step_ring_reader.StepRingReader
     reader_cls.read_items = timed("ring: read and decode (read_items)",  # type: ignore[method-assign]
                                   reader_cls.read_items)
     feed_cls = ring_feed.ChildRingFeed
-    feed_cls._build = timed("ring: build the step's record (_build)",  # type: ignore[method-assign]
-                            feed_cls._build)
+    feed_cls._build_run = timed("ring: build the steps' records (_build_run)",  # type: ignore[method-assign]
+                                feed_cls._build_run)
 
     Child.derive, Child.spans, Child.stop = derive, spans, stop  # type: ignore[method-assign]
     Child.stats = timed("reports: counts (stats)", Child.stats)  # type: ignore[method-assign]

@@ -315,8 +315,8 @@ def _live(steps: int, step_us: float, flush_every: int = 0, ring: bool = False,
     print(f"live exporter process: {n} steps of 7 spans fed (the first 200 too), "
           f"steps paced by a {step_us:.0f} µs spin"
           + (f", a flush every {flush_every} steps" if flush_every else "")
-          + (f", through the step ring (read and built in {prof.get('ring_reader', '?')}; the "
-             "build row includes two thread-clock reads a step)" if ring else "")
+          + (f", through the step ring (read and built in {prof.get('ring_reader', '?')}, "
+             "a run of steps between markers at a time)" if ring else "")
           + "; thread CPU per exported step")
     print(f"{'what':<60} {'CPU per step':>14}")
     print("-" * 75)

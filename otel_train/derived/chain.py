@@ -27,7 +27,7 @@ Usage::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from otel_train.derived.budget import BudgetSpanProcessor
@@ -44,27 +44,23 @@ from otel_train.derived.sampling import StepTailSampler, build_step_sampler
 from otel_train.derived.slow_steps import SlowStepSpanProcessor
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.derived.throughput import ThroughputCollector, ThroughputSpanProcessor
-from otel_train.records.span_rows import view_from_record
+from otel_train.records.span_rows import views_from_records
 from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 
 _warn = RateLimitedLogger(logging.getLogger("otel_train"))
 
 
-def feed_records(shared: SharedStepSpanProcessor, recs: Iterable[tuple[Any, ...]],
+def feed_records(shared: SharedStepSpanProcessor, recs: Sequence[tuple[Any, ...]],
                  rank: Any) -> None:
     """The span records' views through the chain, in order, a frame at a time
     (``SharedStepSpanProcessor.on_views``); a bad record is skipped."""
-    views = []
-    for rec in recs:
-        try:
-            view = view_from_record(rec, rank)
-        except Exception as exc:
-            _warn.warning("record", "otel-train: a step's metrics failed: %r", exc)
-            continue
-        if view is not None:
-            views.append(view)
+    views = views_from_records(recs, rank, _view_failed)
     if views:
         shared.on_views(views)  # never raises: it guards each processor
+
+
+def _view_failed(exc: Exception) -> None:
+    _warn.warning("record", "otel-train: a step's metrics failed: %r", exc)
 
 
 class StepChain:

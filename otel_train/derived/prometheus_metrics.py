@@ -71,6 +71,9 @@ METRIC_SLOW_OPERATION = "otel_train_slow_operation_seconds"
 METRIC_RUN_INFO = "otel_train_run_info"
 
 
+_NO_RANK = object()  # no rank seen yet (on_steps)
+
+
 class _Histogram:
     """Non-cumulative bucket counts, sum, and the last exemplar per bucket (optional)."""
 
@@ -168,6 +171,46 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
             s = ph[P_DURATION] / 1e9
             h.counts[bisect_left(bounds, s)] += 1
             h.total += s
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step`` on each, its lookups made once a frame (the
+        rank's histograms and counters while the rank stays the same)."""
+        bounds = self._bounds
+        last_end = self._last_end_s
+        rank_obj: Any = _NO_RANK
+        rank = ""
+        hist = phases = None
+        for view in views:
+            try:
+                if view.rank is not rank_obj:
+                    rank = str(view.rank)
+                    if rank not in self._steps:
+                        rank_obj = _NO_RANK
+                        self.on_step(view)  # the rank's first step makes its figures
+                        continue
+                    hist, phases = self._steps[rank], self._phases[rank]
+                    rank_obj = view.rank
+                seconds = view.duration_ns / 1e9
+                i = bisect_left(bounds, seconds)
+                hist.counts[i] += 1  # type: ignore[union-attr]
+                hist.total += seconds  # type: ignore[union-attr]
+                end_s = view.end_ns / 1e9
+                hist.exemplars[i] = (view.trace_id, seconds, end_s)  # type: ignore[union-attr, index]
+                self._steps_total[rank] += 1
+                if view.slow:
+                    self._slow_total[rank] += 1
+                last_end[rank] = end_s
+                for ph in view.phases:
+                    key = ph[P_KEY]
+                    h = phases.get(key)  # type: ignore[union-attr]
+                    if h is None:
+                        h = phases[key] = _Histogram(len(bounds), exemplars=False)  # type: ignore[index]
+                    s = ph[P_DURATION] / 1e9
+                    h.counts[bisect_left(bounds, s)] += 1
+                    h.total += s
+            except Exception as exc:
+                failed(self, view, exc)
 
     def on_operation(self, view: StepView) -> None:
         """Monitoring between steps: a monitor phase without a loader."""

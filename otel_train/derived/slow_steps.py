@@ -57,6 +57,7 @@ from functools import partial
 import logging
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_train.common.units import SLOW_STEP, duration, percent_of
@@ -227,6 +228,41 @@ class SlowStepSpanProcessor(StepViewProcessor):
                 self._log_at(view.step)
             self._said_at(view, ordinal)
             self._say_summary()
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step`` on each, the usual step's judgement inline (past
+        the warm-up, no FLOP counting, its loader's baseline, no slow-step line due)."""
+        on_step = self.on_step
+        baselines, window = self._baselines, self._window_steps
+        for view in views:
+            try:
+                ordinal = self.steps_seen
+                base = baselines.get(view.loader)
+                if (ordinal < self.warmup_steps or base is None or self._pending[0]
+                        or self._absolute_ns is not None):
+                    on_step(view)  # the rarer paths, as they are
+                    continue
+                self.steps_seen = ordinal + 1
+                attrs = span_attributes(view.span)
+                if attrs and attrs.get(_FLOPS_COUNTED):
+                    continue  # run under FlopCounterMode: slowed by the counting itself
+                train = view.duration_ns - view.monitor_ns
+                if view.monitor_ns:
+                    train -= queued_wait_ns(view)
+                if train < 0:
+                    train = 0
+                ordered = base.ordered
+                if len(ordered) >= self._min_history:
+                    median = _median(ordered)
+                    if (train > self.factor * median and train - median >= self._min_excess_ns
+                            and train > median + self.mad_multiplier * base.sigma(median)):
+                        base.add(train, window)
+                        self._flag(view, train, median, ordinal)
+                        continue
+                base.add(train, window)
+            except Exception as exc:
+                failed(self, view, exc)
 
     def _flag(self, view: StepView, train_ns: int, median: float | None, ordinal: int) -> None:
         self.slow_steps += 1

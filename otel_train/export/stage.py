@@ -135,12 +135,18 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
                       sum(map(record_span_count, records)) + len(rows))
             return
         out: list[Item] = []
-        for rec in records:
-            if rec[C_FLAGS] & 1:
-                try:
-                    out += items.from_record(rec)
-                except Exception as exc:
-                    self._bad(exc, record_span_count(rec))
+        many = getattr(items, "from_records", None)
+        if many is not None:  # the records at once (encoded spans: span ids drawn at once)
+            sampled = [rec for rec in records if rec[C_FLAGS] & 1]
+            if sampled:
+                out = many(sampled, self._bad_record)
+        else:
+            for rec in records:
+                if rec[C_FLAGS] & 1:
+                    try:
+                        out += items.from_record(rec)
+                    except Exception as exc:
+                        self._bad_record(rec, exc)
         for row in rows:
             try:
                 check_row(row)
@@ -172,6 +178,9 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             return
         if row is not None:
             self.on_records((), (row,))
+
+    def _bad_record(self, rec: tuple[Any, ...], exc: Exception) -> None:
+        self._bad(exc, record_span_count(rec))
 
     def _bad(self, exc: Exception, spans: int = 1) -> None:
         self._drops.add("build_error", spans)

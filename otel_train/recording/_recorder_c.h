@@ -109,6 +109,9 @@ int otr_ring_write(PyObject *writer, PyObject *step);
 PyObject *otr_flat_phase_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* A flat step's whole span record, or None (_recorder_c_rows.c). */
 PyObject *otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* A batch of ring steps' records, and a ring step's trace id (_recorder_c_rows.c). */
+PyObject *otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *otr_ring_trace_id(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The step ring's records read from its bytes (see _recorder_c_ringread.c). */
 PyObject *otr_ring_read_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

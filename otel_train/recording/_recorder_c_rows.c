@@ -10,6 +10,26 @@
  */
 #include "_recorder_c.h"
 
+/* Interned attribute names of a phase entry that is no C phase (a RingPhase of the step
+ * ring): made once, so each read is a lookup, not a string made from C text. */
+static PyObject *rows_s_name, *rows_s_kind, *rows_s_loader;
+
+static int
+intern_entry_names(void)
+{
+    if (rows_s_loader != NULL) {
+        return 0;
+    }
+    if ((rows_s_name = PyUnicode_InternFromString("name")) == NULL
+        || (rows_s_kind = PyUnicode_InternFromString("kind")) == NULL
+        || (rows_s_loader = PyUnicode_InternFromString("loader")) == NULL) {
+        Py_CLEAR(rows_s_name);
+        Py_CLEAR(rows_s_kind);
+        return -1;
+    }
+    return 0;
+}
+
 /* The phase entry's name, kind and loader: the C phase's slots, or attributes elsewhere. */
 static int
 entry_fields(PyObject *entry, PyObject **name, PyObject **kind, PyObject **loader)
@@ -29,9 +49,12 @@ entry_fields(PyObject *entry, PyObject **name, PyObject **kind, PyObject **loade
         return 0;
     }
     *name = *kind = *loader = NULL;
-    if ((*name = PyObject_GetAttrString(entry, "name")) == NULL
-        || (*kind = PyObject_GetAttrString(entry, "kind")) == NULL
-        || (*loader = PyObject_GetAttrString(entry, "loader")) == NULL) {
+    if (intern_entry_names() < 0) {
+        return -1;
+    }
+    if ((*name = PyObject_GetAttr(entry, rows_s_name)) == NULL
+        || (*kind = PyObject_GetAttr(entry, rows_s_kind)) == NULL
+        || (*loader = PyObject_GetAttr(entry, rows_s_loader)) == NULL) {
         Py_XDECREF(*name);
         Py_XDECREF(*kind);
         return -1;
@@ -64,33 +87,96 @@ is_flat(PyObject *ev)
     return 1;
 }
 
+/* A phase entry's fields as a row reads them, kept through one flat_step_records call
+ * (a run's steps share their phase entries: each is read once a call, not once a step). */
+#define ENTRY_CACHE_SIZE 32
+typedef struct {
+    PyObject *entry, *name, *kind, *loader; /* strong references */
+    int own;                                /* the entry's loader is true */
+    int data;                               /* its name equals data_name */
+} EntryFields;
+
+typedef struct {
+    EntryFields e[ENTRY_CACHE_SIZE];
+    int n;
+} EntryCache;
+
+static void
+entry_cache_clear(EntryCache *cache)
+{
+    for (int i = 0; i < cache->n; i++) {
+        Py_DECREF(cache->e[i].entry);
+        Py_DECREF(cache->e[i].name);
+        Py_DECREF(cache->e[i].kind);
+        Py_DECREF(cache->e[i].loader);
+    }
+    cache->n = 0;
+}
+
+/* The entry's name, kind and own loader (new references), whether its loader is true
+ * and whether it is a data phase: from `cache` when it holds the entry (NULL: none). */
+static int
+entry_row_fields(EntryCache *cache, PyObject *entry, PyObject *data_name, PyObject **name,
+                 PyObject **kind, PyObject **own_loader, int *own, int *data)
+{
+    if (cache != NULL) {
+        for (int i = 0; i < cache->n; i++) {
+            EntryFields *ef = &cache->e[i];
+            if (ef->entry == entry) {
+                *name = ef->name;
+                *kind = ef->kind;
+                *own_loader = ef->loader;
+                Py_INCREF(*name);
+                Py_INCREF(*kind);
+                Py_INCREF(*own_loader);
+                *own = ef->own;
+                *data = ef->data;
+                return 0;
+            }
+        }
+    }
+    if (entry_fields(entry, name, kind, own_loader) < 0) {
+        return -1;
+    }
+    /* As decoded: only data spans carry a loader; the kind is the phase's own. */
+    *own = PyObject_IsTrue(*own_loader);
+    *data = *own ? 0 : (*own < 0 ? -1 : PyObject_RichCompareBool(*name, data_name, Py_EQ));
+    if (*own < 0 || *data < 0) {
+        Py_DECREF(*name);
+        Py_DECREF(*kind);
+        Py_DECREF(*own_loader);
+        return -1;
+    }
+    if (cache != NULL && cache->n < ENTRY_CACHE_SIZE) {
+        EntryFields *ef = &cache->e[cache->n++];
+        ef->entry = entry;
+        ef->name = *name;
+        ef->kind = *kind;
+        ef->loader = *own_loader;
+        Py_INCREF(entry);
+        Py_INCREF(*name);
+        Py_INCREF(*kind);
+        Py_INCREF(*own_loader);
+        ef->own = *own;
+        ef->data = *data;
+    }
+    return 0;
+}
+
 /* One phase's row (span_rows.py's layout), a new reference or NULL. */
 static PyObject *
 phase_row(PyObject **item, Py_ssize_t ordinal, PyObject *step_loader, PyObject *root_id,
-          PyObject *offset, PyObject *data_name)
+          PyObject *offset, PyObject *data_name, EntryCache *cache)
 {
     PyObject *name, *kind, *own_loader, *row = NULL;
-    if (entry_fields(item[0], &name, &kind, &own_loader) < 0) {
+    int own, data;
+    if (entry_row_fields(cache, item[0], data_name, &name, &kind, &own_loader, &own,
+                         &data) < 0) {
         return NULL;
     }
     PyObject *ord = NULL, *duration = NULL, *start = NULL, *end = NULL, *loader = NULL;
-    /* As decoded: only data spans carry a loader; the kind is the phase's own. */
-    int own = PyObject_IsTrue(own_loader);
-    if (own < 0) {
-        goto done;
-    }
-    if (own) {
-        loader = own_loader;
-        Py_INCREF(loader);
-    }
-    else {
-        int data = PyObject_RichCompareBool(name, data_name, Py_EQ);
-        if (data < 0) {
-            goto done;
-        }
-        loader = data ? step_loader : Py_None;
-        Py_INCREF(loader);
-    }
+    loader = own ? own_loader : data ? step_loader : Py_None;
+    Py_INCREF(loader);
     if ((duration = PyNumber_Subtract(item[2], item[1])) == NULL
         || (ord = PyLong_FromSsize_t(ordinal)) == NULL
         || (start = PyNumber_Add(item[1], offset)) == NULL
@@ -116,6 +202,8 @@ done:
     return row;
 }
 
+static PyObject *flat_phase_rows_impl(PyObject *const *args, EntryCache *cache);
+
 /* flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name) -> list | None */
 PyObject *
 otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -125,6 +213,12 @@ otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
                         "flat_phase_rows(ev, step_loader, root_id, offset_ns, data_name)");
         return NULL;
     }
+    return flat_phase_rows_impl(args, NULL);
+}
+
+static PyObject *
+flat_phase_rows_impl(PyObject *const *args, EntryCache *cache)
+{
     if (!PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "flat_phase_rows: ev must be a list");
         return NULL;
@@ -146,7 +240,7 @@ otr_flat_phase_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     PyObject *rows = PyList_New(phases);
     for (Py_ssize_t k = 0; rows != NULL && k < phases; k++) {
         PyObject *row = phase_row(&PyTuple_GET_ITEM(ev, 4 * k), k + 1, args[1], args[2],
-                                  args[3], args[4]);
+                                  args[3], args[4], cache);
         if (row == NULL) {
             Py_CLEAR(rows);
             break;
@@ -230,10 +324,12 @@ fail:
     return NULL;
 }
 
+static PyObject *flat_step_record_impl(PyObject *const *args, EntryCache *cache);
+
 /* flat_step_record(ev, step_loader, index, start_ns, end_ns, trace_id, flags, root_id,
  *                  offset_ns, last_bound, span_name, constants) -> tuple | None */
 PyObject *
-otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+otr_flat_step_record(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 12 || !PyTuple_Check(args[11]) || PyTuple_GET_SIZE(args[11]) != 8) {
         PyErr_SetString(PyExc_TypeError,
@@ -241,9 +337,15 @@ otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "flags, root_id, offset_ns, last_bound, span_name, constants[8])");
         return NULL;
     }
+    return flat_step_record_impl(args, NULL);
+}
+
+static PyObject *
+flat_step_record_impl(PyObject *const *args, EntryCache *cache)
+{
     PyObject *const *c = &PyTuple_GET_ITEM(args[11], 0);
     PyObject *row_args[5] = {args[0], args[1], args[7], args[8], c[0]};
-    PyObject *rows = otr_flat_phase_rows(module, row_args, 5);
+    PyObject *rows = flat_phase_rows_impl(row_args, cache);
     if (rows == NULL || rows == Py_None) {
         return rows;
     }
@@ -261,4 +363,361 @@ otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(end);
     Py_XDECREF(events);
     return rec;
+}
+
+/* ---- flat_step_records: a batch of ring steps' records, their trace ids included ------ */
+
+/* BLAKE2b (RFC 7693) with a 16-byte digest and no key: identity.step_trace_id's hash,
+ * blake2b(f"{run_id}\x00{step}".encode(), digest_size=16), computed here so that a ring
+ * step's trace id costs no Python (hashlib's copy, update and digest were a third of a
+ * ring step's build). Tested against hashlib (tests/records/test_step_records.py). */
+static const uint64_t b2b_iv[8] = {
+    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+    0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+    0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+
+static const uint8_t b2b_sigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+#define B2B_ROTR(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+#define B2B_G(a, b, c, d, x, y)                 \
+    do {                                        \
+        v[a] = v[a] + v[b] + (x);               \
+        v[d] = B2B_ROTR(v[d] ^ v[a], 32);       \
+        v[c] = v[c] + v[d];                     \
+        v[b] = B2B_ROTR(v[b] ^ v[c], 24);       \
+        v[a] = v[a] + v[b] + (y);               \
+        v[d] = B2B_ROTR(v[d] ^ v[a], 16);       \
+        v[c] = v[c] + v[d];                     \
+        v[b] = B2B_ROTR(v[b] ^ v[c], 63);       \
+    } while (0)
+
+static void
+b2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t counted, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 16; i++) {
+        uint64_t w = 0;
+        for (int k = 7; k >= 0; k--) {
+            w = (w << 8) | block[8 * i + k];  /* little endian */
+        }
+        m[i] = w;
+    }
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = b2b_iv[i];
+    }
+    v[12] ^= counted;  /* the byte count's low word; the high one stays 0 here */
+    if (last) {
+        v[14] = ~v[14];
+    }
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = b2b_sigma[r];
+        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++) {
+        h[i] ^= v[i] ^ v[i + 8];
+    }
+}
+
+/* The 16-byte digest of head (head_len bytes) then tail (tail_len bytes), big endian
+ * into *hi and *lo as int.from_bytes(digest, "big") reads it. */
+static void
+b2b_16(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
+       uint64_t *hi, uint64_t *lo)
+{
+    uint64_t h[8];
+    uint8_t block[128];
+    size_t fill = 0, total = head_len + tail_len, done = 0;
+    memcpy(h, b2b_iv, sizeof(h));
+    h[0] ^= 0x01010000ULL ^ 16;  /* no key, a 16-byte digest */
+    for (size_t at = 0; at < total; at++) {
+        if (fill == 128) {  /* a full block with more to come */
+            done += 128;
+            b2b_compress(h, block, done, 0);
+            fill = 0;
+        }
+        block[fill++] = at < head_len ? head[at] : tail[at - head_len];
+    }
+    memset(block + fill, 0, 128 - fill);
+    b2b_compress(h, block, done + fill, 1);
+    uint8_t digest[16];
+    for (int i = 0; i < 16; i++) {
+        digest[i] = (uint8_t)(h[i / 8] >> (8 * (i % 8)));
+    }
+    uint64_t a = 0, b = 0;
+    for (int i = 0; i < 8; i++) {
+        a = (a << 8) | digest[i];
+        b = (b << 8) | digest[8 + i];
+    }
+    *hi = a;
+    *lo = b;
+}
+
+/* The trace id of step `index` (an exact int within 64 bits): NULL with no error set when
+ * it is no such int (the caller's Python computes it). */
+static PyObject *
+ring_trace_id(PyObject *prefix, PyObject *index)
+{
+    if (!PyLong_CheckExact(index)) {
+        return NULL;
+    }
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+    if (overflow || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return NULL;
+    }
+    char text[24];
+    int n = snprintf(text, sizeof(text), "%lld", value);
+    uint64_t hi, lo;
+    b2b_16((const uint8_t *)PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix),
+           (const uint8_t *)text, (size_t)n, &hi, &lo);
+    if (hi == 0 && lo == 0) {
+        lo = 1;  /* 0 is the invalid trace id */
+    }
+    PyObject *high = PyLong_FromUnsignedLongLong(hi), *low = NULL, *shift = NULL,
+             *shifted = NULL, *out = NULL;
+    if (high != NULL && (low = PyLong_FromUnsignedLongLong(lo)) != NULL
+        && (shift = PyLong_FromLong(64)) != NULL
+        && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
+        out = PyNumber_Or(shifted, low);
+    }
+    Py_XDECREF(high);
+    Py_XDECREF(low);
+    Py_XDECREF(shift);
+    Py_XDECREF(shifted);
+    if (out == NULL && !PyErr_Occurred()) {
+        PyErr_NoMemory();
+    }
+    return out;
+}
+
+/* trace_id_of(prefix: bytes, index) -> int | None: blake2b(prefix + str(index)) as
+ * step_trace_id reads it; None for an index that is no int within 64 bits. */
+PyObject *
+otr_ring_trace_id(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "ring_trace_id(prefix: bytes, index)");
+        return NULL;
+    }
+    PyObject *out = ring_trace_id(args[0], args[1]);
+    if (out == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+static PyObject *rows_s_error, *rows_s_dev, *rows_s_phase_attrs, *rows_s_queued_waits,
+    *rows_s_span_ids, *rows_s_trace_id, *rows_s_attrs, *rows_s_ev, *rows_s_index,
+    *rows_s_start_ns, *rows_s_end_ns, *rows_s_step_loader;
+
+static int
+intern_step_names(void)
+{
+    if (rows_s_step_loader != NULL) {
+        return 0;
+    }
+    struct { PyObject **var; const char *text; } names[] = {
+        {&rows_s_error, "error"}, {&rows_s_dev, "dev"}, {&rows_s_phase_attrs, "phase_attrs"},
+        {&rows_s_queued_waits, "queued_waits"}, {&rows_s_span_ids, "span_ids"},
+        {&rows_s_trace_id, "trace_id"}, {&rows_s_attrs, "attrs"}, {&rows_s_ev, "ev"},
+        {&rows_s_index, "index"}, {&rows_s_start_ns, "start_ns"}, {&rows_s_end_ns, "end_ns"},
+        {&rows_s_step_loader, "loader"}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].var == NULL
+            && (*names[i].var = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* 1 when the step's attribute `name` is None, False, 0 or empty; 0 if not; -1 on error. */
+static int
+attr_empty(PyObject *step, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(step, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int truth = v == Py_None ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return truth < 0 ? -1 : !truth;
+}
+
+/* flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns,
+ *                   last_bound, span_name, constants, out, rss_every, ids_at) -> int
+ *
+ * From steps[start] on, each step's record as flat_step_record makes it, appended to
+ * `out`, its trace id made here (ring_trace_id) and its root span id taken from root_ids
+ * in turn from root_ids[ids_at]; stops at the first step it does not build (its index is returned; len(steps)
+ * when all were): a step with an error, device readings, phase attributes, queued waits,
+ * span ids or a trace id of its own, attributes, an index that is no 64-bit int or a
+ * multiple of rss_every (> 0: its root reads the host's memory), or a list of events that
+ * is not flat, or anything that fails on it. The caller (StepRecordBuilder.step_records) builds that one
+ * in Python and calls again from the next; it passes only steps whose class cannot hold
+ * the watchdog's or the schedule's events, with the run-wide conditions met.
+ * is_sampled: the builder's callable (called with each trace id), or None: all sampled. */
+PyObject *
+otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[2])
+        || !PyBytes_Check(args[3]) || !PyList_Check(args[9])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "flat_step_records(steps: list, start, root_ids: list, trace_prefix: "
+                        "bytes, is_sampled, offset_ns, last_bound, span_name, constants, "
+                        "out: list, rss_every: int, ids_at: int)");
+        return NULL;
+    }
+    long long rss_every = PyLong_AsLongLong(args[10]);
+    if (rss_every == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t used = PyLong_AsSsize_t(args[11]);  /* root ids taken so far */
+    if (used == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (used < 0) {
+        used = 0;
+    }
+    if (intern_step_names() < 0) {
+        return NULL;
+    }
+    if (!PyTuple_Check(args[8]) || PyTuple_GET_SIZE(args[8]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "flat_step_records: constants must be a tuple of 8");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    EntryCache cache;
+    cache.n = 0;
+    PyObject *steps = args[0], *root_ids = args[2], *prefix = args[3], *is_sampled = args[4];
+    PyObject *out = args[9];
+    Py_ssize_t k = start < 0 ? 0 : start;
+    for (; k < PyList_GET_SIZE(steps); k++) {
+        if (used >= PyList_GET_SIZE(root_ids)) {
+            break;
+        }
+        PyObject *step = PyList_GET_ITEM(steps, k);
+        Py_INCREF(step);
+        PyObject *f[5] = {NULL, NULL, NULL, NULL, NULL}, *trace = NULL, *flags = NULL,
+                 *rec = NULL;
+        int plain = 1;
+        PyObject *rare[] = {rows_s_dev, rows_s_phase_attrs, rows_s_queued_waits,
+                            rows_s_span_ids, rows_s_trace_id, rows_s_attrs};
+        PyObject *error = PyObject_GetAttr(step, rows_s_error);
+        if (error == NULL) {
+            goto stop;
+        }
+        plain = error == Py_None;
+        Py_DECREF(error);
+        for (size_t i = 0; plain == 1 && i < sizeof(rare) / sizeof(rare[0]); i++) {
+            plain = attr_empty(step, rare[i]);
+        }
+        if (plain <= 0) {
+            goto stop;
+        }
+        PyObject *names[5] = {rows_s_ev, rows_s_step_loader, rows_s_index, rows_s_start_ns,
+                              rows_s_end_ns};
+        for (int i = 0; i < 5; i++) {
+            if ((f[i] = PyObject_GetAttr(step, names[i])) == NULL) {
+                goto stop;
+            }
+        }
+        if (rss_every > 0) {  /* a step whose root reads the host's memory: Python's */
+            int overflow;
+            long long index = PyLong_AsLongLongAndOverflow(f[2], &overflow);
+            if (!PyLong_CheckExact(f[2]) || overflow || (index == -1 && PyErr_Occurred())
+                || index % rss_every == 0) {
+                goto stop;
+            }
+        }
+        trace = ring_trace_id(prefix, f[2]);
+        if (trace == NULL) {
+            goto stop;  /* an index that is no 64-bit int: Python's hash */
+        }
+        if (is_sampled == Py_None) {
+            flags = otr_one;
+            Py_INCREF(flags);
+        }
+        else {
+            PyObject *sampled = PyObject_CallOneArg(is_sampled, trace);
+            if (sampled == NULL) {
+                goto stop;
+            }
+            int yes = PyObject_IsTrue(sampled);
+            Py_DECREF(sampled);
+            if (yes < 0) {
+                goto stop;
+            }
+            flags = yes ? otr_one : otr_zero;
+            Py_INCREF(flags);
+        }
+        PyObject *rec_args[12] = {f[0], f[1], f[2], f[3], f[4], trace, flags,
+                                  PyList_GET_ITEM(root_ids, used), args[5], args[6], args[7],
+                                  args[8]};
+        rec = flat_step_record_impl(rec_args, &cache);
+        if (rec == NULL) {
+            goto stop;
+        }
+        if (rec == Py_None) {
+            goto stop;  /* not flat: the Python decoder */
+        }
+        if (PyList_Append(out, rec) < 0) {
+            goto fail;
+        }
+        used++;
+        Py_DECREF(rec);
+        Py_DECREF(trace);
+        Py_DECREF(flags);
+        for (int i = 0; i < 5; i++) {
+            Py_DECREF(f[i]);
+        }
+        Py_DECREF(step);
+        continue;
+    stop:  /* this step is the caller's (a problem reading it is raised there, for it) */
+        PyErr_Clear();
+        Py_XDECREF(rec);
+        Py_XDECREF(trace);
+        Py_XDECREF(flags);
+        for (int i = 0; i < 5; i++) {
+            Py_XDECREF(f[i]);
+        }
+        Py_DECREF(step);
+        break;
+    fail:
+        Py_XDECREF(rec);
+        Py_XDECREF(trace);
+        Py_XDECREF(flags);
+        for (int i = 0; i < 5; i++) {
+            Py_XDECREF(f[i]);
+        }
+        Py_DECREF(step);
+        entry_cache_clear(&cache);
+        return NULL;
+    }
+    entry_cache_clear(&cache);
+    return PyLong_FromSsize_t(k);
 }

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import random
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -126,6 +126,33 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     return view
 
 
+def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
+                       failed: Callable[[Exception], None]) -> list[StepView]:
+    """The ``StepView`` of each record (:func:`view_from_record`), a frame at once: a step's
+    made here without a call a record; a record whose view cannot be made goes to
+    ``failed``, the others go on."""
+    out: list[StepView] = []
+    append = out.append
+    for rec in recs:
+        try:
+            attrs, phases = rec[6], rec[9]  # C_ATTRS, C_PHASES
+            if phases is None or attrs.get(_KIND_ATTR) == _ENVELOPE:
+                view = view_from_record(rec, rank)
+                if view is not None:
+                    append(view)
+                continue
+            view = StepView(True, rec[0], RowRoot(attrs), (rec[1], rec[2]),  # type: ignore[arg-type]
+                            attrs, rec[4], rec[5], phases)
+            view.rank = rank
+            view.events = rec[8]  # C_EVENTS
+            if phases:
+                count_monitoring(view)
+            append(view)
+        except Exception as exc:
+            failed(exc)
+    return out
+
+
 def check_row(row: tuple[Any, ...]) -> None:
     """Refuse a row that could not be encoded (ValueError), before it can fail a batch."""
     if (type(row) is not tuple or len(row) != 14 or type(row[R_TRACE]) is not int
@@ -164,6 +191,20 @@ def phase_span_ids(phases: Sequence[tuple[Any, ...]], ids: dict[int, int] | None
         return [i or 1 for i in drawn] if 0 in drawn else drawn
     rand = _getrandbits
     return [(ids and ids.get(i)) or rand(64) or 1 for i in range(n)]
+
+
+_MANY_ID_STRUCTS = [struct.Struct(f"<{n}Q") for n in range(1025)]
+
+
+def draw_span_ids(n: int) -> list[int]:
+    """``n`` span ids from one draw: the ids of ``n`` draws of ``getrandbits(64) or 1``, the
+    generator's state after them included (see :func:`phase_span_ids`)."""
+    if n <= 0:
+        return []
+    if n >= len(_MANY_ID_STRUCTS):
+        return [_getrandbits(64) or 1 for _ in range(n)]
+    drawn = list(_MANY_ID_STRUCTS[n].unpack(_getrandbits(64 * n).to_bytes(8 * n, "little")))
+    return [i or 1 for i in drawn] if 0 in drawn else drawn
 
 
 def phase_end_order(phases: Sequence[tuple[Any, ...]]) -> Sequence[int]:

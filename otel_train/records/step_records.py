@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter_ns, time_ns
 from typing import Any
 
@@ -21,13 +21,14 @@ from opentelemetry.trace import StatusCode
 
 from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DropCounter
-from otel_train.common.identity import RunIdentity, step_trace_id
+from otel_train.common.identity import RunIdentity
 from otel_train.common.trace_ids import SAMPLED as _SAMPLED
 from otel_train.common.trace_ids import operation_ids
 from otel_train.recording.recorder import (
     FLAT_PHASE_ROWS,
     FLAT_STEP_RECORD,
     MonitorRecord,
+    _recorder_c,
     Step,
     decode_events,
     flat_events,
@@ -43,6 +44,7 @@ from otel_train.records.device_readings import (
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
+from otel_train.records.step_batch import may_carry_rare_fields, step_trace_ids
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_END,
@@ -55,13 +57,14 @@ from otel_train.records.span_rows import (
     P_KIND,
     P_START,
     RowSpanFactory,
+    draw_span_ids,
 )
 
 _log = logging.getLogger("otel_train")
 _SAMPLED_FLAGS = int(_SAMPLED)
 _getrandbits = random.getrandbits
 # Contract names bound once: the builder runs for every step.
-_STEP = A.STEP
+_STEP, _STEP_SPAN_NAME = A.STEP, A.STEP_SPAN_NAME
 _DATALOADER, _SLOW, _MONITOR = A.DATALOADER, A.SLOW, A.KIND_MONITOR
 _DATA = A.PHASE_DATA
 _TRUNCATED, _TRUNCATED_REASON = A.TRUNCATED, A.TRUNCATED_REASON
@@ -139,6 +142,12 @@ class StepRecordBuilder:
         self._device_bound: str | None = None
         # Timestamps of collectives (Run.collective_log): None until something times them.
         self.collectives: CollectiveLog | None = None
+        self._trace_id_of = step_trace_ids(identity.run_id)
+        self._rare_fields: dict[type, bool] = {}  # step_records: per step class
+        try:  # what flat_step_records hashes each step's index after (step_trace_id's)
+            self._trace_prefix: bytes | None = f"{identity.run_id}\x00".encode()
+        except UnicodeEncodeError:  # step_trace_id raises for each step, as it does
+            self._trace_prefix = None
 
     @property
     def offset_ns(self) -> int:
@@ -166,11 +175,79 @@ class StepRecordBuilder:
             return self._monitor_record(record)
         return self._step_record(record)
 
-    def _step_record(self, step: Step) -> tuple[Any, ...]:
-        trace_id = step.trace_id or step_trace_id(self._identity.run_id, step.index)
+    def step_records(self, steps: Sequence[Step],
+                     failed: Callable[[Step, Exception], None]) -> list[tuple[Any, ...]]:
+        """The span records of ``steps`` (no monitoring operations), in order: the records
+        :meth:`record` makes of each, for less CPU a step (the step ring's reader builds its
+        steps a batch at a time). The root span ids are drawn at once, the same ids as a draw
+        a step (``span_rows.draw_span_ids``). Where the accelerator was built, runs of common
+        flat steps (no attributes, no fields but the ring's) are built in one C call, their
+        trace ids hashed there too (``flat_step_records``); any other step here, one at a
+        time. A step that cannot be built is handed to ``failed`` and left out, the others
+        go on."""
+        steps = list(steps)
+        ids = draw_span_ids(sum(1 for s in steps if not (s.span_ids and s.span_ids.get(-1))))
+        out: list[tuple[Any, ...]] = []
+        flat = _flat_record
+        # What sends every step of the run to the Python path (``_plain``), read once; a
+        # step whose root reads the host's memory (every N-th) is sent there one by one.
+        if self._own_timing or self.collectives:
+            flat = None
+        every = self.host_rss_every_steps
+        many = _flat_records if flat is not None and self._trace_prefix is not None else None
+        if many is not None and any(self._carries_rare(kind) for kind in {type(s) for s in steps}):
+            many = None  # a class that may hold a stall's or a schedule's events: one by one
+        k = used = 0
+        n = len(steps)
+        while k < n:
+            if many is not None:
+                j = many(steps, k, ids, self._trace_prefix, self.is_sampled, self._offset,
+                         self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS, out, every,
+                         used)
+                used += j - k
+                k = j
+                if k >= n:
+                    break
+            step = steps[k]  # one the C did not build: here, with the next root id
+            k += 1
+            try:
+                own = step.span_ids and step.span_ids.get(-1)
+                if not own:
+                    used += 1
+                out.append(self._one_step_record(step, own or ids[used - 1], flat))
+            except Exception as exc:
+                failed(step, exc)
+        return out
+
+    def _carries_rare(self, kind: type) -> bool:
+        carries = self._rare_fields.get(kind)
+        if carries is None:
+            carries = self._rare_fields[kind] = may_carry_rare_fields(kind)
+        return carries
+
+    def _one_step_record(self, step: Step, root_id: int, flat: Any) -> tuple[Any, ...]:
+        """One step of ``step_records``: the flat step without attributes straight to C
+        (``flat``: None where the run's conditions send every step to ``_step_record``)."""
+        every = self.host_rss_every_steps
+        if (flat is not None and step.error is None and not (
+                step.dev or step.phase_attrs or step.queued_waits or step.span_ids
+                or step.attrs or (every and step.index % every == 0))) and (
+                not self._carries_rare(type(step)) or not (
+                    getattr(step, "stall_events", None)
+                    or getattr(step, "governing_events", None))):
+            trace_id = step.trace_id or self._trace_id_of(step.index)
+            rec = flat(step.ev, step.loader, step.index, step.start_ns, step.end_ns, trace_id,
+                       _SAMPLED_FLAGS if self.is_sampled(trace_id) else 0, root_id,
+                       self._offset, self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS)
+            if rec is not None:
+                return rec  # type: ignore[no-any-return]
+        return self._step_record(step, root_id)
+
+    def _step_record(self, step: Step, root_id: int = 0) -> tuple[Any, ...]:
+        trace_id = step.trace_id or self._trace_id_of(step.index)
         flags = _SAMPLED_FLAGS if self.is_sampled(trace_id) else 0
         ids = step.span_ids  # ids already handed to user spans (rare): keep them
-        root_id = (ids and ids.get(-1)) or _getrandbits(64) or 1
+        root_id = (ids and ids.get(-1)) or root_id or _getrandbits(64) or 1  # 0: drawn here
         off = self._offset
         if _flat_record is not None and not ids and self._plain(step):
             rec = self._flat_step(step, trace_id, flags, root_id)
@@ -375,6 +452,9 @@ def _flat_phases(ev: list[Any], step_loader: str | None, root_id: int, off: int,
 # when; its own code below is the twin): the phase rows and the root attributes with the host
 # clock's ``train.step.bound`` (device_readings.label_step without device time).
 _flat_record: Callable[..., tuple[Any, ...] | None] | None = FLAT_STEP_RECORD
+# Runs of ring steps in one call, their trace ids hashed in C (``step_records``), where the
+# accelerator was built: ``flat_step_record`` and ``step_trace_id`` are its twins.
+_flat_records: Callable[..., int] | None = getattr(_recorder_c, "flat_step_records", None)
 _FLAT_CONSTANTS = (_DATA, _STEP, _DATALOADER, _SLOW, A.STEP_BOUND, A.BOUND_INPUT,
                    A.BOUND_COMPUTE, BOUND_INPUT_SHARE)
 # Most of a record's Python was its flat phase rows: in C where the accelerator was built

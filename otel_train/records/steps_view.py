@@ -285,6 +285,18 @@ class StepViewProcessor(SpanProcessor):
     def on_step(self, view: StepView) -> None:
         """One finished step."""
 
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of finished steps, in order (``SharedStepSpanProcessor.on_views``): each
+        to ``on_step``; a step it fails on goes to ``failed``, the others go on. A
+        processor overrides it where a loop of its own costs less a step."""
+        on_step = self.on_step
+        for view in views:
+            try:
+                on_step(view)
+            except Exception as exc:
+                failed(self, view, exc)
+
     def on_operation(self, view: StepView) -> None:
         """One monitoring operation done between steps."""
 
@@ -340,20 +352,44 @@ class SharedStepSpanProcessor(SpanProcessor):
         sees what the ones before it made of the whole frame: ``train.slow`` is marked on
         every view first. Consecutive processors that say ``view_by_view`` (the overhead,
         the budget, the throughput and the console) take the frame as a group, view by view,
-        so the console's line of a step reads the figures as of that step.
+        so the console's line of a step reads the figures as of that step. A frame of steps
+        alone (the usual one) goes to each other processor in one call, its ``on_steps``.
         """
         with self.lock:
             self._assembler.views += len(views)
+            steps_only = all(view.is_step for view in views)
             for group in self._groups:
-                for view in views:
-                    for proc, on_step, on_operation in group:
-                        try:
-                            if view.is_step:
-                                on_step(view)
-                            elif not view.envelope or proc.takes_envelope:
-                                on_operation(view)
-                        except Exception as exc:  # one processor's bug must not starve others
-                            self._failed(proc, view, exc)
+                self.feed_group(group, views, steps_only)
+
+    def feed_group(self, group: list[tuple[StepViewProcessor, Any, Any]],
+                   views: Sequence[StepView], steps_only: bool) -> None:
+        """One group of ``on_views`` takes the frame (``steps_only``: every view is a step).
+        Never raises: a view a processor fails on is logged and counted, the rest go on."""
+        if steps_only and len(group) == 1:
+            proc = group[0][0]
+            try:
+                proc.on_steps(views, self._failed)
+            except Exception as exc:  # an on_steps that does not guard its steps itself
+                self._failed(proc, views[0], exc)
+            return
+        if steps_only:  # view by view, together: each step to each member in turn
+            members = [(proc, on_step) for proc, on_step, _ in group]
+            for view in views:
+                for proc, on_step in members:
+                    try:
+                        on_step(view)
+                    except Exception as exc:
+                        self._failed(proc, view, exc)
+            return
+        for view in views:
+            for proc, on_step, on_operation in group:
+                try:
+                    if view.is_step:
+                        on_step(view)
+                    elif not view.envelope or proc.takes_envelope:
+                        on_operation(view)
+                except Exception as exc:  # one processor's bug must not starve others
+                    self._failed(proc, view, exc)
 
     def _failed(self, proc: StepViewProcessor, view: StepView, exc: Exception) -> None:
         self.errors += 1

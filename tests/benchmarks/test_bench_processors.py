@@ -48,7 +48,7 @@ def test_a_short_live_run_through_the_step_ring_prints_its_read_and_build_rows()
         cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "through the step ring (read and built in " in proc.stdout, proc.stdout
-    for label in ("ring: read and decode (read_items)", "ring: build the step's record (_build)",
+    for label in ("ring: read and decode (read_items)", "ring: build the steps' records (_build_run)",
                   "  thread otel-train-ring", "chain: views from records"):
         match = re.search(rf"^{re.escape(label)}\s+(\d+\.\d\d) µs", proc.stdout, re.M)
         assert match and float(match.group(1)) > 0, proc.stdout

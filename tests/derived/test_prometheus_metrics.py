@@ -145,3 +145,56 @@ def test_a_custom_operation_limit_becomes_a_bucket_bound_so_the_alert_can_read_i
     plain = samples(PrometheusMetricsSpanProcessor(rank=0))
     assert not {k for k in plain if k[0] in {"otel_train_monitoring_critical_ratio",
                                              "otel_train_run_info"}}
+
+
+def test_a_frame_of_steps_in_one_call_counts_what_the_steps_one_by_one_count() -> None:
+    """on_steps (a frame of steps from the chain) against on_step per view, on views of
+    several ranks taking turns, slow and not, new phase keys mid-frame, durations on the
+    buckets' edges: the same state and the same exposition, byte for byte; a view it
+    cannot read is handed over and the others still count."""
+    import random
+
+    from otel_train.common import attributes as A
+    from otel_train.records.span_rows import view_from_record
+
+    rng = random.Random(11)
+    edges = [0, 1_000_000, 2_500_000, 30_000_000_000, 10**13]
+
+    def views():
+        out = []
+        for i in range(300):
+            phases = [(name, kind, loader, rng.choice(edges + [rng.randrange(10**10)]),
+                       k + 1, 7, 100, 200, None, (), None, None)
+                      for k, (name, kind, loader) in enumerate(
+                          [("data", "train", "train"), ("forward", "train", None),
+                           (f"eval{i % 7}", "monitor", None)][:1 + i % 3])]
+            dur = rng.choice(edges + [rng.randrange(10**10)])
+            rec = ("train.step", i + 1, 7, 1, 10**18, 10**18 + dur, {A.STEP: i}, None, (),
+                   phases, None)
+            view = view_from_record(rec, rng.choice([0, 1, "2", 0]))
+            view.slow = i % 5 == 0
+            out.append(view)
+        return out
+
+    by_step, by_frame = PrometheusMetricsSpanProcessor(rank=0), PrometheusMetricsSpanProcessor(
+        rank=0)
+    rng.seed(11)
+    for view in views():
+        by_step.on_step(view)
+    rng.seed(11)
+    frame = views()
+    failed = []
+    by_frame.on_steps(frame[:150], lambda proc, view, exc: failed.append(view))
+    by_frame.on_steps(frame[150:], lambda proc, view, exc: failed.append(view))
+    assert not failed
+    assert by_frame.export_state() == by_step.export_state()
+    assert generate_latest(by_frame.registry) == generate_latest(by_step.registry)
+    assert len(by_frame.export_state()["steps"]) == 3
+
+    class Unreadable:
+        rank = 0
+        duration_ns = "x"  # not a number
+
+    one = PrometheusMetricsSpanProcessor(rank=0)
+    one.on_steps([frame[0], Unreadable(), frame[1]], lambda p, v, e: failed.append(v))
+    assert len(failed) == 1 and one.export_state()["steps_total"] == {"0": 2}

@@ -327,3 +327,55 @@ def test_a_step_that_drains_the_device_backlog_before_its_monitoring_is_not_slow
              for s in read_file_spans(run.spans_path) if s.name == "val_loss"]
     assert min(waits) >= 0.03  # ~6 ms of backlog a step, 10 steps
     assert not any(roots[i].attributes["train.slow"] for i in (19, 29))
+
+
+@pytest.mark.parametrize("explain", [True, False])
+def test_a_frame_of_steps_in_one_call_is_judged_as_step_by_step(explain, caplog) -> None:
+    """on_steps (the chain's frames) against on_step per view: the same steps marked slow
+    (on the view and the record's root), the same lines said, the same running figures,
+    through the warm-up, two loaders, slow steps explained then summed up, steps counted
+    under FLOP counting, monitor_sync's queued waits and a threshold in seconds."""
+    from otel_train.records.span_rows import view_from_record
+
+    def views(seed: int, absolute: bool):
+        rng = random.Random(seed)
+        out = []
+        for i in range(400):
+            dur = int(rng.choice([1e6, 1.1e6, 0.9e6, 8e6, 1e6]) * (1 + 10 * (i % 97 == 50)))
+            attrs = {A.STEP: i, A.SLOW: False}
+            if i % 31 == 7:
+                attrs[A.FLOPS_COUNTED] = True
+            extra = {A.DEVICE_QUEUED_WAIT: 0.0004} if i % 11 == 3 else None
+            phases = [("forward", "train", None, dur // 2, 1, 7, 10, 20, None, (), None, None),
+                      ("val", A.KIND_MONITOR, None, dur // 5, 2, 7, 20, 30, None, (), extra,
+                       None)]
+            rec = ("train.step", i + 1, 7, 1, 10**18 + i * 10**9, 10**18 + i * 10**9 + dur,
+                   attrs, None, (), phases, None)
+            view = view_from_record(rec, 0)
+            view.loader = "train" if i % 3 else "other"
+            out.append((rec, view))
+        return out
+
+    for absolute in (None, 0.012):
+        outcomes = []
+        for frame_at_a_time in (False, True):
+            caplog.clear()
+            slow = SlowStepSpanProcessor(warmup_steps=5, window_steps=40, max_explanations=2,
+                                         explain_window_steps=20, explain=explain,
+                                         absolute_seconds=absolute)
+            pairs = views(3, absolute is not None)
+            with caplog.at_level(logging.WARNING, logger="otel_train"):
+                if frame_at_a_time:
+                    failed = []
+                    for k in range(0, len(pairs), 64):
+                        slow.on_steps([v for _, v in pairs[k:k + 64]],
+                                      lambda p, v, e: failed.append(e))
+                    assert not failed
+                else:
+                    for _, view in pairs:
+                        slow.on_step(view)
+            outcomes.append(([v.slow for _, v in pairs], [r[6][A.SLOW] for r, _ in pairs],
+                             [v.slow_explained for _, v in pairs], slow.export_state(),
+                             slow.slow_steps, slow.unexplained, caplog.messages[:]))
+        assert outcomes[0] == outcomes[1]
+        assert sum(outcomes[0][0]) >= 3 and outcomes[0][6]  # slow steps, lines said

@@ -587,3 +587,34 @@ def test_otel_attribute_value_length_limit_cuts_what_a_run_sends(tmp_path, monke
         spans = receiver.wait_for_spans(15, 10)
     (root,) = [s for s in spans if s.name == "train.step" and "notes" in s.attributes]
     assert root.attributes["notes"] == "n" * 100
+
+
+def test_a_frame_of_records_encoded_at_once_counts_the_one_that_fails_and_queues_the_rest():
+    """An OTLP exporter's items (span_fields.OtlpSpanFields) take the stage's records a frame
+    at a time: a record that cannot be encoded is counted (build_error, its spans), the
+    others of the frame are queued, in order, unsampled ones left out."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_train.export.otlp.span_fields import OtlpSpanFields
+    from otel_train.records.span_rows import RowSpanFactory
+
+    class Encoded(Recording):
+        def span_items(self, factory):
+            return OtlpSpanFields(factory.run_constants)
+
+    phase = ("forward", "train", None, 5, 1, 7, 11, 19, None, (), None, None)
+
+    def rec(i, sampled=True, phases=(phase,)):
+        return ("train.step", i + 1, 7, 1 if sampled else 0, 10, 20,
+                {"train.step": i, "train.slow": False}, None, (), list(phases), None)
+
+    exporter = Encoded()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, interval_seconds=30)
+    proc.use_rows(RowSpanFactory(Resource({}), InstrumentationScope("t"), {"run": "x"}))
+    frame = [rec(0), rec(1), rec(2, phases=[("forward",)] * 3), rec(3, sampled=False), rec(4)]
+    proc.on_records(frame)
+    assert drops.counts() == {"build_error": 4}  # the broken record's root and 3 phases
+    assert proc.queued == 6  # steps 0, 1 and 4: a phase and a root each
+    proc.shutdown(1.0)

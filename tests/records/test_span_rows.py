@@ -26,3 +26,17 @@ def test_a_zero_draw_is_never_a_span_id_and_ids_asked_for_by_user_spans_are_kept
     assert span_rows.phase_span_ids([PHASE] * 6, None) == [1] * 6
     assert span_rows.phase_span_ids([PHASE] * 3, {1: 42}) == [1, 42, 1]
     assert span_rows.phase_span_ids([], None) == []
+
+
+def test_span_ids_drawn_at_once_are_the_ids_of_a_draw_each():
+    import random
+
+    from otel_train.records.span_rows import draw_span_ids
+
+    for n in (0, 1, 7, 512, 1025, 3000):
+        random.seed(n)
+        want = [random.getrandbits(64) or 1 for _ in range(n)]
+        after = random.getrandbits(64)
+        random.seed(n)
+        assert draw_span_ids(n) == want
+        assert random.getrandbits(64) == after  # the generator's state after them too

@@ -519,3 +519,133 @@ def test_a_flat_step_built_in_c_equals_its_python_twin_and_the_rest_falls_back(s
             assert c_rec == py_rec, (setting, step.index)
     bounds = {c_builder.record(s)[6].get("train.step.bound") for s in steps}
     assert {"input", "host"} <= bounds or setting != "plain"
+
+
+@pytest.mark.parametrize("setting", ["plain", "own timing", "host rss"])
+def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_is_left_out(
+        setting):
+    """step_records (the step ring's reader builds a batch at a time) draws the same ids and
+    builds the same records as record() per step, C and Python paths, flat, nested and
+    failed steps, user span ids kept, a stall's events, steps read back from the ring; a
+    step whose build fails is handed over, the others go on."""
+    import random
+
+    from otel_train.recording.step_ring import StepRing, attach_ring
+    from otel_train.recording.step_ring_reader import StepRingReader
+
+    rec = Recorder(100, DropCounter(), None)
+    for step in rec.steps(range(20), loader="train"):
+        with step.phase("forward"):
+            if step.index % 5 == 2:
+                with step.phase("inner"):  # nested: the Python decoder
+                    pass
+        if step.index % 7 == 4:
+            step.set_attribute("loss", step.index / 3)
+    steps = list(rec.queue)
+    steps[3].span_ids = {-1: 77, 0: 78}  # ids handed to user spans early: kept, none drawn
+    steps[8].stall_events = [("train.stall", 10**18 + 5, {"train.stall.seconds": 2.0})]
+    ring = StepRing.create(1 << 16)
+    attach_ring(rec, ring)
+    for step in rec.steps(range(20, 26), loader="train"):
+        with step.phase("forward"):
+            pass
+    ring_steps = [s for s in StepRingReader(ring).read() if s != "queued"]
+    assert len(ring_steps) == 6
+    steps += ring_steps
+
+    def fixed() -> StepRecordBuilder:
+        return StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: True, 10**18,
+                                 span_timing=None if setting == "own timing" else "host",
+                                 host_rss_every_steps=3 if setting == "host rss" else 0)
+
+    random.seed(5)
+    one_by_one = fixed()
+    want = [one_by_one.record(s) for s in steps]
+    after = random.getrandbits(64)
+    random.seed(5)
+    failed = []
+    got = fixed().step_records(steps, lambda s, exc: failed.append(s))
+    if setting == "host rss":  # a reading each time: equal but for its value
+        for r in got + want:
+            r[6].pop("train.memory.host_rss_bytes", None)
+    assert got == want and not failed
+    assert random.getrandbits(64) == after
+    assert got[3][2] == 77 and got[8][8][-1][0] == "train.stall"
+
+    class Broken:  # a step whose build raises
+        span_ids = None
+        trace_id = 0
+        index = "x"
+
+        def __getattr__(self, name):
+            raise RuntimeError("unreadable")
+
+    random.seed(5)
+    got = fixed().step_records(steps[:2] + [Broken()] + steps[2:], lambda s, exc: failed.append(
+        (s, exc)))
+    assert len(failed) == 1 and isinstance(failed[0][1], RuntimeError)
+    assert [r[6]["train.step"] for r in got] == list(range(26))
+
+
+@pytest.mark.skipif(step_records_module._flat_records is None,
+                    reason="the C accelerator was not built here (CI requires it)")
+def test_ring_trace_ids_hashed_in_c_equal_step_trace_id_across_block_boundaries():
+    """The C BLAKE2b (flat_step_records' trace ids) against hashlib's, run ids from empty
+    to several 128-byte blocks (the step's digits crossing a block's end), any 64-bit
+    step; an index that is no 64-bit int is left to Python (None)."""
+    import random
+
+    from otel_train.recording.recorder import _recorder_c
+
+    rng = random.Random(2)
+    for run_id in ["", "run-s", "é" * 63, *("x" * n for n in range(110, 131)), "y" * 300]:
+        prefix = f"{run_id}\x00".encode()
+        for step in [0, 1, 9, 10, -1, 2**63 - 1, -2**63] + [rng.randrange(-2**63, 2**63)
+                                                              for _ in range(20)]:
+            assert _recorder_c.ring_trace_id(prefix, step) == step_trace_id(run_id, step), (
+                run_id, step)
+    assert _recorder_c.ring_trace_id(b"r\x00", 2**64) is None
+    assert _recorder_c.ring_trace_id(b"r\x00", True) is None  # bool: str() says "True"
+
+
+@pytest.mark.parametrize("rss_every", [0, 4])
+def test_ring_steps_built_a_run_at_a_time_in_c_equal_those_built_in_python(monkeypatch,
+                                                                           rss_every):
+    """flat_step_records (C: a run of ring steps, trace ids included) against the Python
+    path of step_records for the same steps: the same records, the same ids drawn; a step
+    the C leaves (attributes, a memory reading every N-th step) built in Python in its
+    place."""
+    import random
+
+    from otel_train.recording.step_ring import StepRing, attach_ring
+    from otel_train.recording.step_ring_reader import StepRingReader
+
+    rec = Recorder(100, DropCounter(), None)
+    ring = StepRing.create(1 << 16)
+    attach_ring(rec, ring)
+    for step in rec.steps(range(40), loader="train"):
+        with step.phase("forward"):
+            pass
+        if step.index % 9 == 4:
+            step.set_attribute("loss", step.index / 7)
+        with step.monitor("val_loss"):
+            pass
+    steps = [s for s in StepRingReader(ring).read() if s != "queued"]
+    assert len(steps) == 40 and any(s.attrs for s in steps)
+
+    def built(c: bool) -> list:
+        if not c:
+            monkeypatch.setattr(step_records_module, "_flat_records", None)
+        b = StepRecordBuilder(IDENT, RESOURCE, SCOPE, False, "cpu", lambda t: t % 3 > 0, 10**18,
+                              host_rss_every_steps=rss_every)
+        random.seed(9)
+        failed = []
+        out = b.step_records(steps, lambda s, e: failed.append(e))
+        assert not failed
+        read = [r[6].pop("train.memory.host_rss_bytes", None) is not None for r in out]
+        assert sum(read) == (10 if rss_every else 0)  # steps 0, 4, ..., 36
+        return out
+
+    c_built = built(True)
+    assert built(False) == c_built
+    assert {r[3] for r in c_built} == {0, 1}  # the builder's sampling decision, each

@@ -183,3 +183,54 @@ def test_a_frame_of_views_goes_to_each_processor_in_turn_in_order_a_failure_coun
                     ("reads", "step slow=True", 1), ("reads", "op", 1),
                     ("reads", "step slow=False", 2)]
     assert shared.errors == 1 and shared._assembler.views == 4
+
+
+def test_a_frame_of_steps_alone_goes_to_each_processor_in_one_call_a_failing_step_counted(
+) -> None:
+    """A frame with no operation: each processor outside a view-by-view group takes it in
+    one on_steps call (its own, or the default, on_step each); a step it fails on is
+    counted and the rest of the frame still reaches it and the processors after it; an
+    on_steps that raises past its own guard is counted too, and starves nobody."""
+    from otel_train.records.span_rows import view_from_record
+
+    seen: list[tuple[str, int]] = []
+
+    class Default(StepViewProcessor):
+        def on_step(self, view: StepView) -> None:
+            if view.step == 1:
+                raise RuntimeError("bug")
+            seen.append(("default", view.step))
+
+    class Batch(StepViewProcessor):
+        calls = 0
+
+        def on_steps(self, views, failed) -> None:
+            Batch.calls += 1
+            for view in views:
+                seen.append(("batch", view.step))
+
+    class Unguarded(StepViewProcessor):
+        def on_steps(self, views, failed) -> None:
+            raise RuntimeError("bug")
+
+    class Grouped(StepViewProcessor):  # view by view, with the next one
+        view_by_view = True
+
+        def on_step(self, view: StepView) -> None:
+            if view.step == 2:
+                raise RuntimeError("bug")
+            seen.append(("grouped", view.step))
+
+    class Last(Grouped):
+        def on_step(self, view: StepView) -> None:
+            seen.append(("last", view.step))
+
+    phase = ("forward", "train", None, 5, 1, 7, 100, 105, None, (), None, None)
+    views = [view_from_record(("train.step", 1, 7, 1, 100, 110, {A.STEP: i}, None, (),
+                                [phase], None), 0) for i in range(3)]
+    shared = SharedStepSpanProcessor([Default(), Batch(), Unguarded(), Grouped(), Last()])
+    shared.on_views(views)
+    assert seen == [("default", 0), ("default", 2), ("batch", 0), ("batch", 1), ("batch", 2),
+                    ("grouped", 0), ("last", 0), ("grouped", 1), ("last", 1),
+                    ("last", 2)]
+    assert Batch.calls == 1 and shared.errors == 3 and shared._assembler.views == 3

@@ -139,7 +139,34 @@ as_u64(PyObject *o, uint64_t *out)
     if (!PyLong_Check(o)) {
         return 0;
     }
+    /* Below 2**63 (times, most ids) read digit by digit; PyLong_AsUnsignedLongLong goes
+     * through a byte array, the most of this encoder's CPU when every field took it. */
+    int overflow;
+    long long small = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow == 0) {
+        if (small == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (small < 0) {
+            return 0;
+        }
+        *out = (uint64_t)small;
+        return 1;
+    }
+    if (overflow < 0) {
+        return 0;
+    }
+#if PY_VERSION_HEX < 0x030E0000
+    /* 2**63 and over: exact when it needs at most 64 bits (read modulo 2**64 then). */
+    if ((int64_t)_PyLong_NumBits(o) > 64) {
+        PyErr_Clear();
+        return 0;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(o);
+#else
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
+#endif
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
@@ -608,6 +635,84 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* steps_fields(recs, start, ids, at, constants_block, constant_keys, out) -> (k, at):
+ * from recs[start] on, each record's spans as step_fields writes them, appended to `out`,
+ * its phases' span ids taken from ids[at:] in turn; stops at the first record it does not
+ * encode (k, with `at` where its ids begin): one with no phases or ids of its own (it draws
+ * none from `ids`), one whose ids `ids` runs out of, one this encoder leaves to Python, or
+ * one that fails here (the Python encodes it, and reports its own error). One call a frame
+ * of the usual steps (span_fields.encode_frame), not one a record. */
+static PyObject *
+steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyList_Check(args[2])
+        || !PyBytes_Check(args[4]) || !PyAnySet_Check(args[5]) || !PyList_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "steps_fields(recs: list, start, ids: list, at, constants_block: bytes, "
+                        "constant_keys: set, out: list)");
+        return NULL;
+    }
+    if (k_step == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "steps_fields: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]), at = PyLong_AsSsize_t(args[3]);
+    if ((k == -1 || at == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *recs = args[0], *ids = args[2], *out = args[6];
+    Step st = {0, 0, args[4], args[5], NULL, 1};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k_timing); i++) {
+        if (is_constant(&st, PyTuple_GET_ITEM(k_timing, i))) {
+            st.timing_fast = 0;
+        }
+    }
+    Buf b;
+    b.p = b.local;
+    b.len = 0;
+    b.cap = sizeof(b.local);
+    int failed = 0;
+    for (; k >= 0 && k < PyList_GET_SIZE(recs); k++) {
+        PyObject *rec = PyList_GET_ITEM(recs, k);
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
+            break;
+        }
+        PyObject *phases = PyTuple_GET_ITEM(rec, C_PHASES), *own = PyTuple_GET_ITEM(rec, C_IDS);
+        if ((!PyList_CheckExact(phases) && !PyTuple_CheckExact(phases)) || own != Py_None) {
+            break;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(phases);
+        if (n == 0 || at + n > PyList_GET_SIZE(ids)) {
+            break;
+        }
+        PyObject *span_ids = PyList_GetSlice(ids, at, at + n);
+        if (span_ids == NULL) {
+            failed = 1;
+            break;
+        }
+        Py_ssize_t before = PyList_GET_SIZE(out);
+        Py_INCREF(rec);
+        int done = encode(&b, rec, span_ids, out, &st);
+        Py_DECREF(rec);
+        Py_DECREF(span_ids);
+        if (done != DONE) {  /* its spans so far out again: the record is Python's */
+            PyErr_Clear();
+            if (PyList_SetSlice(out, before, PyList_GET_SIZE(out), NULL) < 0) {
+                failed = 1;
+            }
+            break;
+        }
+        at += n;
+    }
+    if (b.p != b.local) {
+        PyMem_Free(b.p);
+    }
+    if (failed) {
+        return NULL;
+    }
+    return Py_BuildValue("(nn)", k, at);
+}
+
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
@@ -631,6 +736,10 @@ static PyMethodDef methods[] = {
      "step_fields(rec, span_ids, constants_block, constant_keys) -> list[bytes] | None\n\n"
      "A step record's spans as ScopeSpans.spans fields, the bytes _Encoder.record makes;\n"
      "None for a record this encoder leaves to Python."},
+    {"steps_fields", (PyCFunction)(void (*)(void))steps_fields, METH_FASTCALL,
+     "steps_fields(recs, start, ids, at, constants_block, constant_keys, out) -> (k, at)\n\n"
+     "Records' spans from recs[start] on, appended to out, their phase ids from ids[at:],\n"
+     "up to the first record left to Python (its index, and where its ids begin)."},
     {"configure", configure, METH_VARARGS,
      "configure(step, phase, kind, loader, slow, timing_keys, kind_internal, unset_local)"},
     {NULL, NULL, 0, NULL}};

@@ -98,6 +98,8 @@ class _Encoder:
                              "here, or OTEL_TRAIN_PURE_PYTHON is set")
         self._step_fields = (_encode_c.step_fields if _encode_c is not None
                              and accelerated is not False else None)
+        self._steps_fields = (_encode_c.steps_fields if self._step_fields is not None
+                              else None)
         self.records_in_c = 0
         self.records_in_python = 0
         self._kv: dict[bytes, KeyValueCache[bytes]] = {}  # per field tag
@@ -224,7 +226,20 @@ class _Encoder:
         self._last_constants = (constants, (consts, keys, block), keys.isdisjoint(_PHASE_KEYS))
         return consts, keys, block
 
-    def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any]) -> list[bytes]:
+    def frame_parts(self, constants: Mapping[str, Any]) -> tuple[frozenset[str], bytes, Any]:
+        """What encoding a frame of records (``span_fields.encode_frame``) reads of this
+        encoder for ``constants``: their keys, their attribute block, and the C encoder of a
+        frame's usual steps (None where the Python encodes them, or where a run constant is
+        named like a phase attribute and the rows' rules apply)."""
+        last = self._last_constants  # the run's one mapping, every frame: no call for it
+        if last is None or last[0] is not constants:
+            self._constants(constants)
+            last = self._last_constants
+        (_, keys, block), phase_keys_free = last[1], last[2]  # type: ignore[index]
+        return keys, block, self._steps_fields if phase_keys_free else None
+
+    def record(self, rec: tuple[Any, ...], constants: Mapping[str, Any],
+               span_ids: list[int] | None = None) -> list[bytes]:
         """The Span messages of one span record (span_rows.py) as ScopeSpans.spans fields
         (tag, length, message), in ``rows_from_record``'s order and with its span ids: the
         same bytes as encoding its rows, no row made.
@@ -246,7 +261,8 @@ class _Encoder:
             # attribute: the rows' own rules.
             return [W.span_field(self.row(r, consts, keys, block))
                     for r in _rows.rows_from_record(rec)]
-        span_ids = _phase_span_ids(phases, rec[_C_IDS])
+        if span_ids is None:
+            span_ids = _phase_span_ids(phases, rec[_C_IDS])
         if self._step_fields is not None:
             fields = self._step_fields(rec, span_ids, block, keys)
             if fields is not None:
@@ -456,20 +472,3 @@ class _Encoder:
 def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:
     """A cached span head: its name and kind fields, attribute fields, and their length."""
     return fields, attributes, len(fields) + len(attributes)
-
-
-class OtlpSpanFields:
-    """An OTLP exporter's queue items: encoded spans (ScopeSpans.spans fields), made where
-    records arrive, with caches of their own (the export thread encodes requests apart)."""
-
-    def __init__(self, run_constants: Mapping[str, Any]) -> None:
-        self._encoder = _Encoder()
-        self._constants = dict(run_constants)  # one object: the record cache goes by identity
-
-    def from_record(self, rec: tuple[Any, ...]) -> list[bytes]:
-        """One step's (or operation's) encoded spans."""
-        return self._encoder.record(rec, self._constants)
-
-    def from_row(self, row: tuple[Any, ...]) -> bytes:
-        """One span row, encoded."""
-        return self._encoder.row_field(row, self._constants)

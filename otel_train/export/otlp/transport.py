@@ -43,7 +43,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_train.common import sdk_private
 from otel_train.common.sdk_config import DEFAULT_MAX_REQUEST_BYTES, redact_url
-from otel_train.export.otlp.encoding import OtlpSpanFields, _Encoder
+from otel_train.export.otlp.encoding import _Encoder
+from otel_train.export.otlp.span_fields import OtlpSpanFields
 from otel_train.export.otlp.failure_words import (
     grpc_error_words,
     http_error_words,

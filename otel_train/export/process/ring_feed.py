@@ -50,7 +50,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.rate_limited_log import RateLimitedLogger
-from otel_train.common.self_cost import is_cold_step
+from otel_train.export.process.ring_build import RingRecordBuilds
 from otel_train.export.process.ring_pace import RingPace
 from otel_train.export.process.ring_settle import RingSettlement
 from otel_train.recording.collectives import CollectiveLog
@@ -125,11 +125,9 @@ class ChildRingFeed:
         # Accounting: the hand-overs to the stage and what of them is settled.
         self.settlement = RingSettlement(self._reader)
         self._position = self._reader.position  # after the last item handed on
-        # Own cost (the training process's SelfCostMeter): what it would have counted.
-        self.steps = 0
-        self.warm_spans = 0
-        self.cold_spans = 0
-        self.last_end_ns = 0
+        # The steps' records, and (for the training process's own cost) what it would have
+        # counted of them (ring_build.py).
+        self._builds = RingRecordBuilds(builder, child.drops, self.settlement, self._warn)
         self.markers_unmatched = 0
         self.late_records = 0
         self._thread = threading.Thread(target=self._run, name="otel-train-ring", daemon=True)
@@ -224,50 +222,48 @@ class ChildRingFeed:
 
     def _pass(self, final: bool) -> bool:
         """One batch: read, build, hand on; True when something moved. ``final``: nothing
-        more will come (the stop): a marker's record is not waited for."""
+        more will come (the stop): a marker's record is not waited for. Each run of steps
+        between markers is built in one call (ring_build.py)."""
         items = self._items
         if len(items) < _BATCH_ITEMS:
             items.extend(self._reader.read_items(_BATCH_ITEMS - len(items)))
+        # Whether the run times collectives, read once after the read: the writer says so
+        # before it writes the first step that waits for them, so a step read before this
+        # read of the flag saw it set if it had to.
+        comm = (self._builder.collectives is not None or self._reader.collectives_timed()) \
+            and not final
         moved = False
         batch: list[Any] = []
+        run: list[Any] = []  # steps to build, in order
         batch_end = self._position
+        popleft = items.popleft
         while items:
             item, end, ordinal = items[0]
             if item is QUEUED:
+                if run:
+                    batch += self._build_run(run)
+                    run = []
                 if batch:
                     self._hand_on(batch, [], batch_end)
                     batch = []
-                self._markers = max(self._markers, ordinal)
-                self._late_frames()  # records whose markers were passed over, first
-                self._release_done_frames(self._position)  # frames of rows alone, first
-                rec = self._match(ordinal, final)
-                if rec is _WAIT:
+                if not self._at_marker(ordinal, end, final):
                     return moved
-                items.popleft()
-                self._markers = max(self._markers, ordinal + 1)
-                if rec is not None:
-                    self._hand_frame_record(rec, end)
-                else:
-                    self._position = max(self._position, end)
-                    self._mark(self._position)
-                self._release_done_frames(self._position)
                 batch_end = self._position
                 moved = True
                 continue
-            if not final and self._comm_pending(item.end_ns):
+            if comm and self._comm_pending(item.end_ns):
                 break
             if self._first_start_ns is None and not self._startup_done:
-                if not self._ready_known and not final and \
-                        time.monotonic() - self._started < _READY_WAIT_SECONDS:
+                if self._first_waits(final):
                     break  # the first step waits for start_run's time (bounded)
                 self._first_start_ns = item.start_ns
                 self._emit_startup()
-            items.popleft()
-            rec = self._build(item)
-            if rec is not None:
-                batch.append(rec)
+            popleft()
+            run.append(item)
             batch_end = end
             moved = True
+        if run:
+            batch += self._build_run(run)
         if batch:
             self._hand_on(batch, [], batch_end)
         elif batch_end > self._position:
@@ -277,6 +273,30 @@ class ChildRingFeed:
             moved = self._late_frames() or moved
         self._release_done_frames(self._position)
         return moved
+
+    def _at_marker(self, ordinal: int, end: int, final: bool) -> bool:
+        """Marker ``ordinal`` at the head of the items: its record handed on, or passed over
+        (counted); False while it waits for the record."""
+        self._markers = max(self._markers, ordinal)
+        self._late_frames()  # records whose markers were passed over, first
+        self._release_done_frames(self._position)  # frames of rows alone, first
+        rec = self._match(ordinal, final)
+        if rec is _WAIT:
+            return False
+        self._items.popleft()
+        self._markers = max(self._markers, ordinal + 1)
+        if rec is not None:
+            self._hand_frame_record(rec, end)
+        else:
+            self._position = max(self._position, end)
+            self._mark(self._position)
+        self._release_done_frames(self._position)
+        return True
+
+    def _first_waits(self, final: bool) -> bool:
+        """The run's first step waits for start_run's time (``set_ready``), bounded."""
+        return (not self._ready_known and not final
+                and time.monotonic() - self._started < _READY_WAIT_SECONDS)
 
     def _comm_pending(self, end_ns: int) -> bool:
         """The run times collectives and their entries do not cover a step ending at
@@ -303,25 +323,13 @@ class ChildRingFeed:
         if extra:
             rec[C_ATTRS].update(extra)
 
-    def _build(self, step: Any) -> tuple[Any, ...] | None:
-        try:
-            rec = self._builder.record(step)
-        except Exception as exc:
-            spans = step.span_count()
-            self._child.drops.add("build_error", spans)
-            self.settlement.stage_in += spans  # settled at once: counted dropped
-            self._warn.warning("build", "otel-train: could not build spans: %r", exc)
-            return None
-        if not self._first_done:
-            self._first_step(rec)
-        spans = record_span_count(rec)
-        self.steps += 1
-        if is_cold_step(step.end_ns - step.start_ns, spans):
-            self.cold_spans += spans
-        else:
-            self.warm_spans += spans
-        self.last_end_ns = max(self.last_end_ns, step.end_ns)
-        return rec
+    def _build_run(self, steps: list[Any]) -> list[tuple[Any, ...]]:
+        """The records of a run of ring steps (the first step's carries a resumed run's
+        attributes)."""
+        recs = self._builds.build(steps)
+        if recs and not self._first_done:
+            self._first_step(recs[0])
+        return recs
 
     def _emit_startup(self) -> None:
         """The run's train.startup record, ahead of its first step's (made here: the first
@@ -339,7 +347,7 @@ class ChildRingFeed:
             self.settlement.stage_in += 1
             self._warn.warning("build", "otel-train: could not build train.startup: %r", exc)
             return
-        self.warm_spans += record_span_count(rec)
+        self._builds.warm_spans += record_span_count(rec)
         self._hand_on([rec], [], self._position)
 
     def _match(self, ordinal: int, final: bool) -> Any:
@@ -459,9 +467,10 @@ class ChildRingFeed:
 
     def counts(self) -> dict[str, Any]:
         """What the training process reads of this reader in each count report."""
-        return {**self.settlement.counts(), "steps": self.steps,
-                "warm_spans": self.warm_spans, "cold_spans": self.cold_spans,
-                "last_end_ns": self.last_end_ns, "first_start_ns": self._first_start_ns,
+        builds = self._builds
+        return {**self.settlement.counts(), "steps": builds.steps,
+                "warm_spans": builds.warm_spans, "cold_spans": builds.cold_spans,
+                "last_end_ns": builds.last_end_ns, "first_start_ns": self._first_start_ns,
                 "startup_done": self._startup_done, "markers_unmatched": self.markers_unmatched,
                 "late_records": self.late_records}
 

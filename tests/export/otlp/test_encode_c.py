@@ -19,6 +19,7 @@ from train_helpers import clean_env  # noqa: F401
 
 from otel_train.export.otlp import encoding
 from otel_train.export.otlp.encoding import _Encoder
+from otel_train.export.otlp.span_fields import encode_frame
 
 needs_c = pytest.mark.skipif(not encoding.ACCELERATED,
                              reason="the C span encoder was not built here (CI requires it)")
@@ -295,3 +296,60 @@ def test_the_python_encoder_alone_passes_the_encoding_tests():
         cwd=tests, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+@needs_c
+def test_ids_and_times_at_the_edges_of_64_bits_are_written_by_the_c_encoder_as_by_the_python():
+    """Ints read digit by digit below 2**63 and by their bit count above: every id and time
+    up to 2**64 - 1 is written in C, the same bytes; 2**64 and negatives go to Python."""
+    rec = ("train.step", 2**127 + 5, 2**63, 1, 10, 2**64 - 1, {STEP: 1, SLOW: False}, None,
+           (), [("forward", "compute", None, 5, 1, 2**63, 2**62, 2**63 - 1, None, (), None,
+                 None)], {0: 2**64 - 1})
+    for root, start, end, phase_end in ((2**63, 10, 2**64 - 1, 2**63 - 1),
+                                        (2**64 - 1, 2**63, 2**63 + 1, 2**64 - 1),
+                                        (1, 1, 2**62, 2**63)):
+        r = _with(_with(rec, root=root, end=end), start=start,
+                  phases=[_phase(rec[9][0], end=phase_end, parent=root)])
+        want, got, c = _both(r, {"run": "x"}, 3)
+        assert c and got == want, (root, start, end, phase_end)
+    for odd in (_with(rec, end=2**64), _with(rec, start=-5), _with(rec, ids={0: -1})):
+        outcomes = []
+        for accelerated in (False, True):
+            enc = _Encoder(accelerated=accelerated)
+            random.seed(3)
+            try:
+                outcomes.append(enc.record(odd, {"run": "x"}))
+            except Exception as exc:
+                outcomes.append(type(exc))
+            assert enc.records_in_c == 0
+        assert outcomes[0] == outcomes[1], (odd, outcomes)
+
+
+@needs_c
+def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
+    """encode_frame with the C (steps_fields: runs of the usual step in one call, a
+    record it leaves, half encoded, given back to the Python) against the Python encoder
+    alone: the same fields, the same ids drawn, the same record handed over as failed."""
+    records, _, factory = _records(tmp_path)
+    step = _flat(records)
+    shapes = list(_usual_shapes(step).values())
+    odd = list(_odd_shapes(step).values())
+    broken = _with(step, phases=[("forward",)])
+    frame = []
+    for i in range(40):  # usual runs broken by odd records, now and then
+        frame.append(shapes[i % len(shapes)])
+        if i % 7 == 3:
+            frame.append(odd[i % len(odd)])
+    frame += records + [broken] + shapes
+    outcomes = []
+    for accelerated in (False, True):
+        enc = _Encoder(accelerated=accelerated)
+        random.seed(21)
+        failed = []
+        fields = encode_frame(enc, frame, factory.run_constants,
+                              lambda r, e: failed.append(r))
+        outcomes.append((fields, failed, random.getrandbits(64)))
+        if accelerated:
+            assert enc.records_in_c >= 40
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == [broken]

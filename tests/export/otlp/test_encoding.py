@@ -17,6 +17,7 @@ from span_samples import _records, _records_and_rows
 from train_helpers import clean_env  # noqa: F401
 
 from otel_train.export.otlp.encoding import _Encoder
+from otel_train.export.otlp.span_fields import encode_frame
 from otel_train.records.span_rows import RowSpanFactory
 
 
@@ -322,3 +323,35 @@ def test_phases_whose_own_attributes_are_only_their_device_timing_stay_on_the_fa
     want = _fields([enc.row(r, c2, k2, b2) for r in rows_from_record(timed)])
     random.seed(7)
     assert _Encoder().record(timed, factory.run_constants) == want
+
+
+def test_records_encoded_together_are_the_bytes_of_each_encoded_alone_with_the_same_ids(
+        tmp_path):
+    """encode_frame (the export stage's frames) draws each run's phase ids at once: the
+    same ids as a draw a record, whatever the records between (operations with no phases,
+    records with ids handed to user spans, one that cannot be encoded, which is handed over
+    while the others go on)."""
+    import random
+
+    records, _, factory = _records(tmp_path)
+    records += _odd_records(records)
+    step = next(r for r in records if r[9])
+    own_ids = step[:10] + ({0: 99, 1: 98},)
+    broken = step[:9] + ([("forward",)],) + step[10:]  # a phase the encoders cannot read
+    mixed = records[:3] + [own_ids] + records[3:] + [broken] + records[:2]
+    constants = factory.run_constants
+    random.seed(4)
+    alone = []
+    for rec in mixed:
+        try:
+            alone += _Encoder().record(rec, constants)
+        except Exception:
+            pass
+    after = random.getrandbits(64)
+    random.seed(4)
+    failed = []
+    together = encode_frame(_Encoder(), mixed, constants,
+                            lambda rec, exc: failed.append(rec))
+    assert together == alone and failed == [broken]
+    assert random.getrandbits(64) == after
+    assert any(r[9] is None for r in mixed) and any(r[10] for r in mixed)
