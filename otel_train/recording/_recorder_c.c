@@ -143,12 +143,12 @@ static PyMethodDef recorder_c_functions[] = {
      "offset_ns, last_bound, span_name, constants): a flat step's span record (twin: "
      "records.step_records.StepRecordBuilder._step_record), None for any other event list."},
     {"flat_step_records", (PyCFunction)(void (*)(void))otr_flat_step_records, METH_FASTCALL,
-     "flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns, "
+     "flat_step_records(steps, start, root_ids, trace_head, is_sampled, offset_ns, "
      "last_bound, span_name, constants, out, rss_every, ids_at) -> int: ring steps' records "
      "from steps[start] on, appended to out, up to the first it does not build (its index)"},
     {"ring_trace_id", (PyCFunction)(void (*)(void))otr_ring_trace_id, METH_FASTCALL,
-     "ring_trace_id(prefix, index) -> int | None: blake2b(prefix + str(index), "
-     "digest_size=16) as an int, step_trace_id's"},
+     "ring_trace_id(head, index) -> int | None: a copy of head (hashlib.blake2b of the run "
+     "id's part, digest_size=16) fed str(index), as an int: step_trace_id's"},
     {"ring_read_items", (PyCFunction)(void (*)(void))otr_ring_read_items, METH_FASTCALL,
      "ring_read_items(buffer, capacity, position, max_items, move_tail, strings, phases, "
      "phase_type, step_type, queued): ([(item, end, ordinal)], position) of the step ring's "

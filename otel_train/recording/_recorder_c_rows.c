@@ -367,115 +367,15 @@ flat_step_record_impl(PyObject *const *args, EntryCache *cache)
 
 /* ---- flat_step_records: a batch of ring steps' records, their trace ids included ------ */
 
-/* BLAKE2b (RFC 7693) with a 16-byte digest and no key: identity.step_trace_id's hash,
- * blake2b(f"{run_id}\x00{step}".encode(), digest_size=16), computed here so that a ring
- * step's trace id costs no Python (hashlib's copy, update and digest were a third of a
- * ring step's build). Tested against hashlib (tests/records/test_step_records.py). */
-static const uint64_t b2b_iv[8] = {
-    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-    0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-    0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static PyObject *rows_s_copy, *rows_s_update, *rows_s_digest;
 
-static const uint8_t b2b_sigma[12][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
-    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
-    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
-    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
-    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
-
-#define B2B_ROTR(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
-#define B2B_G(a, b, c, d, x, y)                 \
-    do {                                        \
-        v[a] = v[a] + v[b] + (x);               \
-        v[d] = B2B_ROTR(v[d] ^ v[a], 32);       \
-        v[c] = v[c] + v[d];                     \
-        v[b] = B2B_ROTR(v[b] ^ v[c], 24);       \
-        v[a] = v[a] + v[b] + (y);               \
-        v[d] = B2B_ROTR(v[d] ^ v[a], 16);       \
-        v[c] = v[c] + v[d];                     \
-        v[b] = B2B_ROTR(v[b] ^ v[c], 63);       \
-    } while (0)
-
-static void
-b2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t counted, int last)
-{
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 16; i++) {
-        uint64_t w = 0;
-        for (int k = 7; k >= 0; k--) {
-            w = (w << 8) | block[8 * i + k];  /* little endian */
-        }
-        m[i] = w;
-    }
-    for (int i = 0; i < 8; i++) {
-        v[i] = h[i];
-        v[i + 8] = b2b_iv[i];
-    }
-    v[12] ^= counted;  /* the byte count's low word; the high one stays 0 here */
-    if (last) {
-        v[14] = ~v[14];
-    }
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *s = b2b_sigma[r];
-        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
-        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
-        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
-        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
-        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
-        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
-        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
-        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
-    }
-    for (int i = 0; i < 8; i++) {
-        h[i] ^= v[i] ^ v[i + 8];
-    }
-}
-
-/* The 16-byte digest of head (head_len bytes) then tail (tail_len bytes), big endian
- * into *hi and *lo as int.from_bytes(digest, "big") reads it. */
-static void
-b2b_16(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
-       uint64_t *hi, uint64_t *lo)
-{
-    uint64_t h[8];
-    uint8_t block[128];
-    size_t fill = 0, total = head_len + tail_len, done = 0;
-    memcpy(h, b2b_iv, sizeof(h));
-    h[0] ^= 0x01010000ULL ^ 16;  /* no key, a 16-byte digest */
-    for (size_t at = 0; at < total; at++) {
-        if (fill == 128) {  /* a full block with more to come */
-            done += 128;
-            b2b_compress(h, block, done, 0);
-            fill = 0;
-        }
-        block[fill++] = at < head_len ? head[at] : tail[at - head_len];
-    }
-    memset(block + fill, 0, 128 - fill);
-    b2b_compress(h, block, done + fill, 1);
-    uint8_t digest[16];
-    for (int i = 0; i < 16; i++) {
-        digest[i] = (uint8_t)(h[i / 8] >> (8 * (i % 8)));
-    }
-    uint64_t a = 0, b = 0;
-    for (int i = 0; i < 8; i++) {
-        a = (a << 8) | digest[i];
-        b = (b << 8) | digest[8 + i];
-    }
-    *hi = a;
-    *lo = b;
-}
-
-/* The trace id of step `index` (an exact int within 64 bits): NULL with no error set when
- * it is no such int (the caller's Python computes it). */
+/* The trace id of step `index` (an exact int within 64 bits), identity.step_trace_id's
+ * blake2b(f"{run_id}\x00{step}", digest_size=16): `head`, hashlib's blake2b object fed the
+ * run id's part, copied and fed the step's digits (hashlib's own C, without a Python frame
+ * a step). NULL with no error set when `index` is no such int (the caller's Python
+ * computes it). */
 static PyObject *
-ring_trace_id(PyObject *prefix, PyObject *index)
+ring_trace_id(PyObject *head, PyObject *index)
 {
     if (!PyLong_CheckExact(index)) {
         return NULL;
@@ -486,38 +386,60 @@ ring_trace_id(PyObject *prefix, PyObject *index)
         PyErr_Clear();
         return NULL;
     }
+    if (rows_s_digest == NULL
+        && ((rows_s_copy = PyUnicode_InternFromString("copy")) == NULL
+            || (rows_s_update = PyUnicode_InternFromString("update")) == NULL
+            || (rows_s_digest = PyUnicode_InternFromString("digest")) == NULL)) {
+        return NULL;
+    }
     char text[24];
     int n = snprintf(text, sizeof(text), "%lld", value);
-    uint64_t hi, lo;
-    b2b_16((const uint8_t *)PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix),
-           (const uint8_t *)text, (size_t)n, &hi, &lo);
-    if (hi == 0 && lo == 0) {
-        lo = 1;  /* 0 is the invalid trace id */
+    PyObject *hash = PyObject_CallMethodNoArgs(head, rows_s_copy), *tail = NULL, *r = NULL,
+             *digest = NULL, *out = NULL;
+    if (hash != NULL && (tail = PyBytes_FromStringAndSize(text, n)) != NULL
+        && (r = PyObject_CallMethodOneArg(hash, rows_s_update, tail)) != NULL
+        && (digest = PyObject_CallMethodNoArgs(hash, rows_s_digest)) != NULL) {
+        if (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 16) {
+            PyErr_SetString(PyExc_ValueError, "ring_trace_id: a 16-byte blake2b is needed");
+        }
+        else {
+            const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(digest);
+            uint64_t hi = 0, lo = 0;
+            for (int i = 0; i < 8; i++) {  /* int.from_bytes(digest, "big") */
+                hi = (hi << 8) | d[i];
+                lo = (lo << 8) | d[8 + i];
+            }
+            if (hi == 0 && lo == 0) {
+                lo = 1;  /* 0 is the invalid trace id */
+            }
+            PyObject *high = PyLong_FromUnsignedLongLong(hi), *low = NULL, *shift = NULL,
+                     *shifted = NULL;
+            if (high != NULL && (low = PyLong_FromUnsignedLongLong(lo)) != NULL
+                && (shift = PyLong_FromLong(64)) != NULL
+                && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
+                out = PyNumber_Or(shifted, low);
+            }
+            Py_XDECREF(high);
+            Py_XDECREF(low);
+            Py_XDECREF(shift);
+            Py_XDECREF(shifted);
+        }
     }
-    PyObject *high = PyLong_FromUnsignedLongLong(hi), *low = NULL, *shift = NULL,
-             *shifted = NULL, *out = NULL;
-    if (high != NULL && (low = PyLong_FromUnsignedLongLong(lo)) != NULL
-        && (shift = PyLong_FromLong(64)) != NULL
-        && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
-        out = PyNumber_Or(shifted, low);
-    }
-    Py_XDECREF(high);
-    Py_XDECREF(low);
-    Py_XDECREF(shift);
-    Py_XDECREF(shifted);
-    if (out == NULL && !PyErr_Occurred()) {
-        PyErr_NoMemory();
-    }
+    Py_XDECREF(hash);
+    Py_XDECREF(tail);
+    Py_XDECREF(r);
+    Py_XDECREF(digest);
     return out;
 }
 
-/* trace_id_of(prefix: bytes, index) -> int | None: blake2b(prefix + str(index)) as
- * step_trace_id reads it; None for an index that is no int within 64 bits. */
+/* ring_trace_id(head, index) -> int | None: head (hashlib.blake2b of the run id's part,
+ * digest_size=16) fed str(index), as step_trace_id reads it; None for an index that is no
+ * int within 64 bits. */
 PyObject *
 otr_ring_trace_id(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "ring_trace_id(prefix: bytes, index)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ring_trace_id(head, index)");
         return NULL;
     }
     PyObject *out = ring_trace_id(args[0], args[1]);
@@ -565,7 +487,7 @@ attr_empty(PyObject *step, PyObject *name)
     return truth < 0 ? -1 : !truth;
 }
 
-/* flat_step_records(steps, start, root_ids, trace_prefix, is_sampled, offset_ns,
+/* flat_step_records(steps, start, root_ids, trace_head, is_sampled, offset_ns,
  *                   last_bound, span_name, constants, out, rss_every, ids_at) -> int
  *
  * From steps[start] on, each step's record as flat_step_record makes it, appended to
@@ -582,10 +504,10 @@ PyObject *
 otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 12 || !PyList_Check(args[0]) || !PyList_Check(args[2])
-        || !PyBytes_Check(args[3]) || !PyList_Check(args[9])) {
+        || !PyList_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError,
-                        "flat_step_records(steps: list, start, root_ids: list, trace_prefix: "
-                        "bytes, is_sampled, offset_ns, last_bound, span_name, constants, "
+                        "flat_step_records(steps: list, start, root_ids: list, trace_head, "
+                        "is_sampled, offset_ns, last_bound, span_name, constants, "
                         "out: list, rss_every: int, ids_at: int)");
         return NULL;
     }
@@ -613,7 +535,7 @@ otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     }
     EntryCache cache;
     cache.n = 0;
-    PyObject *steps = args[0], *root_ids = args[2], *prefix = args[3], *is_sampled = args[4];
+    PyObject *steps = args[0], *root_ids = args[2], *trace_head = args[3], *is_sampled = args[4];
     PyObject *out = args[9];
     Py_ssize_t k = start < 0 ? 0 : start;
     for (; k < PyList_GET_SIZE(steps); k++) {
@@ -654,7 +576,7 @@ otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
                 goto stop;
             }
         }
-        trace = ring_trace_id(prefix, f[2]);
+        trace = ring_trace_id(trace_head, f[2]);
         if (trace == NULL) {
             goto stop;  /* an index that is no 64-bit int: Python's hash */
         }

@@ -4,7 +4,8 @@
 time in the exporter process. Two things it would otherwise work out per step:
 
 - :func:`step_trace_ids`: ``identity.step_trace_id`` for one run, the hash of the run id's
-  part made once and copied for each step (its C twin hashes in ``flat_step_records``);
+  part made once (:func:`step_trace_head`) and copied for each step, here and in C
+  (``flat_step_records``);
 - :func:`may_carry_rare_fields`: whether a step's class can hold the stall watchdog's or the
   governing schedule's events at all (the ring's ``RingStep`` cannot: slots alone), read
   once per class rather than two failed attribute lookups a step.
@@ -20,18 +21,29 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 from otel_train.common.identity import step_trace_id
 
-__all__ = ["may_carry_rare_fields", "step_trace_ids"]
+__all__ = ["may_carry_rare_fields", "step_trace_head", "step_trace_ids"]
+
+
+def step_trace_head(run_id: str) -> Any:
+    """hashlib's blake2b fed the run id's part of ``identity.step_trace_id``'s input, to be
+    copied and fed each step's index; None where the run id cannot be encoded (then
+    step_trace_id raises for each step, as it would)."""
+    try:
+        return hashlib.blake2b(f"{run_id}\x00".encode(), digest_size=16)
+    except UnicodeEncodeError:
+        return None
 
 
 def step_trace_ids(run_id: str) -> Callable[[int], int]:
     """``identity.step_trace_id(run_id, step)`` for one run, for less CPU a step: the hash
-    of the run id's part is computed once and copied for each step."""
-    try:
-        head = hashlib.blake2b(f"{run_id}\x00".encode(), digest_size=16)
-    except UnicodeEncodeError:  # step_trace_id raises for each step, as it would
+    of the run id's part is computed once and copied for each step (``step_trace_head``,
+    which ``flat_step_records`` copies in C)."""
+    head = step_trace_head(run_id)
+    if head is None:
         return lambda step: step_trace_id(run_id, step)
     copy, from_bytes = head.copy, int.from_bytes
 

@@ -44,7 +44,7 @@ from otel_train.records.device_readings import (
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
-from otel_train.records.step_batch import may_carry_rare_fields, step_trace_ids
+from otel_train.records.step_batch import may_carry_rare_fields, step_trace_head, step_trace_ids
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_END,
@@ -144,10 +144,8 @@ class StepRecordBuilder:
         self.collectives: CollectiveLog | None = None
         self._trace_id_of = step_trace_ids(identity.run_id)
         self._rare_fields: dict[type, bool] = {}  # step_records: per step class
-        try:  # what flat_step_records hashes each step's index after (step_trace_id's)
-            self._trace_prefix: bytes | None = f"{identity.run_id}\x00".encode()
-        except UnicodeEncodeError:  # step_trace_id raises for each step, as it does
-            self._trace_prefix = None
+        # What flat_step_records copies and feeds each step's index (step_trace_id's hash).
+        self._trace_head = step_trace_head(identity.run_id)
 
     @property
     def offset_ns(self) -> int:
@@ -194,14 +192,14 @@ class StepRecordBuilder:
         if self._own_timing or self.collectives:
             flat = None
         every = self.host_rss_every_steps
-        many = _flat_records if flat is not None and self._trace_prefix is not None else None
+        many = _flat_records if flat is not None and self._trace_head is not None else None
         if many is not None and any(self._carries_rare(kind) for kind in {type(s) for s in steps}):
             many = None  # a class that may hold a stall's or a schedule's events: one by one
         k = used = 0
         n = len(steps)
         while k < n:
             if many is not None:
-                j = many(steps, k, ids, self._trace_prefix, self.is_sampled, self._offset,
+                j = many(steps, k, ids, self._trace_head, self.is_sampled, self._offset,
                          self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS, out, every,
                          used)
                 used += j - k

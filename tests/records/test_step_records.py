@@ -21,6 +21,7 @@ from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.recording.recorder import MonitorRecord, Recorder, Step
 from otel_train.records.span_rows import rows_from_record
 from otel_train.records import step_records as step_records_module
+from otel_train.records.step_batch import step_trace_head
 from otel_train.records.step_records import StepRecordBuilder, epoch_offset_ns
 
 pytestmark = pytest.mark.timeout(30)
@@ -590,22 +591,23 @@ def test_a_batch_of_steps_gives_the_records_built_one_by_one_and_a_failing_step_
 @pytest.mark.skipif(step_records_module._flat_records is None,
                     reason="the C accelerator was not built here (CI requires it)")
 def test_ring_trace_ids_hashed_in_c_equal_step_trace_id_across_block_boundaries():
-    """The C BLAKE2b (flat_step_records' trace ids) against hashlib's, run ids from empty
-    to several 128-byte blocks (the step's digits crossing a block's end), any 64-bit
-    step; an index that is no 64-bit int is left to Python (None)."""
+    """flat_step_records' trace ids (hashlib's blake2b of the run id's part, copied and fed
+    the step's digits in C) against step_trace_id, run ids from empty to several 128-byte
+    blocks (the step's digits crossing a block's end), any 64-bit step; an index that is
+    no 64-bit int is left to Python (None)."""
     import random
 
     from otel_train.recording.recorder import _recorder_c
 
     rng = random.Random(2)
     for run_id in ["", "run-s", "é" * 63, *("x" * n for n in range(110, 131)), "y" * 300]:
-        prefix = f"{run_id}\x00".encode()
+        prefix = step_trace_head(run_id)
         for step in [0, 1, 9, 10, -1, 2**63 - 1, -2**63] + [rng.randrange(-2**63, 2**63)
                                                               for _ in range(20)]:
             assert _recorder_c.ring_trace_id(prefix, step) == step_trace_id(run_id, step), (
                 run_id, step)
-    assert _recorder_c.ring_trace_id(b"r\x00", 2**64) is None
-    assert _recorder_c.ring_trace_id(b"r\x00", True) is None  # bool: str() says "True"
+    assert _recorder_c.ring_trace_id(step_trace_head("r"), 2**64) is None
+    assert _recorder_c.ring_trace_id(step_trace_head("r"), True) is None  # str() says "True"
 
 
 @pytest.mark.parametrize("rss_every", [0, 4])
