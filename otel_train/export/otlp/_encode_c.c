@@ -588,6 +588,30 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
     return done != DONE ? done : append_span_field(b, out);
 }
 
+/* A run's encoding state from its constants' fields and names. A run constant named like
+ * the timing attributes (a run whose spans all share one timing): a phase's own timing
+ * attributes follow the rows' rules (Python). */
+static Step
+run_step(PyObject *block, PyObject *keys)
+{
+    Step st = {0, 0, block, keys, NULL, 1};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k_timing); i++) {
+        if (is_constant(&st, PyTuple_GET_ITEM(k_timing, i))) {
+            st.timing_fast = 0;
+        }
+    }
+    return st;
+}
+
+/* An empty buffer on its local storage. */
+static void
+buf_init(Buf *b)
+{
+    b->p = b->local;
+    b->len = 0;
+    b->cap = sizeof(b->local);
+}
+
 static PyObject *
 step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -604,18 +628,9 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
         Py_RETURN_NONE;
     }
-    Step st = {0, 0, args[2], args[3], NULL, 1};
-    /* A run constant named like the timing attributes (a run whose spans all share one
-     * timing): a phase's own timing attributes follow the rows' rules (Python). */
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k_timing); i++) {
-        if (is_constant(&st, PyTuple_GET_ITEM(k_timing, i))) {
-            st.timing_fast = 0;
-        }
-    }
+    Step st = run_step(args[2], args[3]);
     Buf b;
-    b.p = b.local;
-    b.len = 0;
-    b.cap = sizeof(b.local);
+    buf_init(&b);
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;
@@ -661,16 +676,9 @@ steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *recs = args[0], *ids = args[2], *out = args[6];
-    Step st = {0, 0, args[4], args[5], NULL, 1};
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(k_timing); i++) {
-        if (is_constant(&st, PyTuple_GET_ITEM(k_timing, i))) {
-            st.timing_fast = 0;
-        }
-    }
+    Step st = run_step(args[4], args[5]);
     Buf b;
-    b.p = b.local;
-    b.len = 0;
-    b.cap = sizeof(b.local);
+    buf_init(&b);
     int failed = 0;
     for (; k >= 0 && k < PyList_GET_SIZE(recs); k++) {
         PyObject *rec = PyList_GET_ITEM(recs, k);
