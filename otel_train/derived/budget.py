@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from functools import partial
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,7 +283,6 @@ def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> 
     return BudgetVerdict(snap.steady_ratio, snap.recent_ratio, snap.cumulative_ratio,
                          budget, critical)
 
-
 # Steps between two checks of the budget status, when none has material monitoring.
 _STATUS_CHECK_EVERY_STEPS = 8
 
@@ -291,8 +290,7 @@ _STATUS_CHECK_EVERY_STEPS = 8
 class BudgetSpanProcessor(StepViewProcessor):
     """Budget status and warnings; reads the figures of an ``OverheadSpanProcessor``.
 
-    Add it after the overhead processor (it reads the ratio the step just updated).
-    """
+    Add it after the overhead processor (it reads the ratio the step just updated)."""
 
     view_by_view = True  # the console reads its figures as of each step
     state_fields = ("_unchecked", "_worst_warned", "slow_operations", "warnings_logged",
@@ -357,6 +355,46 @@ class BudgetSpanProcessor(StepViewProcessor):
         self._unchecked += 1
         if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
             self._check_status()
+
+    def next_read(self, views: Sequence[StepView], start: int) -> int:
+        """The first view from ``start`` where ``on_step`` reads the overhead: a status check
+        (material monitoring, or its turn) or a slow operation's warning (the rank)."""
+        unchecked, budget, slow_ns = self._unchecked, self.budget, self._slow_op_ns
+        for i in range(start, len(views)):
+            view = views[i]
+            ops = view.operations
+            if ops:
+                for _name, dur in ops:
+                    if dur > slow_ns:
+                        return i
+                if view.monitor_ns * 2 >= budget * view.duration_ns:
+                    return i
+            unchecked += 1
+            if unchecked >= _STATUS_CHECK_EVERY_STEPS:
+                return i
+        return len(views)
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step``'s checks inline (with the console on, ``on_step``
+        on each: it tells the ordered log each step)."""
+        if self._log_at is not None:
+            super().on_steps(views, failed)
+            return
+        budget, check_status, check_ops = self.budget, self._check_status, self._check_operations
+        for view in views:
+            try:
+                ops = view.operations
+                if ops:
+                    check_ops(view)
+                    if view.monitor_ns * 2 >= budget * view.duration_ns:
+                        check_status()
+                        continue
+                self._unchecked += 1
+                if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
+                    check_status()
+            except Exception as exc:
+                failed(self, view, exc)
 
     def on_operation(self, view: StepView) -> None:
         """Check a monitoring operation done between steps."""

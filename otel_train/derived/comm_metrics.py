@@ -24,7 +24,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -38,6 +38,9 @@ from otel_train.records.steps_view import (
     set_span_attribute,
 )
 
+_EXPOSED = A.COMM_EXPOSED_SECONDS
+_NO_RANK = object()  # no rank seen yet (on_steps)
+
 
 class CommMetricsSpanProcessor(StepViewProcessor):
     """Collective counters per op and rank, exposed wait and own work per rank."""
@@ -50,6 +53,27 @@ class CommMetricsSpanProcessor(StepViewProcessor):
         self.by_op: dict[str, dict[str, list[float]]] = {}
         self.exposed_seconds: dict[str, float] = {}
         self.own_work_seconds: dict[str, float] = {}
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: a step that timed no collective (every step of a run without
+        them) adds its training time to the rank's own work inline, the rank's label made
+        once while it stays the same; the others go to ``on_step``."""
+        own_work, on_step = self.own_work_seconds, self.on_step
+        rank_obj: Any = _NO_RANK
+        rank = ""
+        for view in views:
+            try:
+                attrs = span_attributes(view.span)
+                if not view.is_step or attrs.get(_EXPOSED) is not None:
+                    on_step(view)
+                    continue
+                if view.rank is not rank_obj:
+                    rank_obj, rank = view.rank, str(view.rank)
+                own_work[rank] = own_work.get(rank, 0.0) + max(
+                    0, view.duration_ns - view.monitor_ns) / 1e9
+            except Exception as exc:
+                failed(self, view, exc)
 
     def on_step(self, view: StepView) -> None:
         """Add the step's collectives and own work to the rank's counters."""

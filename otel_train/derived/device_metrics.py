@@ -18,7 +18,8 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,6 +30,9 @@ from otel_train.common.sdk_private import span_attributes
 from otel_train.records.span_rows import P_EXTRA, P_NAME, P_STATUS
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
+_extra_of = itemgetter(P_EXTRA)  # a record phase's extra attributes (or None)
+_NO_RANK = object()  # no rank seen yet (on_steps)
+_BOUND, _IDLE, _RSS = A.STEP_BOUND, A.DEVICE_IDLE, A.HOST_RSS
 
 
 def root_attributes(view: StepView) -> dict[str, Any]:
@@ -43,6 +47,18 @@ def root_attributes(view: StepView) -> dict[str, Any]:
 def phase_extra(phase: tuple[Any, ...]) -> dict[str, Any] | None:
     """A record phase's extra attributes (device readings among them), or None."""
     return phase[P_EXTRA] if len(phase) > P_EXTRA else None
+
+
+def phases_have_extras(phases: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether any phase may carry extra attributes (device readings among them): False
+    for the usual record step's, in one C-level pass (``any`` over their extras); True
+    (look closer, phase by phase) for phases too short to hold them (an SDK span view's)."""
+    if not phases:
+        return False
+    try:
+        return any(map(_extra_of, phases))
+    except IndexError:
+        return True
 
 
 def out_of_memory_phase(view: StepView) -> tuple[str, int | None] | None:
@@ -98,6 +114,41 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
         self.peaks: dict[tuple[str, str, str], int] = {}  # (phase, pool, rank) -> bytes
         self.rss: dict[str, int] = {}  # rank -> bytes
 
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step``'s figures, the rank's label and the bound's key
+        made once while they stay the same; a step whose phases carry no extra attributes
+        (a CPU run's, every step: no device readings) has its phases skipped in one C-level
+        pass (``any`` over their extras) instead of a loop."""
+        bounds, idle, rss_by = self.bounds, self.idle, self.rss
+        rank_obj: Any = _NO_RANK
+        rank = ""
+        bound_obj: Any = _NO_RANK
+        bound_key: tuple[str, str] = ("", "")
+        for view in views:
+            try:
+                if view.rank is not rank_obj:
+                    rank_obj, rank = view.rank, str(view.rank)
+                    bound_obj = _NO_RANK
+                attrs = getattr(view.span, "_attributes", None)  # root_attributes, inline
+                if attrs is None:
+                    attrs = root_attributes(view)
+                bound = attrs.get(_BOUND)
+                if bound is not None:
+                    if bound is not bound_obj:
+                        bound_obj, bound_key = bound, (str(bound), rank)
+                    bounds[bound_key] = bounds.get(bound_key, 0) + 1
+                value = attrs.get(_IDLE)
+                if value is not None:
+                    idle[rank] = idle.get(rank, 0.0) + float(value)
+                value = attrs.get(_RSS)
+                if value is not None:
+                    rss_by[rank] = int(value)
+                if phases_have_extras(view.phases):
+                    self._phase_readings(view.phases, rank)
+            except Exception as exc:
+                failed(self, view, exc)
+
     def on_step(self, view: StepView) -> None:
         """Add the step's device readings and bound."""
         rank = str(view.rank)
@@ -112,7 +163,11 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
         rss = attrs.get(A.HOST_RSS)
         if rss is not None:
             self.rss[rank] = int(rss)
-        for ph in view.phases:
+        self._phase_readings(view.phases, rank)
+
+    def _phase_readings(self, phases: Sequence[tuple[Any, ...]], rank: str) -> None:
+        """Add the phases' device busy time and memory peaks (from their extras)."""
+        for ph in phases:
             # phase_extra(ph), inline: most phases carry none (a call per phase costs more)
             if len(ph) <= P_EXTRA or not ph[P_EXTRA]:
                 continue

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,47 @@ class GoodputSpanProcessor(StepViewProcessor):
                 self._saved()
         if view.end_ns > self.horizon_ns:
             self.horizon_ns = view.end_ns
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step``'s sums past the first step, in the same order, the
+        steps' and evaluation's running sums and the horizon in locals over the frame (a
+        dict item and two attributes written back once); the first step goes to ``on_step``."""
+        parts = self.parts_ns
+        steps, evaluation = parts["steps"], parts["evaluation"]
+        since_save, horizon = self.steps_since_save_ns, self.horizon_ns
+        try:
+            for view in views:
+                try:
+                    if not self.first_step_seen:
+                        parts["steps"], parts["evaluation"] = steps, evaluation
+                        self.steps_since_save_ns, self.horizon_ns = since_save, horizon
+                        self.on_step(view)
+                        steps, evaluation = parts["steps"], parts["evaluation"]
+                        since_save, horizon = self.steps_since_save_ns, self.horizon_ns
+                        continue
+                    monitor = view.monitor_ns
+                    train = view.duration_ns - monitor
+                    steps += train
+                    since_save += train
+                    if monitor:
+                        saved = 0
+                        for name, d in view.operations:
+                            if name == _CHECKPOINT:
+                                saved += d
+                        parts["checkpoint"] += saved
+                        evaluation += monitor - saved
+                        if saved:  # _saved(), inline
+                            self.checkpoint_saves += 1
+                            since_save = 0
+                    end = view.end_ns
+                    if end > horizon:
+                        horizon = end
+                except Exception as exc:
+                    failed(self, view, exc)
+        finally:
+            parts["steps"], parts["evaluation"] = steps, evaluation
+            self.steps_since_save_ns, self.horizon_ns = since_save, horizon
 
     def on_operation(self, view: StepView) -> None:
         """Between steps: start-up, a checkpoint, or evaluation."""

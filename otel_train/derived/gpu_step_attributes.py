@@ -59,6 +59,18 @@ class GpuStepAttributeSpanProcessor(StepViewProcessor):
         with self._rounds_lock:
             self._rounds.append(row)
 
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step`` on each once a GPU reading came; until then (a
+        CPU-only run, every step) a check a step and no call."""
+        rounds, on_step = self._rounds, self.on_step
+        for view in views:
+            if rounds:  # the sampler's thread may add the first round mid-frame
+                try:
+                    on_step(view)
+                except Exception as exc:
+                    failed(self, view, exc)
+
     def on_step(self, view: StepView) -> None:
         """Attach the readings that overlap the step to its root span."""
         rounds = self._rounds

@@ -37,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,7 @@ class OverheadSpanProcessor(StepViewProcessor):
     """Monitoring time / training time: recent window, cumulative, steady, per operation."""
 
     view_by_view = True  # the console reads its figures as of each step
+    reads_before = False  # first in its group: reads no one's figures
     state_fields = ("rank", "steps", "_last_step", "_wall_ns", "_monitor_ns", "_warmup_seen",
                     "_warmup_train_ns", "_recent", "_recent_wall", "_recent_monitor",
                     "_between_ns", "_ops")
@@ -173,6 +175,57 @@ class OverheadSpanProcessor(StepViewProcessor):
         self._recent_monitor += mon
         if view.operations:
             self._count_operations(view)
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: ``on_step`` while a step has more to do (the rank's first,
+        warm-up, operations between steps to fold in), then its sums in locals over the
+        rest of the frame, in ``on_step``'s order, written back once."""
+        on_step, n, i = self.on_step, len(views), 0
+        while i < n and (self.rank is None or self._between_ns
+                         or self._warmup_seen < self.warmup_steps):
+            try:
+                on_step(views[i])
+            except Exception as exc:
+                failed(self, views[i], exc)
+            i += 1
+        if i < n:
+            self._steady_steps(views, i, failed)
+
+    def _steady_steps(self, views: Sequence[StepView], first: int,
+                      failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """``on_step`` on ``views[first:]`` past warm-up, nothing between steps to fold in."""
+        between = 0  # stays 0: a frame of steps has no operation between them
+        steps, last_step, wall_ns, mon_ns = (self.steps, self._last_step, self._wall_ns,
+                                             self._monitor_ns)
+        recent, window = self._recent, self._window
+        rwall, rmon = self._recent_wall, self._recent_monitor
+        count_operations = self._count_operations
+        try:
+            for k in range(first, len(views)):
+                view = views[k]
+                try:
+                    wall = view.duration_ns + between
+                    mon = view.monitor_ns + between
+                    steps += 1
+                    last_step = view.step
+                    wall_ns += view.duration_ns
+                    mon_ns += view.monitor_ns
+                    if len(recent) >= window:
+                        old_wall, old_mon = recent.popleft()
+                        rwall -= old_wall
+                        rmon -= old_mon
+                    recent.append((wall, mon))
+                    rwall += wall
+                    rmon += mon
+                    if view.operations:
+                        count_operations(view)
+                except Exception as exc:
+                    failed(self, view, exc)
+        finally:
+            self.steps, self._last_step, self._wall_ns, self._monitor_ns = (
+                steps, last_step, wall_ns, mon_ns)
+            self._recent_wall, self._recent_monitor = rwall, rmon
 
     def on_operation(self, view: StepView) -> None:
         """Count monitoring done between steps (monitoring, not training)."""

@@ -33,7 +33,7 @@ Usage::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,7 @@ class ThroughputSpanProcessor(StepViewProcessor):
     """Tokens, samples, FLOPs per step; rates and MFU over the recent window."""
 
     view_by_view = True  # the console reads its figures as of each step
+    reads_before = False  # reads none of the overhead's or the budget's figures
     state_fields = ("rank", "_window", "_tokens_total", "_samples_total", "_flops",
                     "_counted_tokens", "_peak", "_dtype")
 
@@ -154,6 +155,29 @@ class ThroughputSpanProcessor(StepViewProcessor):
             set_span_attribute(span, A.MFU, flops / (view.duration_ns / 1e9) / self._peak)
         self._window.append((tokens, samples, flops, view.start_ns, view.end_ns,
                              _data_ns(view), 0))
+
+    def on_steps(self, views: Sequence[StepView],
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+        """A frame of steps: a step with nothing counted (no count attribute, none given
+        by option or carried: most runs, every step) added to the window inline, its data
+        time summed in the loop; the others go to ``on_step``."""
+        on_step, append = self.on_step, self._window.append
+        for view in views:
+            try:
+                attrs = span_attributes(view.span) or {}
+                if (self._flops is not None or self._const_tokens is not None
+                        or self._const_samples is not None
+                        or not attrs.keys().isdisjoint(_COUNT_KEYS)):
+                    on_step(view)
+                    continue
+                root, data = view.root_span_id, 0
+                for p in view.phases:  # _data_ns(view), inline
+                    if p[P_NAME] == _DATA_PHASE and p[P_KIND] == _TRAIN_KIND and (
+                            p[P_PARENT_ID] == root):
+                        data += p[P_DURATION]
+                append((None, None, None, view.start_ns, view.end_ns, data, 0))
+            except Exception as exc:
+                failed(self, view, exc)
 
     def _adopt_device(self, attrs: Any) -> None:
         """The dtype and the table's peak, as found once on the training thread."""

@@ -247,6 +247,10 @@ class StepViewProcessor(SpanProcessor):
     # figures *as of its step* (the console's verdict of step 10 is step 10's, not the
     # frame's end).
     view_by_view = False
+    # In a ``view_by_view`` group: whether this processor reads the figures of the members
+    # before it as of its step (the budget reads the overhead's, the console everyone's);
+    # where it does, ``next_read`` says at which views.
+    reads_before = True
 
     def __init__(self) -> None:
         self._lock: threading.RLock = threading.RLock()
@@ -297,6 +301,15 @@ class StepViewProcessor(SpanProcessor):
             except Exception as exc:
                 failed(self, view, exc)
 
+    def next_read(self, views: Sequence[StepView], start: int) -> int:
+        """In a ``view_by_view`` group fed a frame of steps: the index of the first view
+        from ``start`` at which this processor reads the figures of the members before it
+        (``len(views)``: none in the frame). Called before it takes ``views[start]``; the
+        group's members take the views up to that one a part of the frame at a time
+        (``SharedStepSpanProcessor.feed_group``). One that reads at a step it cannot tell
+        from the views keeps the default (every view) when ``reads_before``."""
+        return start if self.reads_before else len(views)
+
     def on_operation(self, view: StepView) -> None:
         """One monitoring operation done between steps."""
 
@@ -337,6 +350,11 @@ class SharedStepSpanProcessor(SpanProcessor):
                 self._groups[-1].append(member)
             else:
                 self._groups.append([member])
+        self._groups = [part for group in self._groups for part in _split_group(group)]
+        # Groups whose readers each say at which views they read (``next_read``): fed a
+        # part of the frame at a time, up to the next view a member reads at.
+        self._by_parts = {id(group) for group in self._groups
+                          if len(group) > 1 and all(_reads_known(m[0]) for m in group)}
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
@@ -372,6 +390,9 @@ class SharedStepSpanProcessor(SpanProcessor):
             except Exception as exc:  # an on_steps that does not guard its steps itself
                 self._failed(proc, views[0], exc)
             return
+        if steps_only and id(group) in self._by_parts:
+            self._feed_parts(group, views)
+            return
         if steps_only:  # view by view, together: each step to each member in turn
             members = [(proc, on_step) for proc, on_step, _ in group]
             for view in views:
@@ -390,6 +411,33 @@ class SharedStepSpanProcessor(SpanProcessor):
                         on_operation(view)
                 except Exception as exc:  # one processor's bug must not starve others
                     self._failed(proc, view, exc)
+
+    def _feed_parts(self, group: list[tuple[StepViewProcessor, Any, Any]],
+                    views: Sequence[StepView]) -> None:
+        """A group's frame of steps, a part at a time: the views up to the first one a
+        member reads the members before it at (``next_read``) go to each member in turn
+        (``on_steps``), so at that view each reader sees the others as of it, as view by
+        view; a frame no member reads in goes whole."""
+        procs = [proc for proc, _, _ in group]
+        failed = self._failed
+        n = len(views)
+        start = 0
+        while start < n:
+            end = n
+            for proc in procs:
+                try:
+                    at = proc.next_read(views, start) + 1
+                except Exception:  # taken as a read at this view: view by view (its
+                    at = start + 1  # on_step fails on the view, if anything, and says so)
+                if at < end:
+                    end = at
+            part = views if start == 0 and end == n else views[start:end]
+            for proc in procs:
+                try:
+                    proc.on_steps(part, failed)
+                except Exception as exc:  # an on_steps that does not guard its steps itself
+                    failed(proc, part[0], exc)
+            start = end
 
     def _failed(self, proc: StepViewProcessor, view: StepView, exc: Exception) -> None:
         self.errors += 1
@@ -420,6 +468,21 @@ class SharedStepSpanProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Synchronous: nothing is pending."""
         return True
+
+
+def _split_group(group: list[Any]) -> list[list[Any]]:
+    """A ``view_by_view`` group, the members after its last reader (``reads_before``;
+    the first member has no one before it to read) each a group of its own: no one reads
+    their figures as of a step, so they take a frame whole."""
+    last = max((i for i, m in enumerate(group) if i and m[0].reads_before), default=0)
+    return [group[:last + 1]] + [[m] for m in group[last + 1:]]
+
+
+def _reads_known(proc: StepViewProcessor) -> bool:
+    """Whether a group member's reads of the members before it are known from the views:
+    it reads none, or it says where (its own ``next_read``)."""
+    return (not proc.reads_before
+            or type(proc).next_read is not StepViewProcessor.next_read)
 
 
 def _plain(value: Any) -> Any:
