@@ -50,6 +50,7 @@ Usage::
 from __future__ import annotations
 
 from functools import partial
+from operator import itemgetter
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -283,8 +284,8 @@ def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> 
     return BudgetVerdict(snap.steady_ratio, snap.recent_ratio, snap.cumulative_ratio,
                          budget, critical)
 
-# Steps between two checks of the budget status, when none has material monitoring.
-_STATUS_CHECK_EVERY_STEPS = 8
+_STATUS_CHECK_EVERY_STEPS = 8  # steps between status checks, none monitoring materially
+_duration_of = itemgetter(1)  # an operation's (name, duration_ns)
 
 
 class BudgetSpanProcessor(StepViewProcessor):
@@ -363,12 +364,9 @@ class BudgetSpanProcessor(StepViewProcessor):
         for i in range(start, len(views)):
             view = views[i]
             ops = view.operations
-            if ops:
-                for _name, dur in ops:
-                    if dur > slow_ns:
-                        return i
-                if view.monitor_ns * 2 >= budget * view.duration_ns:
-                    return i
+            if ops and (max(map(_duration_of, ops)) > slow_ns
+                        or view.monitor_ns * 2 >= budget * view.duration_ns):
+                return i
             unchecked += 1
             if unchecked >= _STATUS_CHECK_EVERY_STEPS:
                 return i
@@ -376,23 +374,23 @@ class BudgetSpanProcessor(StepViewProcessor):
 
     def on_steps(self, views: Sequence[StepView],
                  failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
-        """A frame of steps: ``on_step``'s checks inline (with the console on, ``on_step``
-        on each: it tells the ordered log each step)."""
-        if self._log_at is not None:
+        """A frame of steps, ``on_step``'s checks inline (console on: ``on_step`` on each)."""
+        if self._log_at is not None:  # it tells the ordered log each step
             super().on_steps(views, failed)
             return
-        budget, check_status, check_ops = self.budget, self._check_status, self._check_operations
+        budget, slow_ns, check_ops = self.budget, self._slow_op_ns, self._check_operations
         for view in views:
             try:
                 ops = view.operations
                 if ops:
-                    check_ops(view)
+                    if max(map(_duration_of, ops)) > slow_ns:  # rare: one is slow
+                        check_ops(view)
                     if view.monitor_ns * 2 >= budget * view.duration_ns:
-                        check_status()
+                        self._check_status()
                         continue
                 self._unchecked += 1
                 if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
-                    check_status()
+                    self._check_status()
             except Exception as exc:
                 failed(self, view, exc)
 

@@ -200,7 +200,7 @@ class OverheadSpanProcessor(StepViewProcessor):
                                              self._monitor_ns)
         recent, window = self._recent, self._window
         rwall, rmon = self._recent_wall, self._recent_monitor
-        count_operations = self._count_operations
+        ops = self._ops
         try:
             for k in range(first, len(views)):
                 view = views[k]
@@ -218,8 +218,19 @@ class OverheadSpanProcessor(StepViewProcessor):
                     recent.append((wall, mon))
                     rwall += wall
                     rmon += mon
-                    if view.operations:
-                        count_operations(view)
+                    step = view.step
+                    for name, dur in view.operations:  # _count_operations, inline
+                        op = ops.get(name)
+                        if op is None:
+                            ops[name] = [1, dur, dur, step, step, dur, 1]
+                            continue
+                        op[_CALLS] += 1
+                        op[_TOTAL] += dur
+                        if dur > op[_MAX]:
+                            op[_MAX] = dur
+                        if step != op[_LAST_STEP]:
+                            op[_CALL_STEPS] += 1
+                        op[_LAST_STEP] = step
                 except Exception as exc:
                     failed(self, view, exc)
         finally:

@@ -63,6 +63,7 @@ from typing import Any
 from otel_train.common.units import SLOW_STEP, duration, percent_of
 from otel_train.common import attributes as A
 from otel_train.common.sdk_private import span_attributes
+from otel_train.derived.device_metrics import phases_have_extras
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
@@ -248,7 +249,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
                 if attrs and attrs.get(_FLOPS_COUNTED):
                     continue  # run under FlopCounterMode: slowed by the counting itself
                 train = view.duration_ns - view.monitor_ns
-                if view.monitor_ns:
+                if view.monitor_ns and phases_have_extras(view.phases):  # no extras: no wait
                     train -= queued_wait_ns(view)
                 if train < 0:
                     train = 0

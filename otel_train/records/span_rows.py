@@ -82,6 +82,7 @@ _CODES = {c.value: c for c in StatusCode}
 _ROOT_NAME, _STEP, _KIND_ATTR, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.PHASE_KIND, A.DATALOADER
 _MONITOR, _PHASE, _DEVICE_DURATION = A.KIND_MONITOR, A.PHASE, A.DEVICE_DURATION
 _ENVELOPE = A.KIND_ENVELOPE
+_new_view = object.__new__
 
 
 class RowRoot:
@@ -126,13 +127,42 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     return view
 
 
+def step_view_of_record(name: str, span: Any, trace_id: int, root_span_id: int,
+                        attrs: Any, start_ns: int, end_ns: int,
+                        phases: list[tuple[Any, ...]], rank: Any,
+                        events: tuple[Any, ...]) -> StepView:
+    """A record step's view as ``StepView.__init__`` makes it, with ``rank`` and ``events``
+    given: each field set once, no context tuple made, no rank read from the attributes
+    (tests/records/test_span_rows.py compares the two)."""
+    view: StepView = _new_view(StepView)
+    view.is_step = True
+    view.name = name
+    view.trace_id = trace_id
+    view.root_span_id = root_span_id
+    view.step = attrs.get(_STEP, -1)
+    view.rank = rank
+    view.loader = attrs.get(_LOADER)
+    view.start_ns = start_ns
+    view.end_ns = end_ns
+    view.duration_ns = end_ns - start_ns if end_ns > start_ns else 0
+    view.phases = phases
+    view.operations = []
+    view.monitor_ns = 0
+    view.span = span
+    view.slow = False
+    view.slow_explained = False
+    view.envelope = False
+    view.events = events
+    return view
+
+
 def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
                        failed: Callable[[Exception], None]) -> list[StepView]:
     """The ``StepView`` of each record (:func:`view_from_record`), a frame at once: a step's
     made here without a call a record; a record whose view cannot be made goes to
     ``failed``, the others go on."""
     out: list[StepView] = []
-    append = out.append
+    append, of_record_step = out.append, step_view_of_record
     for rec in recs:
         try:
             attrs, phases = rec[6], rec[9]  # C_ATTRS, C_PHASES
@@ -141,10 +171,8 @@ def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
                 if view is not None:
                     append(view)
                 continue
-            view = StepView(True, rec[0], RowRoot(attrs), (rec[1], rec[2]),  # type: ignore[arg-type]
-                            attrs, rec[4], rec[5], phases)
-            view.rank = rank
-            view.events = rec[8]  # C_EVENTS
+            view = of_record_step(rec[0], RowRoot(attrs), rec[1], rec[2], attrs, rec[4],
+                                  rec[5], phases, rank, rec[8])  # C_EVENTS
             if phases:
                 count_monitoring(view)
             append(view)

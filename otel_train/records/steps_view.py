@@ -26,6 +26,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -40,6 +41,7 @@ _log = logging.getLogger("otel_train")
 # (name, kind, loader, duration_ns, span_id, parent_span_id)
 P_NAME, P_KIND, P_LOADER, P_DURATION, P_SPAN_ID, P_PARENT_ID = range(6)
 P_KEY = slice(P_NAME, P_LOADER + 1)  # a phase's (name, kind, loader), one C-level slice
+_kind_of = itemgetter(P_KIND)
 # The contract's names as module constants (a global lookup, not a module attribute, per use)
 _ROOT_NAME, _STEP, _RANK, _LOADER = A.STEP_SPAN_NAME, A.STEP, A.RANK, A.DATALOADER
 _span_fields = sdk_private.readable_span_fields
@@ -197,9 +199,9 @@ class StepAssembler:
 def count_monitoring(view: StepView) -> None:
     """Fill ``view.operations`` / ``monitor_ns`` with the top-level monitor phases."""
     phases = view.phases
-    monitors = [p for p in phases if p[P_KIND] == _MONITOR]
-    if not monitors:
+    if _MONITOR not in map(_kind_of, phases):  # one C-level pass: no monitoring
         return
+    monitors = [p for p in phases if p[P_KIND] == _MONITOR]
     ops = view.operations
     root = view.root_span_id
     total = 0
@@ -419,12 +421,13 @@ class SharedStepSpanProcessor(SpanProcessor):
         (``on_steps``), so at that view each reader sees the others as of it, as view by
         view; a frame no member reads in goes whole."""
         procs = [proc for proc, _, _ in group]
+        readers = [proc for proc in procs[1:] if proc.reads_before]
         failed = self._failed
         n = len(views)
         start = 0
         while start < n:
             end = n
-            for proc in procs:
+            for proc in readers:
                 try:
                     at = proc.next_read(views, start) + 1
                 except Exception:  # taken as a read at this view: view by view (its
