@@ -50,7 +50,6 @@ Usage::
 from __future__ import annotations
 
 from functools import partial
-from operator import itemgetter
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -285,7 +284,6 @@ def snapshot_verdict(snap: OverheadSnapshot, budget: float, critical: float) -> 
                          budget, critical)
 
 _STATUS_CHECK_EVERY_STEPS = 8  # steps between status checks, none monitoring materially
-_duration_of = itemgetter(1)  # an operation's (name, duration_ns)
 
 
 class BudgetSpanProcessor(StepViewProcessor):
@@ -357,42 +355,27 @@ class BudgetSpanProcessor(StepViewProcessor):
         if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
             self._check_status()
 
-    def next_read(self, views: Sequence[StepView], start: int) -> int:
-        """The first view from ``start`` where ``on_step`` reads the overhead: a status check
-        (material monitoring, or its turn) or a slow operation's warning (the rank)."""
-        unchecked, budget, slow_ns = self._unchecked, self.budget, self._slow_op_ns
-        for i in range(start, len(views)):
-            view = views[i]
-            ops = view.operations
-            if ops and (max(map(_duration_of, ops)) > slow_ns
-                        or view.monitor_ns * 2 >= budget * view.duration_ns):
-                return i
-            unchecked += 1
-            if unchecked >= _STATUS_CHECK_EVERY_STEPS:
-                return i
-        return len(views)
+    def take_group(self, before: Sequence[StepViewProcessor], views: Sequence[StepView],
+                   failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> bool:
+        """After its overhead alone (the console off): the group's frame in one loop, the
+        overhead's (``OverheadSpanProcessor.on_steps`` with this as its reader)."""
+        if self._log_at is not None or len(before) != 1 or before[0] is not self.overhead:
+            return False
+        self.overhead.on_steps(views, failed, reader=self)
+        return True
 
-    def on_steps(self, views: Sequence[StepView],
-                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
-        """A frame of steps, ``on_step``'s checks inline (console on: ``on_step`` on each)."""
-        if self._log_at is not None:  # it tells the ordered log each step
-            super().on_steps(views, failed)
-            return
-        budget, slow_ns, check_ops = self.budget, self._slow_op_ns, self._check_operations
-        for view in views:
-            try:
-                ops = view.operations
-                if ops:
-                    if max(map(_duration_of, ops)) > slow_ns:  # rare: one is slow
-                        check_ops(view)
-                    if view.monitor_ns * 2 >= budget * view.duration_ns:
-                        self._check_status()
-                        continue
-                self._unchecked += 1
-                if self._unchecked >= _STATUS_CHECK_EVERY_STEPS:
-                    self._check_status()
-            except Exception as exc:
-                failed(self, view, exc)
+    def read_rule(self) -> tuple[float, int, int, int]:
+        """When ``on_step`` reads the overhead's figures (a status check or a slow operation's
+        warning): (material share, slow operation ns, every N steps, unchecked steps)."""
+        return self.budget, self._slow_op_ns, _STATUS_CHECK_EVERY_STEPS, self._unchecked
+
+    def unchecked(self) -> int:
+        """Steps since the status was last checked."""
+        return self._unchecked
+
+    def set_unchecked(self, steps: int) -> None:
+        """Steps since the status was last checked, counted by a group's loop."""
+        self._unchecked = steps
 
     def on_operation(self, view: StepView) -> None:
         """Check a monitoring operation done between steps."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from otel_train.common.self_cost import SelfCostMeter
@@ -47,6 +48,7 @@ from otel_train.records.steps_view import StepView, StepViewProcessor
 # _ops entries: [calls, total_ns, max_ns, first_step, last_step, first_call_ns, call_steps]
 # (call_steps: the steps with a call; two validations after one step are two calls there)
 _CALLS, _TOTAL, _MAX, _FIRST_STEP, _LAST_STEP, _FIRST_NS, _CALL_STEPS = range(7)
+_duration_of = itemgetter(1)  # an operation's (name, duration_ns)
 
 
 @dataclass(frozen=True)
@@ -177,30 +179,42 @@ class OverheadSpanProcessor(StepViewProcessor):
             self._count_operations(view)
 
     def on_steps(self, views: Sequence[StepView],
-                 failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
+                 failed: Callable[[StepViewProcessor, StepView, Exception], None],
+                 reader: Any = None) -> None:
         """A frame of steps: ``on_step`` while a step has more to do (the rank's first,
         warm-up, operations between steps to fold in), then its sums in locals over the
-        rest of the frame, in ``on_step``'s order, written back once."""
+        rest of the frame, in ``on_step``'s order, written back once.
+
+        ``reader``: a processor that reads these figures as of some steps (the budget,
+        ``BudgetSpanProcessor.take_group``), fed each view right after this one, as its
+        view-by-view group would: ``on_step`` at a view it reads at (its ``read_rule``:
+        material monitoring, an operation over its slow limit, or its every-N turn, the
+        figures written back first), its count of unread steps alone at the others."""
         on_step, n, i = self.on_step, len(views), 0
         while i < n and (self.rank is None or self._between_ns
                          or self._warmup_seen < self.warmup_steps):
-            try:
-                on_step(views[i])
-            except Exception as exc:
-                failed(self, views[i], exc)
+            for proc, handle in ((self, on_step), (reader, getattr(reader, "on_step", None))):
+                if handle is not None:
+                    try:
+                        handle(views[i])
+                    except Exception as exc:
+                        failed(proc, views[i], exc)
             i += 1
         if i < n:
-            self._steady_steps(views, i, failed)
+            self._steady_steps(views, i, failed, reader)
 
     def _steady_steps(self, views: Sequence[StepView], first: int,
-                      failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
-        """``on_step`` on ``views[first:]`` past warm-up, nothing between steps to fold in."""
+                      failed: Callable[[StepViewProcessor, StepView, Exception], None],
+                      reader: Any) -> None:
+        """``on_step`` on ``views[first:]`` (past warm-up, nothing between steps to fold
+        in), the reader's after each (``on_steps``)."""
         between = 0  # stays 0: a frame of steps has no operation between them
-        steps, last_step, wall_ns, mon_ns = (self.steps, self._last_step, self._wall_ns,
-                                             self._monitor_ns)
-        recent, window = self._recent, self._window
-        rwall, rmon = self._recent_wall, self._recent_monitor
-        ops = self._ops
+        steps, last_step, wall_ns, mon_ns, rwall, rmon = (
+            self.steps, self._last_step, self._wall_ns, self._monitor_ns, self._recent_wall,
+            self._recent_monitor)
+        recent, window, ops = self._recent, self._window, self._ops
+        material, slow_ns, every, unchecked = (reader.read_rule() if reader is not None
+                                               else (0.0, 0, 0, 0))
         try:
             for k in range(first, len(views)):
                 view = views[k]
@@ -213,11 +227,9 @@ class OverheadSpanProcessor(StepViewProcessor):
                     mon_ns += view.monitor_ns
                     if len(recent) >= window:
                         old_wall, old_mon = recent.popleft()
-                        rwall -= old_wall
-                        rmon -= old_mon
+                        rwall, rmon = rwall - old_wall, rmon - old_mon
                     recent.append((wall, mon))
-                    rwall += wall
-                    rmon += mon
+                    rwall, rmon = rwall + wall, rmon + mon
                     step = view.step
                     for name, dur in view.operations:  # _count_operations, inline
                         op = ops.get(name)
@@ -233,10 +245,31 @@ class OverheadSpanProcessor(StepViewProcessor):
                         op[_LAST_STEP] = step
                 except Exception as exc:
                     failed(self, view, exc)
+                if reader is None:
+                    continue
+                try:
+                    if unchecked + 1 < every and not (view.operations and (
+                            view.monitor_ns * 2 >= material * view.duration_ns
+                            or max(map(_duration_of, view.operations)) > slow_ns)):
+                        unchecked += 1  # all its on_step does at this view
+                        continue
+                    self._put_sums(steps, last_step, wall_ns, mon_ns, rwall, rmon)
+                    reader.set_unchecked(unchecked)
+                    reader.on_step(view)
+                except Exception as exc:
+                    failed(reader, view, exc)
+                unchecked = reader.unchecked()
         finally:
-            self.steps, self._last_step, self._wall_ns, self._monitor_ns = (
-                steps, last_step, wall_ns, mon_ns)
-            self._recent_wall, self._recent_monitor = rwall, rmon
+            self._put_sums(steps, last_step, wall_ns, mon_ns, rwall, rmon)
+            if reader is not None:
+                reader.set_unchecked(unchecked)
+
+    def _put_sums(self, steps: int, last_step: int, wall_ns: int, mon_ns: int,
+                  recent_wall_ns: int, recent_monitor_ns: int) -> None:
+        """The running sums ``_steady_steps`` keeps in locals, written back."""
+        self.steps, self._last_step, self._wall_ns, self._monitor_ns = (
+            steps, last_step, wall_ns, mon_ns)
+        self._recent_wall, self._recent_monitor = recent_wall_ns, recent_monitor_ns
 
     def on_operation(self, view: StepView) -> None:
         """Count monitoring done between steps (monitoring, not training)."""

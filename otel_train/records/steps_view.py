@@ -250,8 +250,8 @@ class StepViewProcessor(SpanProcessor):
     # frame's end).
     view_by_view = False
     # In a ``view_by_view`` group: whether this processor reads the figures of the members
-    # before it as of its step (the budget reads the overhead's, the console everyone's);
-    # where it does, ``next_read`` says at which views.
+    # before it as of its step (the budget reads the overhead's, the console everyone's).
+    # The members after the group's last reader take a frame whole, each alone.
     reads_before = True
 
     def __init__(self) -> None:
@@ -303,14 +303,13 @@ class StepViewProcessor(SpanProcessor):
             except Exception as exc:
                 failed(self, view, exc)
 
-    def next_read(self, views: Sequence[StepView], start: int) -> int:
-        """In a ``view_by_view`` group fed a frame of steps: the index of the first view
-        from ``start`` at which this processor reads the figures of the members before it
-        (``len(views)``: none in the frame). Called before it takes ``views[start]``; the
-        group's members take the views up to that one a part of the frame at a time
-        (``SharedStepSpanProcessor.feed_group``). One that reads at a step it cannot tell
-        from the views keeps the default (every view) when ``reads_before``."""
-        return start if self.reads_before else len(views)
+    def take_group(self, before: Sequence[StepViewProcessor], views: Sequence[StepView],
+                   failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> bool:
+        """As the last member of a ``view_by_view`` group fed a frame of steps: take the
+        frame for the whole group (``before``: the members before it, in order), each view
+        to each member in turn as the group would, at less cost; False (the default): the
+        group is fed as usual."""
+        return False
 
     def on_operation(self, view: StepView) -> None:
         """One monitoring operation done between steps."""
@@ -353,10 +352,6 @@ class SharedStepSpanProcessor(SpanProcessor):
             else:
                 self._groups.append([member])
         self._groups = [part for group in self._groups for part in _split_group(group)]
-        # Groups whose readers each say at which views they read (``next_read``): fed a
-        # part of the frame at a time, up to the next view a member reads at.
-        self._by_parts = {id(group) for group in self._groups
-                          if len(group) > 1 and all(_reads_known(m[0]) for m in group)}
         self._warn = RateLimitedLogger(_log)
         self.errors = 0
 
@@ -392,9 +387,14 @@ class SharedStepSpanProcessor(SpanProcessor):
             except Exception as exc:  # an on_steps that does not guard its steps itself
                 self._failed(proc, views[0], exc)
             return
-        if steps_only and id(group) in self._by_parts:
-            self._feed_parts(group, views)
-            return
+        if steps_only:
+            last = group[-1][0]
+            try:
+                if last.take_group([m[0] for m in group[:-1]], views, self._failed):
+                    return
+            except Exception as exc:  # a take_group that does not guard its steps itself
+                self._failed(last, views[0], exc)
+                return
         if steps_only:  # view by view, together: each step to each member in turn
             members = [(proc, on_step) for proc, on_step, _ in group]
             for view in views:
@@ -413,34 +413,6 @@ class SharedStepSpanProcessor(SpanProcessor):
                         on_operation(view)
                 except Exception as exc:  # one processor's bug must not starve others
                     self._failed(proc, view, exc)
-
-    def _feed_parts(self, group: list[tuple[StepViewProcessor, Any, Any]],
-                    views: Sequence[StepView]) -> None:
-        """A group's frame of steps, a part at a time: the views up to the first one a
-        member reads the members before it at (``next_read``) go to each member in turn
-        (``on_steps``), so at that view each reader sees the others as of it, as view by
-        view; a frame no member reads in goes whole."""
-        procs = [proc for proc, _, _ in group]
-        readers = [proc for proc in procs[1:] if proc.reads_before]
-        failed = self._failed
-        n = len(views)
-        start = 0
-        while start < n:
-            end = n
-            for proc in readers:
-                try:
-                    at = proc.next_read(views, start) + 1
-                except Exception:  # taken as a read at this view: view by view (its
-                    at = start + 1  # on_step fails on the view, if anything, and says so)
-                if at < end:
-                    end = at
-            part = views if start == 0 and end == n else views[start:end]
-            for proc in procs:
-                try:
-                    proc.on_steps(part, failed)
-                except Exception as exc:  # an on_steps that does not guard its steps itself
-                    failed(proc, part[0], exc)
-            start = end
 
     def _failed(self, proc: StepViewProcessor, view: StepView, exc: Exception) -> None:
         self.errors += 1
@@ -479,13 +451,6 @@ def _split_group(group: list[Any]) -> list[list[Any]]:
     their figures as of a step, so they take a frame whole."""
     last = max((i for i, m in enumerate(group) if i and m[0].reads_before), default=0)
     return [group[:last + 1]] + [[m] for m in group[last + 1:]]
-
-
-def _reads_known(proc: StepViewProcessor) -> bool:
-    """Whether a group member's reads of the members before it are known from the views:
-    it reads none, or it says where (its own ``next_read``)."""
-    return (not proc.reads_before
-            or type(proc).next_read is not StepViewProcessor.next_read)
 
 
 def _plain(value: Any) -> Any:
