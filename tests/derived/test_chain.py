@@ -18,7 +18,8 @@ from otel_train.pipeline.settings import chain_settings
 from otel_train.common.identity import RunIdentity
 from otel_train.common.options import RunOptions
 from otel_train.common.self_cost import SelfCostMeter
-from otel_train.records.steps_view import SharedStepSpanProcessor
+from otel_train.common import attributes as A
+from otel_train.records.steps_view import SharedStepSpanProcessor, StepViewProcessor
 
 IDENT = RunIdentity("test-run", rank=0, world_size=1, local_rank=0, run_id_source="option")
 
@@ -251,3 +252,138 @@ def test_the_chain_s_step_histograms_scrape_the_same_as_prometheus_client_s_own(
     ours, theirs = contract(text), contract(generate_latest(ref).decode())
     assert len(theirs) > 100
     assert ours == theirs
+
+
+# -- a frame at a time (on_steps, take_group) against view by view, processor by processor
+
+class _FailsEveryFifthStep(StepViewProcessor):
+    """A processor with a bug: the chain must go on around it the same either way."""
+
+    def on_step(self, view: Any) -> None:
+        if view.step % 5 == 0:
+            raise RuntimeError("a bug")
+
+
+def _rich_record(i: int, start_ns: int) -> tuple[Any, ...]:
+    """A step of one of the shapes each fast path sets apart: plain, evaluation (material
+    monitoring, a slow operation), slow, a checkpoint phase, collectives, device readings
+    and a queued wait on the monitoring, counted tokens, and a collective that cannot be
+    read (the comm processor fails on it)."""
+    train_ms = 3.0 + (i % 7) * 0.4 + (30.0 if i % 41 == 20 else 0.0)
+    extra = ({A.DEVICE_BUSY: 0.002, A.MEMORY_PEAK_ALLOCATED: 1000 + i} if i % 13 == 5
+             else None)
+    phases: list[tuple[Any, ...]] = [("data", "train", "train", 0.3, None),
+                                     ("forward", "train", None, train_ms, extra),
+                                     ("backward", "train", None, 2 * train_ms, None)]
+    if i % 6 == 0:
+        phases.append(("inference", "monitor", None, 0.5, None))
+    if i % 23 == 11:
+        phases.append(("val_loss", "monitor", None, 40.0,
+                       {A.DEVICE_QUEUED_WAIT: 0.001}))  # material, and slow (limit 0.03 s)
+    if i % 31 == 7:
+        phases.append(("checkpoint", "monitor", None, 5.0, None))
+    root_id = 0x1000 + i
+    rows, t = [], start_ns
+    for k, (name, kind, loader, ms, ex) in enumerate(phases):
+        dur = int(ms * 1e6)
+        rows.append((name, kind, loader, dur, k + 1, root_id, t, t + dur, None, (), ex, None))
+        t += dur + 200_000
+    attrs: dict[str, Any] = {"train.step": i, "train.dataloader": "train", "train.slow": False,
+                             "train.step.bound": "input" if i % 9 == 0 else "compute"}
+    events: tuple[Any, ...] = ()
+    if i % 8 == 3:
+        attrs[A.COMM_EXPOSED_SECONDS] = 0.001 if i % 16 == 3 else "unreadable"
+        events = ((A.COMM_EVENT, t, {A.COMM_OP: "all_reduce", A.COMM_COUNT: 2,
+                                     A.COMM_BYTES: 4096, A.COMM_SECONDS: 0.002}),)
+    if i % 19 == 4:
+        attrs[A.TOKENS] = 512
+        attrs[A.DEVICE_IDLE] = 0.0005
+        attrs[A.HOST_RSS] = 10_000 + i
+    return ("train.step", (7 << 64) + i, root_id, 1, start_ns, t, attrs, None, events, rows,
+            None)
+
+
+def _rich_frames(count: int) -> list[list[Any]]:
+    """Frames of 40 records from the start of a run (warm-up), operations between steps
+    in some frames (frames that are not steps alone)."""
+    out, t = [], 1_700_000_000_000_000_000
+    for i in range(count):
+        rec = _rich_record(i, t)
+        out.append(rec)
+        t = rec[5] + 100_000
+        if i % 90 == 45:
+            out.append(_operation(i, t, "checkpoint", 12.0))
+            t = out[-1][5] + 100_000
+    return [out[k:k + 40] for k in range(0, len(out), 40)]
+
+
+def _general(shared: SharedStepSpanProcessor, views: list[Any]) -> None:
+    """The general path: each processor (consecutive view_by_view ones together, view by
+    view) takes each view through on_step / on_operation, no on_steps nor take_group."""
+    groups: list[list[Any]] = []
+    for proc in shared.processors:
+        member = (proc, proc.on_step, proc.on_operation)
+        if proc.view_by_view and groups and groups[-1][-1][0].view_by_view:
+            groups[-1].append(member)
+        else:
+            groups.append([member])
+    with shared.lock:
+        for group in groups:
+            shared.feed_group(group, views, False)
+
+
+def _fed(console: bool, by_frame: bool) -> tuple[str, str, list[str], list[Any], int]:
+    from otel_train.records.span_rows import views_from_records
+
+    settings = chain_settings(RunOptions.resolve(
+        environ={}, console=console, log_every=7, console_min_interval_seconds=0,
+        slow_operation_seconds=0.03), IDENT)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("otel_train")
+    log.addHandler(handler)
+    try:
+        chain = StepChain(settings, SelfCostMeter(), console_stream=io.StringIO())
+        shared = SharedStepSpanProcessor(chain.processors + [_FailsEveryFifthStep()])
+        frames = _rich_frames(600)
+        for k, frame in enumerate(frames):
+            if k == 6:  # the GPU sampler's first round comes mid-run
+                chain.gpu_steps.add_round((frame[10][4] + 1000, 0.75, 1 << 30))
+            views = views_from_records(frame, 0, lambda exc: None)
+            if k == 9:  # a rank change inside a frame
+                for view in views[20:]:
+                    view.rank = 1
+            if by_frame:
+                shared.on_views(views)
+            else:
+                _general(shared, views)
+        state = repr(sorted(chain.export_state().items(), key=lambda kv: kv[0]))
+        prom = generate_latest(chain.metrics.registry).decode()
+        marks = [sorted(rec[6].items(), key=str) for frame in frames for rec in frame]
+        return state, prom, said, marks, shared.errors
+    finally:
+        log.removeHandler(handler)
+
+
+@pytest.mark.parametrize("console", [False, True])
+def test_a_frame_at_a_time_gives_what_view_by_view_gives(console: bool) -> None:
+    """Every fast path of the chain's frames (the processors' on_steps, the overhead and
+    budget in one loop) against each processor's on_step view by view, on the same steps:
+    warm-up, a rank change, operations between steps, slow steps and slow operations,
+    material monitoring, a checkpoint phase, collectives (one unreadable: a failing
+    processor), device readings, counted tokens, a GPU round, and a processor that fails.
+    The running figures, the Prometheus text, the warnings in their order, the marks on
+    the records and the failures counted are the same."""
+    fast = _fed(console, by_frame=True)
+    general = _fed(console, by_frame=False)
+    state, prom, said, marks, errors = fast
+    assert "'slow_steps': 0" not in state and "train.slow', True" in repr(marks)
+    assert any("slow step" in s for s in said) and any("took" in s for s in said)
+    assert 'bound="input"' in prom and "otel_train_collectives_total" in prom
+    assert errors > 100  # the failing processor's steps and the unreadable collectives
+    assert fast[0] == general[0]
+    assert fast[1] == general[1]
+    assert fast[2] == general[2]
+    assert fast[3] == general[3]
+    assert fast[4] == general[4]
