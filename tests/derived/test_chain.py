@@ -282,6 +282,9 @@ def _rich_record(i: int, start_ns: int) -> tuple[Any, ...]:
                        {A.DEVICE_QUEUED_WAIT: 0.001}))  # material, and slow (limit 0.03 s)
     if i % 31 == 7:
         phases.append(("checkpoint", "monitor", None, 5.0, None))
+    if i % 29 == 14:  # a long step: a slow operation, not material monitoring
+        phases[1] = ("forward", "train", None, 2000.0, None)
+        phases.append(("inference", "monitor", None, 35.0, None))
     root_id = 0x1000 + i
     rows, t = [], start_ns
     for k, (name, kind, loader, ms, ex) in enumerate(phases):
@@ -338,6 +341,10 @@ def _fed(console: bool, by_frame: bool) -> tuple[str, str, list[str], list[Any],
     settings = chain_settings(RunOptions.resolve(
         environ={}, console=console, log_every=7, console_min_interval_seconds=0,
         slow_operation_seconds=0.03), IDENT)
+    settings["envelope"] = {"job_start_epoch_ns": 1_699_999_999_000_000_000,  # goodput on
+                            "start_from": "option", "attempt": 1, "carried_seconds": {},
+                            "carried_job_seconds": 0.0, "previous_startup_trace_id": None,
+                            "restart_lost_seconds": 0.0}
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
@@ -347,6 +354,7 @@ def _fed(console: bool, by_frame: bool) -> tuple[str, str, list[str], list[Any],
         chain = StepChain(settings, SelfCostMeter(), console_stream=io.StringIO())
         shared = SharedStepSpanProcessor(chain.processors + [_FailsEveryFifthStep()])
         frames = _rich_frames(600)
+        states = []  # the running figures after each frame
         for k, frame in enumerate(frames):
             if k == 6:  # the GPU sampler's first round comes mid-run
                 chain.gpu_steps.add_round((frame[10][4] + 1000, 0.75, 1 << 30))
@@ -358,7 +366,8 @@ def _fed(console: bool, by_frame: bool) -> tuple[str, str, list[str], list[Any],
                 shared.on_views(views)
             else:
                 _general(shared, views)
-        state = repr(sorted(chain.export_state().items(), key=lambda kv: kv[0]))
+            states.append(repr(sorted(chain.export_state().items(), key=lambda kv: kv[0])))
+        state = "\n".join(states)
         prom = generate_latest(chain.metrics.registry).decode()
         marks = [sorted(rec[6].items(), key=str) for frame in frames for rec in frame]
         return state, prom, said, marks, shared.errors
@@ -381,6 +390,7 @@ def test_a_frame_at_a_time_gives_what_view_by_view_gives(console: bool) -> None:
     assert "'slow_steps': 0" not in state and "train.slow', True" in repr(marks)
     assert any("slow step" in s for s in said) and any("took" in s for s in said)
     assert 'bound="input"' in prom and "otel_train_collectives_total" in prom
+    assert "'checkpoint_saves': 0" not in state  # checkpoint phases were counted
     assert errors > 100  # the failing processor's steps and the unreadable collectives
     assert fast[0] == general[0]
     assert fast[1] == general[1]
