@@ -49,18 +49,6 @@ def phase_extra(phase: tuple[Any, ...]) -> dict[str, Any] | None:
     return phase[P_EXTRA] if len(phase) > P_EXTRA else None
 
 
-def phases_have_extras(phases: Sequence[tuple[Any, ...]]) -> bool:
-    """Whether any phase may carry extra attributes (device readings among them): False
-    for the usual record step's, in one C-level pass (``any`` over their extras); True
-    (look closer, phase by phase) for phases too short to hold them (an SDK span view's)."""
-    if not phases:
-        return False
-    try:
-        return any(map(_extra_of, phases))
-    except IndexError:
-        return True
-
-
 def out_of_memory_phase(view: StepView) -> tuple[str, int | None] | None:
     """(phase name, its peak allocated bytes or None) of the innermost phase that failed out
     of memory, else None."""
@@ -144,7 +132,11 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
                 value = attrs.get(_RSS)
                 if value is not None:
                     rss_by[rank] = int(value)
-                if phases_have_extras(view.phases):
+                try:  # a C-level pass: most steps' phases carry no extras (no readings)
+                    readings = any(map(_extra_of, view.phases))
+                except IndexError:
+                    readings = True
+                if readings:
                     self._phase_readings(view.phases, rank)
             except Exception as exc:
                 failed(self, view, exc)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from functools import partial
 import logging
 from bisect import bisect_left, insort
+from operator import itemgetter
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,7 +64,6 @@ from typing import Any
 from otel_train.common.units import SLOW_STEP, duration, percent_of
 from otel_train.common import attributes as A
 from otel_train.common.sdk_private import span_attributes
-from otel_train.derived.device_metrics import phases_have_extras
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
@@ -78,6 +78,7 @@ from otel_train.records.steps_view import (
 _log = logging.getLogger("otel_train")
 _MONITOR, _QUEUED_WAIT, _FLOPS_COUNTED = A.KIND_MONITOR, A.DEVICE_QUEUED_WAIT, A.FLOPS_COUNTED
 _NO_ATTRIBUTES: dict[str, Any] = {}
+_extra_of = itemgetter(P_EXTRA)  # a record phase's extra attributes (or None)
 _MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally spread data
 # A slow step costs at least this much more than its loader's median: below it, a ratio
 # measures scheduler and timer jitter on near-empty steps, nothing a user can act on.
@@ -233,14 +234,17 @@ class SlowStepSpanProcessor(StepViewProcessor):
     def on_steps(self, views: Sequence[StepView],
                  failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
         """A frame of steps: ``on_step`` on each, the usual step's judgement inline (past
-        the warm-up, no FLOP counting, its loader's baseline, no slow-step line due)."""
+        the warm-up, no FLOP counting, its loader's baseline, no slow-step line due): the
+        median read and the baseline's window moved here, the settings read once a frame."""
         on_step = self.on_step
         baselines, window = self._baselines, self._window_steps
+        warmup, min_history = self.warmup_steps, self._min_history
+        factor, min_excess, mad = self.factor, self._min_excess_ns, self.mad_multiplier
         for view in views:
             try:
                 ordinal = self.steps_seen
                 base = baselines.get(view.loader)
-                if (ordinal < self.warmup_steps or base is None or self._pending[0]
+                if (ordinal < warmup or base is None or self._pending[0]
                         or self._absolute_ns is not None):
                     on_step(view)  # the rarer paths, as they are
                     continue
@@ -249,19 +253,33 @@ class SlowStepSpanProcessor(StepViewProcessor):
                 if attrs and attrs.get(_FLOPS_COUNTED):
                     continue  # run under FlopCounterMode: slowed by the counting itself
                 train = view.duration_ns - view.monitor_ns
-                if view.monitor_ns and phases_have_extras(view.phases):  # no extras: no wait
-                    train -= queued_wait_ns(view)
+                if view.monitor_ns:
+                    try:  # a C-level pass over the extras: none (the usual step), no wait
+                        waited = any(map(_extra_of, view.phases))
+                    except IndexError:
+                        waited = True
+                    if waited:
+                        train -= queued_wait_ns(view)
                 if train < 0:
                     train = 0
                 ordered = base.ordered
-                if len(ordered) >= self._min_history:
-                    median = _median(ordered)
-                    if (train > self.factor * median and train - median >= self._min_excess_ns
-                            and train > median + self.mad_multiplier * base.sigma(median)):
+                n = len(ordered)
+                if n >= min_history:
+                    mid = n // 2  # _median(ordered), inline
+                    median = (float(ordered[mid]) if n % 2
+                              else (ordered[mid - 1] + ordered[mid]) / 2.0)
+                    if (train > factor * median and train - median >= min_excess
+                            and train > median + mad * base.sigma(median)):
                         base.add(train, window)
                         self._flag(view, train, median, ordinal)
                         continue
-                base.add(train, window)
+                recent = base.window  # base.add(train, window), inline
+                if len(recent) >= window:
+                    del ordered[bisect_left(ordered, recent.popleft())]
+                recent.append(train)
+                insort(ordered, train)
+                if base._sigma_age >= 0:
+                    base._sigma_age += 1
             except Exception as exc:
                 failed(self, view, exc)
 

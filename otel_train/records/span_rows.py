@@ -127,42 +127,18 @@ def view_from_record(rec: tuple[Any, ...], rank: Any) -> StepView | None:
     return view
 
 
-def step_view_of_record(name: str, span: Any, trace_id: int, root_span_id: int,
-                        attrs: Any, start_ns: int, end_ns: int,
-                        phases: list[tuple[Any, ...]], rank: Any,
-                        events: tuple[Any, ...]) -> StepView:
-    """A record step's view as ``StepView.__init__`` makes it, with ``rank`` and ``events``
-    given: each field set once, no context tuple made, no rank read from the attributes
-    (tests/records/test_span_rows.py compares the two)."""
-    view: StepView = _new_view(StepView)
-    view.is_step = True
-    view.name = name
-    view.trace_id = trace_id
-    view.root_span_id = root_span_id
-    view.step = attrs.get(_STEP, -1)
-    view.rank = rank
-    view.loader = attrs.get(_LOADER)
-    view.start_ns = start_ns
-    view.end_ns = end_ns
-    view.duration_ns = end_ns - start_ns if end_ns > start_ns else 0
-    view.phases = phases
-    view.operations = []
-    view.monitor_ns = 0
-    view.span = span
-    view.slow = False
-    view.slow_explained = False
-    view.envelope = False
-    view.events = events
-    return view
-
-
 def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
                        failed: Callable[[Exception], None]) -> list[StepView]:
-    """The ``StepView`` of each record (:func:`view_from_record`), a frame at once: a step's
-    made here without a call a record; a record whose view cannot be made goes to
-    ``failed``, the others go on."""
+    """The ``StepView`` of each record (:func:`view_from_record`), a frame at once; a
+    record whose view cannot be made goes to ``failed``, the others go on.
+
+    A step's view is made here with no call: ``StepView.__init__``'s fields each set once
+    (no context tuple, no rank read from the attributes), and its monitoring counted in
+    one pass over the phases when every monitor is a child of the root (the usual step;
+    else ``count_monitoring`` walks the tree). tests/records/test_span_rows.py compares
+    these views with ``view_from_record``'s."""
     out: list[StepView] = []
-    append, of_record_step = out.append, step_view_of_record
+    append = out.append
     for rec in recs:
         try:
             attrs, phases = rec[6], rec[9]  # C_ATTRS, C_PHASES
@@ -171,10 +147,33 @@ def views_from_records(recs: Sequence[tuple[Any, ...]], rank: Any,
                 if view is not None:
                     append(view)
                 continue
-            view = of_record_step(rec[0], RowRoot(attrs), rec[1], rec[2], attrs, rec[4],
-                                  rec[5], phases, rank, rec[8])  # C_EVENTS
-            if phases:
-                count_monitoring(view)
+            view = _new_view(StepView)
+            view.is_step = True
+            view.name = rec[0]
+            view.trace_id = rec[1]
+            view.root_span_id = root = rec[2]
+            view.step = attrs.get(_STEP, -1)
+            view.rank = rank
+            view.loader = attrs.get(_LOADER)
+            view.start_ns = start = rec[4]
+            view.end_ns = end = rec[5]
+            view.duration_ns = end - start if end > start else 0
+            view.phases = phases
+            view.operations = ops = []
+            view.span = RowRoot(attrs)
+            view.slow = view.slow_explained = view.envelope = False
+            view.events = rec[8]  # C_EVENTS
+            view.monitor_ns = total = 0
+            for ph in phases:
+                if ph[P_KIND] == _MONITOR:
+                    if ph[P_PARENT_ID] != root:  # a nested monitor: walk the tree
+                        view.operations = []
+                        count_monitoring(view)
+                        break
+                    total += ph[P_DURATION]
+                    ops.append((ph[P_NAME], ph[P_DURATION]))
+            else:
+                view.monitor_ns = total
             append(view)
         except Exception as exc:
             failed(exc)
