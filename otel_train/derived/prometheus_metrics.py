@@ -72,6 +72,7 @@ METRIC_RUN_INFO = "otel_train_run_info"
 
 
 _NO_RANK = object()  # no rank seen yet (on_steps)
+_NO_PHASE = (_NO_RANK, _NO_RANK, _NO_RANK, None)  # no phase at this position yet (on_steps)
 
 
 class _Histogram:
@@ -175,16 +176,20 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
     def on_steps(self, views: Sequence[StepView],
                  failed: Callable[[StepViewProcessor, StepView, Exception], None]) -> None:
         """A frame of steps: ``on_step`` on each, its lookups made once a frame (the
-        rank's histograms and counters while the rank stays the same)."""
+        rank's histograms and counters while the rank stays the same), and each phase's
+        histogram found by its position: the same name, kind and loader objects as the
+        phase there in the step before (steps repeat their phases) take that one's, no
+        key made and hashed."""
         bounds = self._bounds
         last_end = self._last_end_s
         rank_obj: Any = _NO_RANK
         rank = ""
         hist = phases = None
+        at: list[Any] = []  # by position: (name, kind, loader, histogram) of the last step
         for view in views:
             try:
                 if view.rank is not rank_obj:
-                    rank = str(view.rank)
+                    rank, at = str(view.rank), []
                     if rank not in self._steps:
                         rank_obj = _NO_RANK
                         self.on_step(view)  # the rank's first step makes its figures
@@ -201,11 +206,18 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                 if view.slow:
                     self._slow_total[rank] += 1
                 last_end[rank] = end_s
+                k = 0
                 for ph in view.phases:
-                    key = ph[P_KEY]
-                    h = phases.get(key)  # type: ignore[union-attr]
-                    if h is None:
-                        h = phases[key] = _Histogram(len(bounds), exemplars=False)  # type: ignore[index]
+                    c = at[k] if k < len(at) else _NO_PHASE
+                    if ph[0] is c[0] and ph[1] is c[1] and ph[2] is c[2]:  # P_KEY's
+                        h = c[3]
+                    else:
+                        key = ph[P_KEY]
+                        h = phases.get(key)  # type: ignore[union-attr]
+                        if h is None:
+                            h = phases[key] = _Histogram(len(bounds), exemplars=False)  # type: ignore[index]
+                        at[k:] = [(*key, h)]
+                    k += 1
                     s = ph[P_DURATION] / 1e9
                     h.counts[bisect_left(bounds, s)] += 1
                     h.total += s
