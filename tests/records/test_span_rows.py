@@ -61,7 +61,7 @@ def test_a_frame_s_views_are_each_record_s_own_view_field_by_field() -> None:
     """views_from_records (a view made inline, monitoring counted in one pass) against
     view_from_record on each record: plain steps, steps with monitoring under the root,
     a monitor nested in a monitor and one under a train phase (the tree walked), an empty
-    step, an operation between steps, the job envelope, a zero-length step; a record that
+    step, an operation between steps, the job envelope, a step ending before its start; a record that
     cannot be made is given to ``failed`` and the others go on."""
     from otel_train.records.span_rows import view_from_record, views_from_records
     from otel_train.records.steps_view import StepView
@@ -82,7 +82,7 @@ def test_a_frame_s_views_are_each_record_s_own_view_field_by_field() -> None:
         _views_record(5, None, {"train.phase.kind": "envelope", "train.phase": "startup"}),
         _views_record(6, [("inference", "monitor", None, 7, None)], {"train.step": 6}),
     ]
-    recs[6] = recs[6][:5] + (recs[6][4],) + recs[6][6:]  # ends where it starts: 0 ns long
+    recs[6] = recs[6][:5] + (recs[6][4] - 10,) + recs[6][6:]  # ends before its start: 0 ns
     failed: list[Exception] = []
     views = views_from_records(recs[:3] + [("not", "a record")] + recs[3:], 1,
                                failed.append)
@@ -98,3 +98,4 @@ def test_a_frame_s_views_are_each_record_s_own_view_field_by_field() -> None:
     assert views[1].operations == [("inference", 20), ("val_loss", 30)]
     assert views[1].monitor_ns == 50
     assert views[2].operations == [("eval", 60), ("probe", 5)] and views[2].monitor_ns == 65
+    assert views[6].duration_ns == 0
