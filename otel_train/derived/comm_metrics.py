@@ -64,7 +64,7 @@ class CommMetricsSpanProcessor(StepViewProcessor):
         rank = ""
         for view in views:
             try:
-                attrs = span_attributes(view.span)
+                attrs = getattr(view.span, "_attributes", None)  # span_attributes, inline
                 if not view.is_step or attrs.get(_EXPOSED) is not None:
                     on_step(view)
                     continue

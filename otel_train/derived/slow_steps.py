@@ -249,7 +249,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
                     on_step(view)  # the rarer paths, as they are
                     continue
                 self.steps_seen = ordinal + 1
-                attrs = span_attributes(view.span)
+                attrs = getattr(view.span, "_attributes", None)  # span_attributes, inline
                 if attrs and attrs.get(_FLOPS_COUNTED):
                     continue  # run under FlopCounterMode: slowed by the counting itself
                 train = view.duration_ns - view.monitor_ns

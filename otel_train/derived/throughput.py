@@ -162,13 +162,18 @@ class ThroughputSpanProcessor(StepViewProcessor):
         by option or carried: most runs, every step) added to the window inline, its data
         time summed in the loop; the others go to ``on_step``."""
         on_step, append = self.on_step, self._window.append
+        counting = (self._flops is not None or self._const_tokens is not None
+                    or self._const_samples is not None)  # only on_step changes them
         for view in views:
             try:
-                attrs = span_attributes(view.span) or {}
-                if (self._flops is not None or self._const_tokens is not None
-                        or self._const_samples is not None
-                        or not attrs.keys().isdisjoint(_COUNT_KEYS)):
-                    on_step(view)
+                # span_attributes(view.span), inline: one builtin call, not two calls
+                attrs = getattr(view.span, "_attributes", None) or {}
+                if counting or not attrs.keys().isdisjoint(_COUNT_KEYS):
+                    try:
+                        on_step(view)
+                    finally:  # it may have found the FLOPs to count from now on
+                        counting = (self._flops is not None or self._const_tokens is not None
+                                    or self._const_samples is not None)
                     continue
                 root, data = view.root_span_id, 0
                 for p in view.phases:  # _data_ns(view), inline
