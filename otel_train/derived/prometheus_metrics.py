@@ -180,8 +180,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
         histogram found by its position: the same name, kind and loader objects as the
         phase there in the step before (steps repeat their phases) take that one's, no
         key made and hashed."""
-        bounds = self._bounds
-        last_end = self._last_end_s
+        bounds, last_end, steps_total = self._bounds, self._last_end_s, self._steps_total
         rank_obj: Any = _NO_RANK
         rank = ""
         hist = phases = None
@@ -202,7 +201,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                 hist.total += seconds  # type: ignore[union-attr]
                 end_s = view.end_ns / 1e9
                 hist.exemplars[i] = (view.trace_id, seconds, end_s)  # type: ignore[union-attr, index]
-                self._steps_total[rank] += 1
+                steps_total[rank] += 1
                 if view.slow:
                     self._slow_total[rank] += 1
                 last_end[rank] = end_s
