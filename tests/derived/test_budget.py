@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import pytest
 from span_trees import feed, monitor_span, train_step
@@ -414,3 +415,66 @@ def test_several_operations_waiting_for_their_second_call_are_named_together() -
     assert budget.evidence_gap() == (
         "not enough steps yet ('inference' and 'val_loss' ran at one step each, the first at "
         "step 0: their steady cost needs a call at a second step)")
+
+
+def _budget_views(first: int, count: int) -> list[Any]:
+    """Steps of 10 ms with a 0.2 ms monitor each (not material), every 7th a 4 ms one
+    (material), every 11th a 2.5 s step with a 40 ms monitor (slow, limit 0.03 s, not
+    material), and one step the overhead cannot read (no duration)."""
+    from otel_train.records.span_rows import view_from_record
+
+    out = []
+    for i in range(first, first + count):
+        step_ns = 2_500_000_000 if i % 11 == 5 else 10_000_000
+        mon_ns = 40_000_000 if i % 11 == 5 else 4_000_000 if i % 7 == 0 else 200_000
+        phases = [("forward", "train", None, step_ns // 2, 1, 0x70 + i, 0, 1, None, (), None,
+                   None),
+                  ("inference", "monitor", None, mon_ns, 2, 0x70 + i, 0, 1, None, (), None,
+                   None)]
+        view = view_from_record(("train.step", i, 0x70 + i, 1, i * 10**10,
+                                 i * 10**10 + step_ns, {"train.step": i}, None, (), phases,
+                                 None), 0)
+        if i == first + 13:
+            view.duration_ns = None  # type: ignore[assignment]
+        out.append(view)
+    return out
+
+
+@pytest.mark.parametrize("take", [True, False])
+def test_the_overhead_and_budget_in_one_loop_judge_as_view_by_view(take: bool,
+                                                                     caplog: Any) -> None:
+    """take_group (the overhead's loop, the budget read at its status checks and slow
+    operations) against the two fed view by view: warm-up, operations between frames,
+    material monitoring, slow operations, a view the overhead fails on. The same figures
+    after every frame, the same warnings, the same failures counted."""
+    from otel_train.records.span_rows import view_from_record
+
+    def run(by_loop: bool) -> tuple[list[Any], list[str], int]:
+        ov = OverheadSpanProcessor(recent_window_steps=20, warmup_steps=3)
+        log = logging.getLogger(f"otel_train.test_budget_loop.{by_loop}")
+        budget = BudgetSpanProcessor(ov, 0.05, 0.10, slow_operation_seconds=0.03, logger=log,
+                                     min_training_seconds=0.0)
+        shared = SharedStepSpanProcessor([ov, budget])
+        figures: list[Any] = []
+        caplog.clear()
+        for k in range(12):
+            views = _budget_views(k * 30, 30)
+            if k % 4 == 2:  # an operation between steps: this frame is not steps alone
+                views.insert(3, view_from_record(
+                    ("eval", 99, 0x99, 1, 0, 50_000_000,
+                     {"train.step": k, "train.phase": "eval", "train.phase.kind": "monitor"},
+                     None, (), None, None), 0))
+            if by_loop:
+                shared.on_views(views)
+            else:
+                with shared.lock:
+                    shared.feed_group([(p, p.on_step, p.on_operation) for p in (ov, budget)],
+                                      views, False)
+            figures.append((ov.export_state(), budget.export_state()))
+        return figures, [r.getMessage() for r in caplog.records], shared.errors
+
+    caplog.set_level(logging.INFO)
+    fast, general = run(take), run(False)
+    assert fast == general
+    assert any("took" in m for m in fast[1]) and fast[2] >= 12
+    assert fast[0][-1][1]["slow_operations"]

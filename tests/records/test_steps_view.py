@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -234,3 +236,71 @@ def test_a_frame_of_steps_alone_goes_to_each_processor_in_one_call_a_failing_ste
                     ("grouped", 0), ("last", 0), ("grouped", 1), ("last", 1),
                     ("last", 2)]
     assert Batch.calls == 1 and shared.errors == 3 and shared._assembler.views == 3
+
+
+def test_a_view_by_view_group_s_members_after_its_last_reader_take_a_frame_whole_and_its_last_member_may_take_the_group(
+) -> None:
+    """Consecutive view_by_view processors: a reader (reads_before) sees the members before
+    it as of each view; the members after the group's last reader read no one's figures
+    as of a step and take the frame whole, each in one on_steps call. A last member's
+    take_group takes the frame for its group (False: fed view by view as usual); one that
+    raises past its guards is counted and starves nobody after it."""
+    from otel_train.records.span_rows import view_from_record
+
+    seen: list[Any] = []
+
+    class Counts(StepViewProcessor):
+        view_by_view = True
+        reads_before = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = 0
+
+        def on_step(self, view: StepView) -> None:
+            self.steps += 1
+
+    class Reader(StepViewProcessor):
+        view_by_view = True
+
+        def __init__(self, counts: Counts, take: Any = False) -> None:
+            super().__init__()
+            self.counts, self.take = counts, take
+
+        def on_step(self, view: StepView) -> None:
+            seen.append(("read", view.step, self.counts.steps))
+
+        def take_group(self, before, views, failed) -> bool:
+            if self.take == "raise":
+                raise RuntimeError("bug")
+            if self.take:
+                seen.append(("took", [type(p).__name__ for p in before], len(views)))
+            return bool(self.take)
+
+    class After(StepViewProcessor):
+        view_by_view = True
+        reads_before = False
+
+        def on_steps(self, views, failed) -> None:
+            seen.append(("after", [v.step for v in views]))
+
+    phase = ("forward", "train", None, 5, 1, 7, 100, 105, None, (), None, None)
+    views = [view_from_record(("train.step", 1, 7, 1, 100, 110, {A.STEP: i}, None, (),
+                                [phase], None), 0) for i in range(3)]
+    counts = Counts()
+    shared = SharedStepSpanProcessor([counts, Reader(counts), After()])
+    shared.on_views(views)
+    assert seen == [("read", 0, 1), ("read", 1, 2), ("read", 2, 3), ("after", [0, 1, 2])]
+    assert [len(g) for g in shared._groups] == [2, 1]
+
+    seen.clear()
+    counts = Counts()
+    shared = SharedStepSpanProcessor([counts, Reader(counts, take=True), After()])
+    shared.on_views(views)
+    assert seen == [("took", ["Counts"], 3), ("after", [0, 1, 2])] and counts.steps == 0
+
+    seen.clear()
+    counts = Counts()
+    shared = SharedStepSpanProcessor([counts, Reader(counts, take="raise"), After()])
+    shared.on_views(views)
+    assert seen == [("after", [0, 1, 2])] and shared.errors == 1
