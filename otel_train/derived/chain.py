@@ -6,7 +6,11 @@ goodput, then overhead, budget, throughput and the console report. From span rec
 frame in the exporter process, a drain in the training process:
 ``SharedStepSpanProcessor.on_views``), each processor takes the whole frame in turn, in that
 order, except the last four, which take it view by view together, so a console line reads
-the figures as of its own step. ``DerivedMetricsStage`` (derived/stage.py) builds this chain
+the figures as of its own step. Without the console, the budget alone reads another's
+figures as of a step (the overhead's, at its status checks and slow operations): the
+overhead and the budget then take a frame of steps in one loop, the overhead's
+(``BudgetSpanProcessor.take_group``), and the throughput takes it whole after them.
+``DerivedMetricsStage`` (derived/stage.py) builds this chain
 in the training process; with the exporter process (export/process/child.py) and
 ``metrics_in_export_process`` on, the exporter process builds it too from the same
 ``chain_settings`` (pipeline/settings.py) and feeds it, and the training process's chain becomes a copy: it loads

@@ -367,7 +367,9 @@ class SharedStepSpanProcessor(SpanProcessor):
         sees what the ones before it made of the whole frame: ``train.slow`` is marked on
         every view first. Consecutive processors that say ``view_by_view`` (the overhead,
         the budget, the throughput and the console) take the frame as a group, view by view,
-        so the console's line of a step reads the figures as of that step. A frame of steps
+        so the console's line of a step reads the figures as of that step; the members after
+        the group's last reader (``reads_before``) each take it whole, and a frame of steps
+        may be taken for the group by its last member (``take_group``). A frame of steps
         alone (the usual one) goes to each other processor in one call, its ``on_steps``.
         """
         with self.lock:
