@@ -249,8 +249,8 @@ class OverheadSpanProcessor(StepViewProcessor):
                     continue
                 try:
                     if unchecked + 1 < every and not (view.operations and (
-                            view.monitor_ns * 2 >= material * view.duration_ns
-                            or max(map(_duration_of, view.operations)) > slow_ns)):
+                            max(map(_duration_of, view.operations)) > slow_ns
+                            or view.monitor_ns * 2 >= material * view.duration_ns)):
                         unchecked += 1  # all its on_step does at this view
                         continue
                     self._put_sums(steps, last_step, wall_ns, mon_ns, rwall, rmon)

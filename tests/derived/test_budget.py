@@ -420,13 +420,14 @@ def test_several_operations_waiting_for_their_second_call_are_named_together() -
 def _budget_views(first: int, count: int) -> list[Any]:
     """Steps of 10 ms with a 0.2 ms monitor each (not material), every 7th a 4 ms one
     (material), every 11th a 2.5 s step with a 40 ms monitor (slow, limit 0.03 s, not
-    material), and one step the overhead cannot read (no duration)."""
+    material), and steps the overhead cannot read (no duration), with a slow operation."""
     from otel_train.records.span_rows import view_from_record
 
     out = []
     for i in range(first, first + count):
-        step_ns = 2_500_000_000 if i % 11 == 5 else 10_000_000
-        mon_ns = 40_000_000 if i % 11 == 5 else 4_000_000 if i % 7 == 0 else 200_000
+        slow_op = i % 11 == 5 or i % 53 == 49
+        step_ns = 2_500_000_000 if slow_op else 10_000_000
+        mon_ns = 40_000_000 if slow_op else 4_000_000 if i % 7 == 0 else 200_000
         phases = [("forward", "train", None, step_ns // 2, 1, 0x70 + i, 0, 1, None, (), None,
                    None),
                   ("inference", "monitor", None, mon_ns, 2, 0x70 + i, 0, 1, None, (), None,
@@ -434,7 +435,7 @@ def _budget_views(first: int, count: int) -> list[Any]:
         view = view_from_record(("train.step", i, 0x70 + i, 1, i * 10**10,
                                  i * 10**10 + step_ns, {"train.step": i}, None, (), phases,
                                  None), 0)
-        if i == first + 13:
+        if i % 53 == 49:  # with a slow operation: warned of before the budget fails
             view.duration_ns = None  # type: ignore[assignment]
         out.append(view)
     return out
