@@ -272,7 +272,8 @@ def _rich_record(i: int, start_ns: int) -> tuple[Any, ...]:
     train_ms = 3.0 + (i % 7) * 0.4 + (30.0 if i % 41 == 20 else 0.0)
     extra = ({A.DEVICE_BUSY: 0.002, A.MEMORY_PEAK_ALLOCATED: 1000 + i} if i % 13 == 5
              else None)
-    phases: list[tuple[Any, ...]] = [("data", "train", "train", 0.3, None),
+    loader = "val" if i % 5 == 2 else "train"  # a phase's key changing at its position
+    phases: list[tuple[Any, ...]] = [("data", "train", loader, 0.3, None),
                                      ("forward", "train", None, train_ms, extra),
                                      ("backward", "train", None, 2 * train_ms, None)]
     if i % 6 == 0:
