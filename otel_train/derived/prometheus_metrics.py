@@ -205,9 +205,11 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                 if view.slow:
                     self._slow_total[rank] += 1
                 last_end[rank] = end_s
-                k = 0
-                for ph in view.phases:
-                    c = at[k] if k < len(at) else _NO_PHASE
+                k, step_phases = 0, view.phases
+                if len(at) < len(step_phases):
+                    at += [_NO_PHASE] * (len(step_phases) - len(at))
+                for ph in step_phases:
+                    c = at[k]
                     if ph[0] is c[0] and ph[1] is c[1] and ph[2] is c[2]:  # P_KEY's
                         h = c[3]
                     else:
@@ -215,7 +217,7 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                         h = phases.get(key)  # type: ignore[union-attr]
                         if h is None:
                             h = phases[key] = _Histogram(len(bounds), exemplars=False)  # type: ignore[index]
-                        at[k:] = [(*key, h)]
+                        at[k] = (*key, h)
                     k += 1
                     s = ph[P_DURATION] / 1e9
                     h.counts[bisect_left(bounds, s)] += 1
