@@ -382,6 +382,8 @@ class SharedStepSpanProcessor(SpanProcessor):
                    views: Sequence[StepView], steps_only: bool) -> None:
         """One group of ``on_views`` takes the frame (``steps_only``: every view is a step).
         Never raises: a view a processor fails on is logged and counted, the rest go on."""
+        if len(views) == 1:  # one view (a drain of a long step): on_step, no frame set-up
+            steps_only = False
         if steps_only and len(group) == 1:
             proc = group[0][0]
             try:
