@@ -33,14 +33,34 @@ def group_label(group: list[tuple[Any, ...]]) -> str:
 
 
 def timed_on_views(shared: Any, views: Any, acc: dict[str, int]) -> None:
-    """``shared.on_views(views)``, each group's thread CPU added to ``acc[label]``."""
+    """``shared.on_views(views)``, each group's thread CPU added to ``acc[label]``; the
+    groups of consecutive ``view_by_view`` processors (split after their last reader)
+    under one label, "Overhead + Budget + Throughput" with the console off."""
+    labels = _joined_labels(shared._groups)
     with shared.lock:
         shared._assembler.views += len(views)
         steps_only = all(view.is_step for view in views)
-        for group in shared._groups:
+        for group, label in zip(shared._groups, labels):
             t0 = thread_time_ns()
             shared.feed_group(group, views, steps_only)
-            acc["chain: " + group_label(group)] += thread_time_ns() - t0
+            acc[label] += thread_time_ns() - t0
+
+
+def _joined_labels(groups: list[list[tuple[Any, ...]]]) -> list[str]:
+    """Each group's label: its processors' names, a run of view-by-view groups joined."""
+    runs: list[list[int]] = []
+    for i, group in enumerate(groups):
+        by_view = all(member[0].view_by_view for member in group)
+        if by_view and runs and all(m[0].view_by_view for m in groups[runs[-1][-1]]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    labels = [""] * len(groups)
+    for run in runs:
+        label = "chain: " + " + ".join(group_label(groups[i]) for i in run)
+        for i in run:
+            labels[i] = label
+    return labels
 
 
 def _task_cpu_ns() -> dict[int, int]:
