@@ -40,12 +40,8 @@ from otel_train.common import attributes as A
 from otel_train.common.drop_counter import DROP_REASONS, DropCounter
 from otel_train.derived.metrics_rank_label import without_rank
 from otel_train.derived.overhead import OverheadSpanProcessor
-from otel_train.records.steps_view import (
-    P_DURATION,
-    P_KEY,
-    StepView,
-    StepViewProcessor,
-)
+from otel_train.records.steps_view import (P_DURATION, P_KEY, P_KIND, P_LOADER, P_NAME,
+                                           StepView, StepViewProcessor)
 
 # Seconds. 30 must be a bound: the "one monitoring call > 30 s" alert reads le="30".
 DEFAULT_BUCKETS: tuple[float, ...] = (
@@ -210,7 +206,8 @@ class PrometheusMetricsSpanProcessor(StepViewProcessor):
                     at += [_NO_PHASE] * (len(step_phases) - len(at))
                 for ph in step_phases:
                     c = at[k]
-                    if ph[0] is c[0] and ph[1] is c[1] and ph[2] is c[2]:  # P_KEY's
+                    if (ph[P_NAME] is c[0] and ph[P_KIND] is c[1]  # the key's, by identity
+                            and ph[P_LOADER] is c[2]):
                         h = c[3]
                     else:
                         key = ph[P_KEY]
