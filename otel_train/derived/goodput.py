@@ -157,9 +157,11 @@ class GoodputSpanProcessor(StepViewProcessor):
                     if not self.first_step_seen:
                         parts["steps"], parts["evaluation"] = steps, evaluation
                         self.steps_since_save_ns, self.horizon_ns = since_save, horizon
-                        self.on_step(view)
-                        steps, evaluation = parts["steps"], parts["evaluation"]
-                        since_save, horizon = self.steps_since_save_ns, self.horizon_ns
+                        try:
+                            self.on_step(view)
+                        finally:  # what it added, even if it failed half-way
+                            steps, evaluation = parts["steps"], parts["evaluation"]
+                            since_save, horizon = self.steps_since_save_ns, self.horizon_ns
                         continue
                     monitor = view.monitor_ns
                     train = view.duration_ns - monitor

@@ -259,3 +259,40 @@ def test_an_mlp_loop_with_a_1s_checkpoint_every_100_steps_reports_goodput_within
     assert "otel-train: goodput" in proc.stderr  # the console's summary at the end
     report = (run_dir / "report.html").read_text()
     assert f"data-goodput='{env_['goodput_ratio']:.6f}'" in report
+
+
+def test_a_frame_of_steps_adds_up_as_step_by_step_even_where_a_step_fails_half_way() -> None:
+    """on_steps (the sums in locals over a frame) against on_step per view: the first step
+    failing after its sums (an unreadable end), checkpoint phases among the monitoring,
+    steps without monitoring; the same parts, horizon and saves."""
+    def views() -> list[Any]:
+        out = []
+        for i in range(40):
+            phases = [("forward", "train", None, 4_000_000, 1, 0x40 + i, 0, 1, None, (), None,
+                       None)]
+            if i % 3 == 0:
+                phases.append(("inference", "monitor", None, 500_000, 2, 0x40 + i, 0, 1, None,
+                               (), None, None))
+            if i % 7 == 2:
+                phases.append(("checkpoint", "monitor", None, 900_000, 3, 0x40 + i, 0, 1,
+                               None, (), None, None))
+            start = 2_000_000_000 + i * 10_000_000
+            view = view_from_record(("train.step", i, 0x40 + i, 1, start, start + 6_000_000,
+                                     {"train.step": i}, None, (), phases, None), 0)
+            out.append(view)
+        out[0].end_ns = None  # on_step fails at the horizon, after adding the step
+        out[9].duration_ns = None  # fails before adding anything
+        return out
+
+    settings = {"job_start_epoch_ns": 1_000_000_000}
+    by_frame, by_step = GoodputSpanProcessor(settings), GoodputSpanProcessor(settings)
+    failed: list[int] = []
+    by_frame.on_steps(views(), lambda proc, view, exc: failed.append(view.step))
+    for view in views():
+        try:
+            by_step.on_step(view)
+        except TypeError:
+            failed.append(view.step)
+    assert failed == [0, 9, 0, 9]
+    assert by_frame.export_state() == by_step.export_state()
+    assert by_frame.checkpoint_saves == 5 and by_frame.parts_ns["checkpoint"] > 0
