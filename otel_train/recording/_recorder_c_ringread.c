@@ -320,6 +320,8 @@ rr_append(PyObject *out, PyObject *item, uint64_t end, long long ordinal)
     PyTuple_SET_ITEM(t, 0, item);
     PyTuple_SET_ITEM(t, 1, at);
     PyTuple_SET_ITEM(t, 2, ord);
+    /* A RingStep (no GC type), QUEUED (a str) and ints: in no cycle, so not tracked */
+    PyObject_GC_UnTrack(t);
     int rc = PyList_Append(out, t);
     Py_DECREF(t);
     return rc;

@@ -401,6 +401,55 @@ ring_trace_id(PyObject *head, PyObject *index)
     return ring_trace_id_of(head, value);
 }
 
+/* int.from_bytes(d[:16], "big") or 1 (0 is the invalid trace id): one int made where
+ * CPython's _PyLong_FromByteArray is there (3.8 to 3.13), else of its two halves. */
+static PyObject *
+trace_id_from_digest(const unsigned char *d)
+{
+    uint64_t hi = 0, lo = 0;
+    for (int i = 0; i < 8; i++) {
+        hi = (hi << 8) | d[i];
+        lo = (lo << 8) | d[8 + i];
+    }
+    if (hi == 0 && lo == 0) {
+        return PyLong_FromLong(1);
+    }
+#if PY_VERSION_HEX >= 0x03080000 && PY_VERSION_HEX < 0x030E0000
+    return _PyLong_FromByteArray(d, 16, 0, 0);  /* big-endian, unsigned */
+#else
+    PyObject *high = PyLong_FromUnsignedLongLong(hi), *low = NULL, *shift = NULL,
+             *shifted = NULL, *out = NULL;
+    if (high != NULL && (low = PyLong_FromUnsignedLongLong(lo)) != NULL
+        && (shift = PyLong_FromLong(64)) != NULL
+        && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
+        out = PyNumber_Or(shifted, low);
+    }
+    Py_XDECREF(high);
+    Py_XDECREF(low);
+    Py_XDECREF(shift);
+    Py_XDECREF(shifted);
+    return out;
+#endif
+}
+
+/* The decimal digits of `value` (as "%lld" writes them) at the end of `buf` (24 bytes):
+ * their start. */
+static char *
+decimal_digits(long long value, char *buf)
+{
+    char *p = buf + 24;
+    unsigned long long u = value < 0 ? 0ULL - (unsigned long long)value
+                                     : (unsigned long long)value;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (value < 0) {
+        *--p = '-';
+    }
+    return p;
+}
+
 /* ring_trace_id of step `value` (NULL: an error is set). */
 static PyObject *
 ring_trace_id_of(PyObject *head, long long value)
@@ -412,10 +461,11 @@ ring_trace_id_of(PyObject *head, long long value)
         return NULL;
     }
     char text[24];
-    int n = snprintf(text, sizeof(text), "%lld", value);
+    char *digits = decimal_digits(value, text);
     PyObject *hash = PyObject_CallMethodNoArgs(head, rows_s_copy), *tail = NULL, *r = NULL,
              *digest = NULL, *out = NULL;
-    if (hash != NULL && (tail = PyBytes_FromStringAndSize(text, n)) != NULL
+    if (hash != NULL
+        && (tail = PyBytes_FromStringAndSize(digits, text + 24 - digits)) != NULL
         && (r = PyObject_CallMethodOneArg(hash, rows_s_update, tail)) != NULL
         && (digest = PyObject_CallMethodNoArgs(hash, rows_s_digest)) != NULL) {
         if (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 16) {
@@ -423,25 +473,7 @@ ring_trace_id_of(PyObject *head, long long value)
         }
         else {
             const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(digest);
-            uint64_t hi = 0, lo = 0;
-            for (int i = 0; i < 8; i++) {  /* int.from_bytes(digest, "big") */
-                hi = (hi << 8) | d[i];
-                lo = (lo << 8) | d[8 + i];
-            }
-            if (hi == 0 && lo == 0) {
-                lo = 1;  /* 0 is the invalid trace id */
-            }
-            PyObject *high = PyLong_FromUnsignedLongLong(hi), *low = NULL, *shift = NULL,
-                     *shifted = NULL;
-            if (high != NULL && (low = PyLong_FromUnsignedLongLong(lo)) != NULL
-                && (shift = PyLong_FromLong(64)) != NULL
-                && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
-                out = PyNumber_Or(shifted, low);
-            }
-            Py_XDECREF(high);
-            Py_XDECREF(low);
-            Py_XDECREF(shift);
-            Py_XDECREF(shifted);
+            out = trace_id_from_digest(d);
         }
     }
     Py_XDECREF(hash);
@@ -548,6 +580,10 @@ ring_phase_row(RingStepPhase *ph, Py_ssize_t ordinal, long long duration, long l
     for (int i = 0; i < 12; i++) {
         PyTuple_SET_ITEM(row, i, items[i]);  /* steals each */
     }
+    /* Strings, ints, None and the empty tuple: the row can be in no cycle, so the GC need
+     * not track it (its first collection would untrack it, after walking it); the records
+     * wait in queues through many collections. */
+    PyObject_GC_UnTrack(row);
     return row;
 }
 
