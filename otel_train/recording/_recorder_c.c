@@ -149,6 +149,10 @@ static PyMethodDef recorder_c_functions[] = {
     {"ring_trace_id", (PyCFunction)(void (*)(void))otr_ring_trace_id, METH_FASTCALL,
      "ring_trace_id(head, index) -> int | None: a copy of head (hashlib.blake2b of the run "
      "id's part, digest_size=16) fed str(index), as an int: step_trace_id's"},
+    {"ring_span_counts", (PyCFunction)(void (*)(void))otr_ring_span_counts, METH_FASTCALL,
+     "ring_span_counts(recs, offset_ns, cold_ns_per_span, last_end_ns) -> (warm, cold, "
+     "last_end_ns) | None: step records counted as the training process's own cost would "
+     "(twin: export.process.ring_build.span_counts)"},
     {"ring_read_items", (PyCFunction)(void (*)(void))otr_ring_read_items, METH_FASTCALL,
      "ring_read_items(buffer, capacity, position, max_items, move_tail, strings, phases, "
      "phase_type, queued): ([(item, end, ordinal)], position) of the step ring's "

@@ -129,6 +129,8 @@ PyObject *otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize
 /* A batch of ring steps' records, and a ring step's trace id (_recorder_c_rows.c). */
 PyObject *otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *otr_ring_trace_id(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Built records' warm and cold spans and latest end (_recorder_c_rows.c). */
+PyObject *otr_ring_span_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The step ring's records read from its bytes (see _recorder_c_ringread.c). */
 PyObject *otr_ring_read_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

@@ -917,3 +917,88 @@ otr_flat_step_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssi
     entry_cache_clear(&cache);
     return PyLong_FromSsize_t(k);
 }
+
+/* ---- ring_span_counts: what the training process's own cost reads of built records ---- */
+
+/* A record's field `i` as an int64 (0: it is no int within int64). */
+static int
+rec_ll(PyObject *rec, Py_ssize_t i, long long *value)
+{
+    PyObject *v = PyTuple_GET_ITEM(rec, i);
+    int overflow = 0;
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    *value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow;
+}
+
+/* ring_span_counts(recs, offset_ns, cold_ns_per_span, last_end_ns)
+ *     -> (warm_spans, cold_spans, last_end_ns) | None
+ *
+ * ring_build.span_counts in C (its twin): each step record's spans (root + phases) counted
+ * warm or cold as self_cost.is_cold_step says of its wall time (`spans > 0 and wall >=
+ * spans * cold_ns_per_span`), and the latest end (less the builder's offset) from
+ * last_end_ns on. None where a record holds what this does not read exactly (a field that
+ * is no int64, a phase field that is no list or None): the twin counts them. */
+PyObject *
+otr_ring_span_counts(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ring_span_counts(recs: list, offset_ns, cold_ns_per_span, last_end_ns)");
+        return NULL;
+    }
+    long long off = 0, per_span = 0, last = 0;
+    int overflow = 0;
+    if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
+        || !PyLong_CheckExact(args[3])) {
+        Py_RETURN_NONE;
+    }
+    off = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (!overflow) {
+        per_span = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    }
+    if (!overflow) {
+        last = PyLong_AsLongLongAndOverflow(args[3], &overflow);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    long long warm = 0, cold = 0;
+    PyObject *recs = args[0];
+    for (Py_ssize_t i = 0; !overflow && i < PyList_GET_SIZE(recs); i++) {
+        PyObject *rec = PyList_GET_ITEM(recs, i), *phases;
+        long long start, end, wall, spans = 1, charge;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) < 10
+            || !rec_ll(rec, 4, &start) || !rec_ll(rec, 5, &end)) {
+            Py_RETURN_NONE;
+        }
+        phases = PyTuple_GET_ITEM(rec, 9);
+        if (PyList_CheckExact(phases)) {
+            spans += PyList_GET_SIZE(phases);
+        }
+        else if (phases != Py_None) {
+            Py_RETURN_NONE;
+        }
+        overflow = __builtin_sub_overflow(start, off, &start)
+                   || __builtin_sub_overflow(end, off, &end)
+                   || __builtin_sub_overflow(end, start, &wall)
+                   || __builtin_mul_overflow(spans, per_span, &charge);
+        if (!overflow) {
+            if (wall >= charge) {  /* spans > 0 always: the root */
+                cold += spans;
+            }
+            else {
+                warm += spans;
+            }
+            if (end > last) {
+                last = end;
+            }
+        }
+    }
+    if (overflow) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LLL)", warm, cold, last);
+}
