@@ -45,7 +45,8 @@ from otel_train.records.device_readings import (
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
-from otel_train.records.step_batch import may_carry_rare_fields, step_trace_head, step_trace_ids
+from otel_train.records.step_batch import always_sampled, may_carry_rare_fields
+from otel_train.records.step_batch import step_trace_head, step_trace_ids
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_END,
@@ -202,7 +203,8 @@ class StepRecordBuilder:
         n = len(steps)
         while k < n:
             if many is not None:
-                j = many(steps, k, ids, self._trace_head, self.is_sampled, self._offset,
+                j = many(steps, k, ids, self._trace_head, None if self.is_sampled is
+                         always_sampled else self.is_sampled, self._offset,
                          self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS, out, every,
                          used)
                 used += j - k

@@ -59,6 +59,7 @@ from otel_train.recording.step_ring_reader import StepRingReader, unread_step_sp
 from otel_train.records.device_readings import HostRss
 from otel_train.common.attributes import STEP_SPAN_NAME
 from otel_train.records.span_rows import C_ATTRS, C_NAME, C_START, record_span_count
+from otel_train.records.step_batch import always_sampled
 from otel_train.records.step_records import StepRecordBuilder
 
 __all__ = ["MARKER_WAIT_SECONDS", "ChildRingFeed"]
@@ -96,7 +97,7 @@ class ChildRingFeed:
         # the metrics): every step is built sampled, as the training process's builder would.
         builder = StepRecordBuilder(
             settings["identity"], Resource(attrs, schema), InstrumentationScope(*scope),
-            settings["device_synced"], settings["device_type"], lambda trace_id: True,
+            settings["device_synced"], settings["device_type"], always_sampled,
             settings["offset_ns"], settings["span_timing"], settings["host_rss_every_steps"])
         builder.host_rss = HostRss(pid=settings["pid"])  # the training process's memory
         self._builder = builder
