@@ -450,30 +450,70 @@ decimal_digits(long long value, char *buf)
     return p;
 }
 
-/* ring_trace_id of step `value` (NULL: an error is set). */
-static PyObject *
-ring_trace_id_of(PyObject *head, long long value)
+/* The hash type's copy, update and digest, looked up on the type once (not on each object
+ * a step: three method lookups a trace id), for the type of the last head seen. */
+static PyObject *hash_type, *hash_copy, *hash_update, *hash_digest;
+
+static int
+hash_methods(PyObject *head)
 {
+    PyObject *type = (PyObject *)Py_TYPE(head);
+    if (type == hash_type) {
+        return 0;
+    }
     if (rows_s_digest == NULL
         && ((rows_s_copy = PyUnicode_InternFromString("copy")) == NULL
             || (rows_s_update = PyUnicode_InternFromString("update")) == NULL
             || (rows_s_digest = PyUnicode_InternFromString("digest")) == NULL)) {
+        return -1;
+    }
+    PyObject *c = PyObject_GetAttr(type, rows_s_copy);
+    PyObject *u = c ? PyObject_GetAttr(type, rows_s_update) : NULL;
+    PyObject *d = u ? PyObject_GetAttr(type, rows_s_digest) : NULL;
+    if (d == NULL) {
+        Py_XDECREF(c);
+        Py_XDECREF(u);
+        return -1;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(hash_type, type);
+    Py_XSETREF(hash_copy, c);
+    Py_XSETREF(hash_update, u);
+    Py_XSETREF(hash_digest, d);
+    return 0;
+}
+
+/* ring_trace_id of step `value` (NULL: an error is set): type(head).copy(head), its
+ * update(digits) and digest(), called as the type's functions with the object first (a
+ * copy of another type: its own methods). */
+static PyObject *
+ring_trace_id_of(PyObject *head, long long value)
+{
+    if (hash_methods(head) < 0) {
         return NULL;
     }
     char text[24];
     char *digits = decimal_digits(value, text);
-    PyObject *hash = PyObject_CallMethodNoArgs(head, rows_s_copy), *tail = NULL, *r = NULL,
+    PyObject *hash = PyObject_Vectorcall(hash_copy, &head, 1, NULL), *tail = NULL, *r = NULL,
              *digest = NULL, *out = NULL;
     if (hash != NULL
-        && (tail = PyBytes_FromStringAndSize(digits, text + 24 - digits)) != NULL
-        && (r = PyObject_CallMethodOneArg(hash, rows_s_update, tail)) != NULL
-        && (digest = PyObject_CallMethodNoArgs(hash, rows_s_digest)) != NULL) {
+        && (tail = PyBytes_FromStringAndSize(digits, text + 24 - digits)) != NULL) {
+        if ((PyObject *)Py_TYPE(hash) == hash_type) {
+            PyObject *args[2] = {hash, tail};
+            if ((r = PyObject_Vectorcall(hash_update, args, 2, NULL)) != NULL) {
+                digest = PyObject_Vectorcall(hash_digest, args, 1, NULL);
+            }
+        }
+        else if ((r = PyObject_CallMethodOneArg(hash, rows_s_update, tail)) != NULL) {
+            digest = PyObject_CallMethodNoArgs(hash, rows_s_digest);
+        }
+    }
+    if (digest != NULL) {
         if (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 16) {
             PyErr_SetString(PyExc_ValueError, "ring_trace_id: a 16-byte blake2b is needed");
         }
         else {
-            const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(digest);
-            out = trace_id_from_digest(d);
+            out = trace_id_from_digest((const unsigned char *)PyBytes_AS_STRING(digest));
         }
     }
     Py_XDECREF(hash);
