@@ -451,8 +451,10 @@ decimal_digits(long long value, char *buf)
 }
 
 /* The hash type's copy, update and digest, looked up on the type once (not on each object
- * a step: three method lookups a trace id), for the type of the last head seen. */
-static PyObject *hash_type, *hash_copy, *hash_update, *hash_digest;
+ * a step: three method lookups a trace id), for the type of the last head seen; and the
+ * bytearray the step's digits are written into for update (one, not a bytes a step: update
+ * reads it at once, under the GIL). */
+static PyObject *hash_type, *hash_copy, *hash_update, *hash_digest, *hash_digits;
 
 static int
 hash_methods(PyObject *head)
@@ -465,6 +467,9 @@ hash_methods(PyObject *head)
         && ((rows_s_copy = PyUnicode_InternFromString("copy")) == NULL
             || (rows_s_update = PyUnicode_InternFromString("update")) == NULL
             || (rows_s_digest = PyUnicode_InternFromString("digest")) == NULL)) {
+        return -1;
+    }
+    if (hash_digits == NULL && (hash_digits = PyByteArray_FromStringAndSize(NULL, 24)) == NULL) {
         return -1;
     }
     PyObject *c = PyObject_GetAttr(type, rows_s_copy);
@@ -496,8 +501,11 @@ ring_trace_id_of(PyObject *head, long long value)
     char *digits = decimal_digits(value, text);
     PyObject *hash = PyObject_Vectorcall(hash_copy, &head, 1, NULL), *tail = NULL, *r = NULL,
              *digest = NULL, *out = NULL;
-    if (hash != NULL
-        && (tail = PyBytes_FromStringAndSize(digits, text + 24 - digits)) != NULL) {
+    Py_ssize_t n = text + 24 - digits;
+    if (hash != NULL && PyByteArray_Resize(hash_digits, n) == 0) {
+        memcpy(PyByteArray_AS_STRING(hash_digits), digits, (size_t)n);
+        tail = hash_digits;
+        Py_INCREF(tail);
         if ((PyObject *)Py_TYPE(hash) == hash_type) {
             PyObject *args[2] = {hash, tail};
             if ((r = PyObject_Vectorcall(hash_update, args, 2, NULL)) != NULL) {
@@ -581,11 +589,12 @@ attr_empty(PyObject *step, PyObject *name)
 /* ---- the C reader's RingStep built from its C fields ------------------------------------ */
 
 /* A phase row of a RingStep (span_rows.py's layout, as phase_row makes it of the event
- * list), from C numbers; NULL on error. `named`: its name is data_name. */
+ * list), from C numbers; NULL on error. `named`: its name is data_name. `same_start`: an
+ * int equal to `start` to share (the step's start: its data phase opens with it), or NULL. */
 static PyObject *
 ring_phase_row(RingStepPhase *ph, Py_ssize_t ordinal, long long duration, long long start,
                long long end, PyObject *step_loader, PyObject *root_id, PyObject *data_name,
-               EntryCache *cache, int *named)
+               EntryCache *cache, int *named, PyObject *same_start)
 {
     PyObject *name, *kind, *own_loader;
     int own, data;
@@ -597,8 +606,12 @@ ring_phase_row(RingStepPhase *ph, Py_ssize_t ordinal, long long duration, long l
     Py_INCREF(loader);
     Py_DECREF(own_loader);
     PyObject *row = PyTuple_New(12);
+    if (same_start != NULL) {
+        Py_INCREF(same_start);
+    }
     PyObject *nums[4] = {PyLong_FromLongLong(duration), PyLong_FromSsize_t(ordinal),
-                         PyLong_FromLongLong(start), PyLong_FromLongLong(end)};
+                         same_start ? same_start : PyLong_FromLongLong(start),
+                         PyLong_FromLongLong(end)};
     PyObject *no_events = PyTuple_New(0);
     if (row == NULL || no_events == NULL || !nums[0] || !nums[1] || !nums[2] || !nums[3]) {
         Py_XDECREF(row);
@@ -669,10 +682,10 @@ ring_root_attributes(PyObject *index, PyObject *loader, int input, PyObject *las
 
 /* The phase rows of RingStep `s`, its data phases' time summed into `*data_ns`: a new
  * list, Py_None (a new reference) where a number leaves int64 (the general path builds
- * it), NULL on error. */
+ * it), NULL on error. `step_start`: the record's start, shared by a phase starting then. */
 static PyObject *
 ring_phase_rows(RingStepCore *s, PyObject *root_id, long long off, PyObject *data_name,
-                EntryCache *cache, long long *data_ns)
+                EntryCache *cache, long long *data_ns, PyObject *step_start)
 {
     Py_ssize_t n = Py_SIZE(s);
     long long start, end, duration, sum = 0;
@@ -691,7 +704,7 @@ ring_phase_rows(RingStepCore *s, PyObject *root_id, long long off, PyObject *dat
         duration = ph->end_ns - ph->start_ns;
         PyObject *row = ring_phase_row(ph, k + 1, duration, ph->start_ns + off,
                                        ph->end_ns + off, s->loader, root_id, data_name, cache,
-                                       &named);
+                                       &named, ph->start_ns == s->start_ns ? step_start : NULL);
         if (row == NULL) {
             Py_CLEAR(rows);
             break;
@@ -725,19 +738,22 @@ ring_step_record(RingStepCore *s, PyObject *const *a, PyObject *root_id, long lo
         || __builtin_sub_overflow(s->end_ns, s->start_ns, &wall)) {
         return 0;
     }
-    PyObject *rows = ring_phase_rows(s, root_id, off, c[0], cache, &data_ns);
+    PyObject *t0 = PyLong_FromLongLong(start);
+    PyObject *rows = t0 ? ring_phase_rows(s, root_id, off, c[0], cache, &data_ns, t0) : NULL;
     if (rows == NULL || rows == Py_None) {
+        Py_XDECREF(t0);
         Py_XDECREF(rows);
         return rows == NULL ? -1 : 0;
     }
     int input = ring_input_bound(data_ns, wall, c[7]);
     if (input < 0) {
+        Py_DECREF(t0);
         Py_DECREF(rows);
         return 0;
     }
     int rc = -1;
     PyObject *index = PyLong_FromLongLong(s->index), *trace = NULL, *flags = NULL,
-             *attrs = NULL, *t0 = NULL, *t1 = NULL, *events = NULL, *rec = NULL;
+             *attrs = NULL, *t1 = NULL, *events = NULL, *rec = NULL;
     if (index == NULL || (trace = ring_trace_id_of(a[3], s->index)) == NULL) {
         goto done;
     }
@@ -756,7 +772,7 @@ ring_step_record(RingStepCore *s, PyObject *const *a, PyObject *root_id, long lo
         Py_INCREF(flags);
     }
     if ((attrs = ring_root_attributes(index, s->loader, input, a[6], c)) == NULL
-        || (t0 = PyLong_FromLongLong(start)) == NULL || (t1 = PyLong_FromLongLong(end)) == NULL
+        || (t1 = PyLong_FromLongLong(end)) == NULL
         || (events = PyTuple_New(0)) == NULL
         || (rec = PyTuple_Pack(11, a[7], trace, root_id, flags, t0, t1, attrs, Py_None, events,
                                rows, Py_None)) == NULL) {
