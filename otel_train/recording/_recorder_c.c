@@ -149,9 +149,13 @@ static PyMethodDef recorder_c_functions[] = {
     {"ring_trace_id", (PyCFunction)(void (*)(void))otr_ring_trace_id, METH_FASTCALL,
      "ring_trace_id(head, index) -> int | None: a copy of head (hashlib.blake2b of the run "
      "id's part, digest_size=16) fed str(index), as an int: step_trace_id's"},
+    {"ring_span_counts", (PyCFunction)(void (*)(void))otr_ring_span_counts, METH_FASTCALL,
+     "ring_span_counts(recs, offset_ns, cold_ns_per_span, last_end_ns) -> (warm, cold, "
+     "last_end_ns) | None: step records counted as the training process's own cost would "
+     "(twin: export.process.ring_build.span_counts)"},
     {"ring_read_items", (PyCFunction)(void (*)(void))otr_ring_read_items, METH_FASTCALL,
      "ring_read_items(buffer, capacity, position, max_items, move_tail, strings, phases, "
-     "phase_type, step_type, queued): ([(item, end, ordinal)], position) of the step ring's "
+     "phase_type, queued): ([(item, end, ordinal)], position) of the step ring's "
      "records from position (twin: step_ring_reader.StepRingReader._read_items_python)."},
     {NULL, NULL, 0, NULL},
 };
@@ -210,7 +214,7 @@ PyInit__recorder_c(void)
     struct { const char *name; PyTypeObject *type; } types[] = {
         {"RecorderCore", &otr_RecorderCore_Type}, {"PhaseCore", &otr_PhaseCore_Type},
         {"StepCore", &otr_StepCore_Type}, {"StepLoop", &otr_StepLoop_Type},
-        {"RingWriterCore", &otr_RingWriterCore_Type},
+        {"RingWriterCore", &otr_RingWriterCore_Type}, {"RingStep", &otr_RingStep_Type},
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         if (PyType_Ready(types[i].type) < 0) {

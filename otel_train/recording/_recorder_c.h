@@ -19,7 +19,7 @@ extern PyObject *otr_one;             /* 1, for next_index + 1 */
 extern PyObject *otr_zero;            /* 0: a step's end_ns until it ends */
 
 extern PyTypeObject otr_RecorderCore_Type, otr_PhaseCore_Type, otr_StepCore_Type,
-    otr_StepLoop_Type, otr_RingWriterCore_Type;
+    otr_StepLoop_Type, otr_RingWriterCore_Type, otr_RingStep_Type;
 
 /* The recorder's hot fields (see _recorder_c.c). */
 typedef struct {
@@ -56,6 +56,23 @@ typedef struct {
     PyObject *batch;
     PyObject *error;
 } StepCore;
+
+/* A flat step read back from the step ring (_recorder_c_ringread.c): its phases' entries
+ * and times kept in C, the event list made only when `ev` is read; flat_step_records
+ * (_recorder_c_rows.c) builds its record from these fields. */
+typedef struct {
+    PyObject *phase; /* the RingPhase (strong reference) */
+    long long start_ns, end_ns;
+} RingStepPhase;
+
+typedef struct {
+    PyObject_VAR_HEAD /* ob_size: its phases */
+    long long index, start_ns, end_ns;
+    PyObject *loader; /* str or None */
+    PyObject *attrs;  /* dict, or NULL: None */
+    PyObject *ev;     /* the event list once read, else NULL */
+    RingStepPhase phases[1];
+} RingStepCore;
 
 /* A new reference to perf_counter_ns() as an int, or NULL with an exception set. */
 static inline PyObject *
@@ -112,6 +129,8 @@ PyObject *otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize
 /* A batch of ring steps' records, and a ring step's trace id (_recorder_c_rows.c). */
 PyObject *otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *otr_ring_trace_id(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* Built records' warm and cold spans and latest end (_recorder_c_rows.c). */
+PyObject *otr_ring_span_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The step ring's records read from its bytes (see _recorder_c_ringread.c). */
 PyObject *otr_ring_read_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

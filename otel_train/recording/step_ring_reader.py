@@ -6,7 +6,9 @@ reader, ``_recorder_c_ringread.c``, used where the accelerator was built, loads 
 acquire; the Python read loop, its twin, relies on x86 keeping loads in order), keeps the strings and phases each definition record sends, and moves ``tail`` past each
 record it has read, which frees its room for the writer. A ``RingStep`` has the fields the
 record builder (``records/step_records.py``) reads of a ``Step``, so a step from the ring is
-built by the same code as one from the queue.
+built by the same code as one from the queue. The C reader makes its C twin
+(``_recorder_c.RingStep``: the same fields, read only, its phases kept in C and its event
+list made only when read), whose record ``flat_step_records`` builds from those C fields.
 
 Usage::
 
@@ -73,7 +75,8 @@ class RingPhase(PhaseEntry):
 
 class RingStep:
     """A finished flat step read back from the ring, with the fields the record builder
-    (``records/step_records.py``) reads of a ``Step``; the rare ones are never set."""
+    (``records/step_records.py``) reads of a ``Step``; the rare ones are never set. The
+    Python reader's; the C reader makes ``_recorder_c.RingStep``, its twin."""
 
     __slots__ = ("index", "loader", "start_ns", "end_ns", "ev", "attrs")
     error = None
@@ -155,7 +158,7 @@ class StepRingReader:
             return self._read_items_python(max_items)
         out, self.position = read(self._buf, self._cap, self.position, max_items,
                                   self.move_tail, self.strings, self.phases, RingPhase,
-                                  RingStep, QUEUED)
+                                  QUEUED)
         if not self.move_tail:
             U64.pack_into(self._buf, OFF_READ, self.position)
         return out

@@ -8,7 +8,10 @@ time in the exporter process. Two things it would otherwise work out per step:
   (``flat_step_records``);
 - :func:`may_carry_rare_fields`: whether a step's class can hold the stall watchdog's or the
   governing schedule's events at all (the ring's ``RingStep`` cannot: slots alone), read
-  once per class rather than two failed attribute lookups a step.
+  once per class rather than two failed attribute lookups a step;
+- :func:`always_sampled`: the sampler of a builder whose every step is sampled (the exporter
+  process's, where the tail sampler decides later): ``flat_step_records`` then marks each
+  step sampled without a call a step.
 
 Usage::
 
@@ -25,7 +28,7 @@ from typing import Any
 
 from otel_train.common.identity import step_trace_id
 
-__all__ = ["may_carry_rare_fields", "step_trace_head", "step_trace_ids"]
+__all__ = ["always_sampled", "may_carry_rare_fields", "step_trace_head", "step_trace_ids"]
 
 
 def step_trace_head(run_id: str) -> Any:
@@ -62,3 +65,8 @@ def may_carry_rare_fields(kind: type) -> bool:
     new attribute (slots alone, as the step ring's ``RingStep``), cannot."""
     return (hasattr(kind, "stall_events") or hasattr(kind, "governing_events")
             or kind.__dictoffset__ != 0)  # type: ignore[attr-defined]
+
+
+def always_sampled(trace_id: int) -> bool:
+    """Every trace is sampled (a builder given this is not asked step by step)."""
+    return True

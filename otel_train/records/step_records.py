@@ -34,6 +34,7 @@ from otel_train.recording.recorder import (
     flat_events,
 )
 from otel_train.recording.collectives import CollectiveLog
+from otel_train.recording.step_ring_reader import RingStep
 from otel_train.recording.device import TIMING_EVENTS, TIMING_HOST, TIMING_SYNC
 from otel_train.records.attribute_values import AttributeLimits, plain_attributes
 from otel_train.records.device_readings import (
@@ -44,7 +45,8 @@ from otel_train.records.device_readings import (
     label_step,
 )
 from otel_train.records.comm_summary import comm_summary
-from otel_train.records.step_batch import may_carry_rare_fields, step_trace_head, step_trace_ids
+from otel_train.records.step_batch import always_sampled, may_carry_rare_fields
+from otel_train.records.step_batch import step_trace_head, step_trace_ids
 from otel_train.records.span_rows import (
     C_ATTRS,
     C_END,
@@ -184,7 +186,9 @@ class StepRecordBuilder:
         time. A step that cannot be built is handed to ``failed`` and left out, the others
         go on."""
         steps = list(steps)
-        ids = draw_span_ids(sum(1 for s in steps if not (s.span_ids and s.span_ids.get(-1))))
+        kinds = set(map(type, steps))
+        ids = draw_span_ids(len(steps) if kinds <= _RING_STEP_TYPES else sum(
+            1 for s in steps if not (s.span_ids and s.span_ids.get(-1))))
         out: list[tuple[Any, ...]] = []
         flat = _flat_record
         # What sends every step of the run to the Python path (``_plain``), read once; a
@@ -193,13 +197,14 @@ class StepRecordBuilder:
             flat = None
         every = self.host_rss_every_steps
         many = _flat_records if flat is not None and self._trace_head is not None else None
-        if many is not None and any(self._carries_rare(kind) for kind in {type(s) for s in steps}):
+        if many is not None and any(self._carries_rare(kind) for kind in kinds):
             many = None  # a class that may hold a stall's or a schedule's events: one by one
         k = used = 0
         n = len(steps)
         while k < n:
             if many is not None:
-                j = many(steps, k, ids, self._trace_head, self.is_sampled, self._offset,
+                j = many(steps, k, ids, self._trace_head, None if self.is_sampled is
+                         always_sampled else self.is_sampled, self._offset,
                          self._device_bound, _STEP_SPAN_NAME, _FLAT_CONSTANTS, out, every,
                          used)
                 used += j - k
@@ -453,6 +458,10 @@ _flat_record: Callable[..., tuple[Any, ...] | None] | None = FLAT_STEP_RECORD
 # Runs of ring steps in one call, their trace ids hashed in C (``step_records``), where the
 # accelerator was built: ``flat_step_record`` and ``step_trace_id`` are its twins.
 _flat_records: Callable[..., int] | None = getattr(_recorder_c, "flat_step_records", None)
+# The ring readers' step classes: a step of these never holds span ids of its own (none was
+# handed to a user span), so a run of them draws a root id each.
+_RING_STEP_TYPES = frozenset(t for t in (RingStep, getattr(_recorder_c, "RingStep", None))
+                             if t is not None)
 _FLAT_CONSTANTS = (_DATA, _STEP, _DATALOADER, _SLOW, A.STEP_BOUND, A.BOUND_INPUT,
                    A.BOUND_COMPUTE, BOUND_INPUT_SHARE)
 # Most of a record's Python was its flat phase rows: in C where the accelerator was built

@@ -16,7 +16,7 @@ import pytest
 from train_helpers import clean_env  # noqa: F401  (clean_env: autouse)
 
 from otel_train.common.drop_counter import DropCounter
-from otel_train.common.identity import RunIdentity
+from otel_train.common.identity import RunIdentity, step_trace_id
 from otel_train.recording import step_ring_reader
 from otel_train.recording.recorder import Recorder
 from otel_train.recording.step_ring import (
@@ -189,3 +189,68 @@ def test_otel_train_pure_python_selects_the_python_ring_reader():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "pure Python"
+
+
+@needs_c
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ring_steps_built_from_the_c_readers_fields_equal_the_python_readers_built_in_python(
+        monkeypatch, seed):
+    """flat_step_records builds the C reader's RingSteps from their C fields (no event
+    list); the Python reader's RingSteps built by the pure-Python path give the same records,
+    over every shape the ring carries: attributes (left to Python), own loaders, steps whose
+    numbers leave int64 with the offset or whose data time is past 2**53 (the general path),
+    a carried device verdict, the sampling decision, a memory reading every N-th step, an
+    event list already read, a sampler that raises on one trace id (that step handed over)."""
+    steps = _steps(300, seed)
+    for step in steps[3::13]:  # a data phase past 2**53 ns, the offset still within int64
+        step.start_ns, step.end_ns = 0, 2**60
+        step.ev[1], step.ev[2] = 0, 2**60 - 5
+    ring = StepRing.create(1 << 17)
+    writer = StepRingWriter(ring, Recorder(10**4, DropCounter(), None))
+    for step in steps:
+        writer.write_step(step)
+    c_steps = [s for s, _, _ in StepRingReader(ring, move_tail=False).read_items()
+               if s is not QUEUED]
+    py_steps = [s for s, _, _ in StepRingReader(StepRing.open(os.dup(ring.fd)),
+                                                move_tail=False)._read_items_python()
+                if s is not QUEUED]
+    assert type(c_steps[0]) is not type(py_steps[0]) and len(c_steps) == len(py_steps) > 200
+    for s in c_steps[5::17]:
+        assert s.ev  # read: the general path builds it
+    bad = py_steps[40].index
+
+    def built(items: list[Any], c: bool, verdict: str | None, rss_every: int) -> Any:
+        with pytest.MonkeyPatch.context() as mp:
+            if not c:
+                mp.setattr(step_records, "_flat_records", None)
+                mp.setattr(step_records, "_flat_record", None)
+            bad_trace = step_trace_id("reader", bad)
+
+            def sampled(trace_id: int) -> bool:
+                if trace_id == bad_trace:
+                    raise ZeroDivisionError("a sampler that fails on one step")
+                return trace_id % 3 > 0
+
+            b = StepRecordBuilder(RunIdentity("reader", 0, 1, 0, "option"),
+                                  Resource({"service.name": "reader"}),
+                                  InstrumentationScope("otel-train", "1"), False, "cpu",
+                                  sampled, 10**18, host_rss_every_steps=rss_every)
+            b._device_bound = verdict
+            random.seed(seed)
+            failed: list[Any] = []
+            out = b.step_records(items, lambda s, e: failed.append((s.index, type(e))))
+            for r in out:
+                r[6].pop("train.memory.host_rss_bytes", None)
+            return out, failed, random.getrandbits(64)
+
+    for verdict, rss_every in [(None, 0), ("input", 0), ("compute", 7), ("", 3)]:
+        c_out, c_failed, c_after = built(c_steps, True, verdict, rss_every)
+        py_out, py_failed, py_after = built(py_steps, False, verdict, rss_every)
+        assert c_out == py_out and c_failed == py_failed == [(bad, ZeroDivisionError)]
+        assert c_after == py_after  # the same ids drawn
+        assert [[list(map(type, p)) for p in r[9]] for r in c_out] == \
+            [[list(map(type, p)) for p in r[9]] for r in py_out]
+        assert [[type(v) for v in r[:6]] for r in c_out] == [[type(v) for v in r[:6]]
+                                                             for r in py_out]
+    bounds = {r[6]["train.step.bound"] for r in c_out}
+    assert {"input", "compute"} <= bounds

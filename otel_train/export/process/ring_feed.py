@@ -51,14 +51,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.export.process.ring_build import RingRecordBuilds
+from otel_train.export.process.ring_comm import CollectivesWait
 from otel_train.export.process.ring_pace import RingPace
+from otel_train.export.process.ring_runs import take_steps
 from otel_train.export.process.ring_settle import RingSettlement
-from otel_train.recording.collectives import CollectiveLog
 from otel_train.recording.step_ring import QUEUED, StepRing
 from otel_train.recording.step_ring_reader import StepRingReader, unread_step_spans
 from otel_train.records.device_readings import HostRss
 from otel_train.common.attributes import STEP_SPAN_NAME
 from otel_train.records.span_rows import C_ATTRS, C_NAME, C_START, record_span_count
+from otel_train.records.step_batch import always_sampled
 from otel_train.records.step_records import StepRecordBuilder
 
 __all__ = ["MARKER_WAIT_SECONDS", "ChildRingFeed"]
@@ -96,7 +98,7 @@ class ChildRingFeed:
         # the metrics): every step is built sampled, as the training process's builder would.
         builder = StepRecordBuilder(
             settings["identity"], Resource(attrs, schema), InstrumentationScope(*scope),
-            settings["device_synced"], settings["device_type"], lambda trace_id: True,
+            settings["device_synced"], settings["device_type"], always_sampled,
             settings["offset_ns"], settings["span_timing"], settings["host_rss_every_steps"])
         builder.host_rss = HostRss(pid=settings["pid"])  # the training process's memory
         self._builder = builder
@@ -117,10 +119,9 @@ class ChildRingFeed:
         self._items: deque[tuple[Any, int, int]] = deque()  # read, not yet handed on
         self._markers = 0  # markers passed: the next marker's ordinal
         self._waiting_since: float | None = None  # at a marker whose record has not come
-        # Collectives (when the training process times them): its entries come in frames,
-        # complete up to this time; a step ending after it waits for the next.
-        self._comm_complete_ns = 0
-        self._comm_waiting_since: float | None = None
+        # Collectives (when the training process times them): a step waits for the entries
+        # that cover it (ring_comm.py).
+        self._comm = CollectivesWait(builder, self._reader)
         self._parent_cost_ns = 0
         # Accounting: the hand-overs to the stage and what of them is settled.
         self.settlement = RingSettlement(self._reader)
@@ -162,12 +163,8 @@ class ChildRingFeed:
 
     def add_collectives(self, entries: list[list[Any]], complete_ns: int) -> None:
         """Collectives' entries from the training process, complete up to ``complete_ns``:
-        from now on a ring step waits (bounded) until they cover its end."""
-        log = self._builder.collectives
-        if log is None:
-            log = self._builder.collectives = CollectiveLog()
-        log.extend(entries)
-        self._comm_complete_ns = max(self._comm_complete_ns, complete_ns)
+        from now on a ring step waits (bounded) until they cover its end (ring_comm.py)."""
+        self._comm.add(entries, complete_ns)
         self._wake.set()
 
     def catch_up(self, deadline: float) -> None:
@@ -230,8 +227,7 @@ class ChildRingFeed:
         # Whether the run times collectives, read once after the read: the writer says so
         # before it writes the first step that waits for them, so a step read before this
         # read of the flag saw it set if it had to.
-        comm = (self._builder.collectives is not None or self._reader.collectives_timed()) \
-            and not final
+        comm = self._comm.timed() and not final
         moved = False
         batch: list[Any] = []
         run: list[Any] = []  # steps to build, in order
@@ -251,13 +247,17 @@ class ChildRingFeed:
                 batch_end = self._position
                 moved = True
                 continue
-            if comm and self._comm_pending(item.end_ns):
+            if comm and self._comm.pending(item.end_ns, MARKER_WAIT_SECONDS):
                 break
             if self._first_start_ns is None and not self._startup_done:
                 if self._first_waits(final):
                     break  # the first step waits for start_run's time (bounded)
                 self._first_start_ns = item.start_ns
                 self._emit_startup()
+            elif not comm:  # nothing to wait for: every step up to the next marker at once
+                batch_end = take_steps(items, run)
+                moved = True
+                continue
             popleft()
             run.append(item)
             batch_end = end
@@ -297,24 +297,6 @@ class ChildRingFeed:
         """The run's first step waits for start_run's time (``set_ready``), bounded."""
         return (not self._ready_known and not final
                 and time.monotonic() - self._started < _READY_WAIT_SECONDS)
-
-    def _comm_pending(self, end_ns: int) -> bool:
-        """The run times collectives and their entries do not cover a step ending at
-        ``end_ns`` yet: it waits (``MARKER_WAIT_SECONDS`` at most)."""
-        if self._builder.collectives is None:
-            if not self._reader.collectives_timed():
-                return False
-            self._builder.collectives = CollectiveLog()  # their entries are to come
-        if end_ns <= self._comm_complete_ns:
-            self._comm_waiting_since = None
-            return False
-        now = time.monotonic()
-        if self._comm_waiting_since is None:
-            self._comm_waiting_since = now
-        if now - self._comm_waiting_since < MARKER_WAIT_SECONDS:
-            return True
-        self._comm_waiting_since = None  # built without them
-        return False
 
     def _first_step(self, rec: tuple[Any, ...]) -> None:
         """The run's first step's record: it carries a resumed run's attributes."""
