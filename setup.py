@@ -11,6 +11,8 @@ from setuptools import Extension, setup
 _SOURCES = ["otel_train/recording/_recorder_c.c", "otel_train/recording/_recorder_c_phase.c",
             "otel_train/recording/_recorder_c_step.c", "otel_train/recording/_recorder_c_loop.c",
             "otel_train/recording/_recorder_c_rows.c",
+            "otel_train/recording/_recorder_c_ringrows.c",
+            "otel_train/recording/_recorder_c_ringids.c",
             "otel_train/recording/_recorder_c_ring.c",
             "otel_train/recording/_recorder_c_ringread.c"]
 

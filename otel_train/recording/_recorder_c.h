@@ -126,10 +126,44 @@ int otr_ring_write(PyObject *writer, PyObject *step);
 PyObject *otr_flat_phase_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* A flat step's whole span record, or None (_recorder_c_rows.c). */
 PyObject *otr_flat_step_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-/* A batch of ring steps' records, and a ring step's trace id (_recorder_c_rows.c). */
+
+/* What _recorder_c_ringrows.c builds ring steps' records with (_recorder_c_rows.c). */
+/* A phase entry's fields as a row reads them, kept through one flat_step_records call
+ * (a run's steps share their phase entries: each is read once a call, not once a step). */
+#define ENTRY_CACHE_SIZE 32
+typedef struct {
+    PyObject *entry, *name, *kind, *loader; /* strong references */
+    int own;                                /* the entry's loader is true */
+    int data;                               /* no own loader, and its name is data_name */
+    int named_data;                         /* its name equals data_name */
+} EntryFields;
+
+typedef struct {
+    EntryFields e[ENTRY_CACHE_SIZE];
+    int n;
+} EntryCache;
+void otr_entry_cache_clear(EntryCache *cache);
+/* A phase entry's row fields (new references), from `cache` when it holds the entry. */
+int otr_entry_row_fields(EntryCache *cache, PyObject *entry, PyObject *data_name,
+                         PyObject **name, PyObject **kind, PyObject **own_loader, int *own,
+                         int *data, int *named);
+/* One phase's row (span_rows.py's layout), a new reference or NULL. */
+PyObject *otr_phase_row(PyObject **item, Py_ssize_t ordinal, PyObject *step_loader,
+                        PyObject *root_id, PyObject *offset, PyObject *data_name,
+                        EntryCache *cache);
+/* A flat step's record's root attributes, or NULL. */
+PyObject *otr_flat_root_attributes(PyObject *const *args, PyObject *rows, PyObject *const *c);
+/* flat_step_record's body, reading phase entries through `cache` (NULL: none). */
+PyObject *otr_flat_step_record_impl(PyObject *const *args, EntryCache *cache);
+
+/* A batch of ring steps' records (_recorder_c_ringrows.c). */
 PyObject *otr_flat_step_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* A ring step's trace id (_recorder_c_ringids.c): of an int `index` (NULL, no error set,
+ * for one that is no int within 64 bits), of a C value, and the module's ring_trace_id. */
+PyObject *otr_ring_trace_id_index(PyObject *head, PyObject *index);
+PyObject *otr_ring_trace_id_of(PyObject *head, long long value);
 PyObject *otr_ring_trace_id(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-/* Built records' warm and cold spans and latest end (_recorder_c_rows.c). */
+/* Built records' warm and cold spans and latest end (_recorder_c_ringrows.c). */
 PyObject *otr_ring_span_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The step ring's records read from its bytes (see _recorder_c_ringread.c). */
 PyObject *otr_ring_read_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
