@@ -348,7 +348,7 @@ def _grpc_outcome(code: Any, details: str) -> ExportOutcome:
 
 class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
     """OTLP/HTTP: one POST per send, on a (reused) daemon thread, with the SDK client's
-    settings; through the SDK's urllib3 transport where it stands in exactly for requests
+    settings; through a lean HTTP/1.1 POST where it stands in exactly for requests
     (http_sender.py)."""
 
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
