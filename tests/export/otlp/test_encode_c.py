@@ -353,3 +353,36 @@ def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
             assert enc.records_in_c >= 40
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] == [broken]
+
+
+@needs_c
+def test_a_request_joined_in_c_is_the_python_joins_bytes(tmp_path):
+    """_Encoder.request with the C join (request_body) against the Python join alone: with
+    and without schema URLs (a long one: two-byte lengths), no spans, a request over 2 MiB
+    (four-byte lengths), and user spans of their own scope among them (left to the Python,
+    which groups them by scope)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_train.records.span_rows import RowSpanFactory
+
+    records, user_rows, factory = _records(tmp_path)
+    own = [s for rec in records for s in _Encoder(accelerated=False).record(
+        rec, factory.run_constants)]
+    assert own and all(type(s) is bytes for s in own)
+    user = [_Encoder().row_field(row, factory.run_constants) for row in user_rows]
+    assert any(type(s) is not bytes for s in user)  # a user span of its own scope
+    batches = [own, [], own * 2000, own[:1], own + user]
+    for r_schema, s_schema in (("", ""), ("https://r/1", "https://s/" + "x" * 300)):
+        schemed = RowSpanFactory(Resource(dict(factory.resource.attributes), r_schema),
+                                 InstrumentationScope("otel_train", "1.0", s_schema),
+                                 factory.run_constants)
+        for batch in batches:
+            bodies = [_Encoder(accelerated=a).request(batch, schemed.resource, schemed.scope)
+                      for a in (False, True)]
+            assert bodies[0] == bodies[1]
+            assert len(ExportTraceServiceRequest.FromString(bodies[1]).resource_spans) == 1
+    joined = encoding._encode_c.request_body
+    assert joined(b"", b"", [b"x", bytearray(b"y")], b"", b"") is None  # not bytes: Python's
+    with pytest.raises(TypeError):
+        joined(b"", b"", (b"x",), b"", b"")
