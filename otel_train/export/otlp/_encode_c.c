@@ -20,6 +20,7 @@
  *     configure(step, phase, kind, loader, slow, timing_keys, kind_internal, unset_local)
  *     fields = step_fields(rec, span_ids, constants_block, constant_keys)  # list or None
  *     body = request_body(resource, scope, fields, scope_tail, resource_tail)  # or None
+ *     n = run_draws(recs, k)  # int or None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -722,6 +723,46 @@ steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(nn)", k, at);
 }
 
+/* run_draws(recs, k) -> int | None: the phase span ids the run of records from recs[k]
+ * draws, up to the first record that draws none or its own (no phases, or ids handed to
+ * user spans): span_fields._run_draws, the twin. None for a record of another shape on the
+ * way (not a record tuple, phases not a list or tuple, ids neither None nor a dict): the
+ * Python counts then. */
+static PyObject *
+run_draws(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "run_draws(recs: list, k: int)");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *recs = args[0];
+    Py_ssize_t total = 0;
+    for (k = k < 0 ? 0 : k; k < PyList_GET_SIZE(recs); k++) {
+        PyObject *rec = PyList_GET_ITEM(recs, k);
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
+            Py_RETURN_NONE;
+        }
+        PyObject *phases = PyTuple_GET_ITEM(rec, C_PHASES), *ids = PyTuple_GET_ITEM(rec, C_IDS);
+        if (phases == Py_None) {  /* an operation between steps: draws none */
+            break;
+        }
+        if ((!PyList_CheckExact(phases) && !PyTuple_CheckExact(phases))
+            || (ids != Py_None && !PyDict_CheckExact(ids))) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(phases);
+        if (n == 0 || (ids != Py_None && PyDict_GET_SIZE(ids) > 0)) {
+            break;
+        }
+        total += n;
+    }
+    return PyLong_FromSsize_t(total);
+}
+
 /* request_body(resource, scope, fields, scope_tail, resource_tail) -> bytes | None:
  * the ExportTraceServiceRequest of one ResourceSpans (tag 1) with one ScopeSpans (tag 2):
  * the Resource field, then the ScopeSpans' scope field, its spans' fields and its tail (its
@@ -810,6 +851,9 @@ static PyMethodDef methods[] = {
      "steps_fields(recs, start, ids, at, constants_block, constant_keys, out) -> (k, at)\n\n"
      "Records' spans from recs[start] on, appended to out, their phase ids from ids[at:],\n"
      "up to the first record left to Python (its index, and where its ids begin)."},
+    {"run_draws", (PyCFunction)(void (*)(void))run_draws, METH_FASTCALL,
+     "run_draws(recs, k) -> int | None\n\n"
+     "The phase span ids the run of records from recs[k] draws (None: the Python counts)."},
     {"request_body", (PyCFunction)(void (*)(void))request_body, METH_FASTCALL,
      "request_body(resource, scope, fields, scope_tail, resource_tail) -> bytes | None\n\n"
      "One ResourceSpans' request of spans of one scope, the bytes\n"

@@ -102,6 +102,8 @@ class _Encoder:
                               else None)
         self._request_body = (_encode_c.request_body if self._step_fields is not None
                               else None)
+        # The ids a run of records draws, counted in C (span_fields._run_draws, the twin).
+        self.run_draws_c = _encode_c.run_draws if self._step_fields is not None else None
         self.records_in_c = 0
         self.records_in_python = 0
         self._kv: dict[bytes, KeyValueCache[bytes]] = {}  # per field tag

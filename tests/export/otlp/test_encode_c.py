@@ -386,3 +386,46 @@ def test_a_request_joined_in_c_is_the_python_joins_bytes(tmp_path):
     assert joined(b"", b"", [b"x", bytearray(b"y")], b"", b"") is None  # not bytes: Python's
     with pytest.raises(TypeError):
         joined(b"", b"", (b"x",), b"", b"")
+
+
+@needs_c
+def test_a_long_run_of_steps_draws_its_ids_in_chunks_as_a_draw_a_record(tmp_path):
+    """A frame of 600 usual steps (over 1,024 phase ids in one run, drawn in chunks) and of
+    runs broken by a step with asked ids, one with no phases and one between steps: the C
+    path's fields, records handed over as failed and random state after, the Python's."""
+    records, _, factory = _records(tmp_path)
+    step = _flat(records)
+    odd = _odd_shapes(step)
+    shapes = _usual_shapes(step)
+    frames = [[step] * 600,
+              [step] * 550 + [shapes["asked ids"]] + [step] * 530 + [shapes["no phases"]]
+              + [step] * 170 + [odd["between steps"]] + [step] * 5]
+    assert len(step[9]) * 530 > 1024
+    for frame in frames:
+        outcomes = []
+        for accelerated in (False, True):
+            random.seed(8)
+            failed: list = []
+            fields = encode_frame(_Encoder(accelerated=accelerated), frame,
+                                  factory.run_constants, lambda r, e: failed.append(r))
+            outcomes.append((fields, failed, random.getrandbits(64)))
+        assert outcomes[0] == outcomes[1]
+        assert len(outcomes[1][0]) >= 600 * (len(step[9]) + 1)
+
+
+@needs_c
+def test_the_ids_a_run_draws_are_counted_in_c_as_in_python(tmp_path):
+    """run_draws against span_fields._run_draws, from every start, over every shape of
+    record: usual steps, ids asked (a dict, empty or not), no phases, between steps, tuple
+    phases; None (the Python counts) for a shape it does not read."""
+    from otel_train.export.otlp.span_fields import _run_draws
+
+    records, _, _ = _records(tmp_path)
+    step = _flat(records)
+    shapes = _usual_shapes(step)
+    frame = [step, shapes["tuple phases"], _with(step, ids={}), step, shapes["asked ids"],
+             step, shapes["no phases"], step, step, _odd_shapes(step)["between steps"], step]
+    count = encoding._encode_c.run_draws
+    for k in range(len(frame) + 1):
+        assert count(frame, k) == _run_draws(frame, k)
+    assert count([list(step)], 0) is None and count([_with(step, ids=[1])], 0) is None
