@@ -90,6 +90,10 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         self._items: SpanItems | None = None  # set by use_rows: what the queue holds
         self._items_lock = threading.Lock()
         self._queue: deque[Item] = deque()
+        # Held by whatever takes several spans off the queue at once (the worker taking a
+        # whole batch, the producer dropping the oldest, requeue, the clears) and by the
+        # producer's extend: between a take's copy and its clear, nothing else moves.
+        self._queue_lock = threading.Lock()
         self._wake = threading.Event()
         self.stopping = False
         self.deadline: float | None = None  # monotonic; set by shutdown
@@ -192,34 +196,41 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             self._drops.add("shutdown_timeout", len(items))
             return
         q = self._queue
-        before = len(q)
-        q.extend(items)
-        after = len(q)
-        if after > self._max_queue:
-            self._drop_oldest(after - self._max_queue)
+        dropped = 0
+        with self._queue_lock:
+            before = len(q)
+            q.extend(items)
+            after = len(q)
+            if after > self._max_queue:
+                dropped = self._drop_oldest(after - self._max_queue)
+        if dropped:
+            self._count_dropped_oldest(dropped)
         if before < self._batch <= after:
             # Once per batch, not per span: the exporter drains everything queued when it
             # wakes, and while it backs off from a failed collector a wake per span would
             # cut its waits short.
             self._wake.set()
 
-    def _drop_oldest(self, n: int) -> None:
-        """Drop the ``n`` oldest queued spans (the newest are the most useful), counted."""
-        q = self._queue
+    def _drop_oldest(self, n: int) -> int:
+        """Drop the ``n`` oldest queued spans (the newest are the most useful); how many
+        were (``_queue_lock`` held: counted by the caller after it)."""
+        popleft = self._queue.popleft
         dropped = 0
         for _ in range(n):
             try:
-                q.popleft()
-            except IndexError:  # the export thread took them meanwhile
+                popleft()
+            except IndexError:
                 break
             dropped += 1
-        if dropped:
-            self._drops.add("export_queue_full", dropped)
-            self._warn.warning(
-                "queue", "otel-train: export queue full (%d spans): the exporter is "
-                "slower than training or the collector is away; dropping the oldest "
-                "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
-            )
+        return dropped
+
+    def _count_dropped_oldest(self, dropped: int) -> None:
+        self._drops.add("export_queue_full", dropped)
+        self._warn.warning(
+            "queue", "otel-train: export queue full (%d spans): the exporter is "
+            "slower than training or the collector is away; dropping the oldest "
+            "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
+        )
 
     # -- accounting, for the sender ---------------------------------------------------------
     @property
@@ -279,17 +290,18 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
     def requeue(self, parts: list[list[Item]]) -> None:
         """Put undelivered spans back at the front, oldest first; trim to the bound."""
         q = self._queue
-        for part in reversed(parts):
-            q.extendleft(reversed(part))
-        over = len(q) - self._max_queue
         dropped = 0
-        while over > 0:
-            try:
-                q.popleft()
-            except IndexError:
-                break
-            over -= 1
-            dropped += 1
+        with self._queue_lock:
+            for part in reversed(parts):
+                q.extendleft(reversed(part))
+            over = len(q) - self._max_queue
+            while over > 0:
+                try:
+                    q.popleft()
+                except IndexError:
+                    break
+                over -= 1
+                dropped += 1
         self._drops.add("export_queue_full", dropped)
 
     # -- the worker -------------------------------------------------------------------------
@@ -303,8 +315,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         finally:
             with self._lock:
                 if not self._abandoned:
-                    lost = len(self._queue)
-                    self._queue.clear()
+                    lost = self._clear_queue()
                     self._drops.add("shutdown_timeout", lost)
             with self._idle:
                 self._idle.notify_all()
@@ -323,13 +334,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         while q:
             if self.stopping and self.past_deadline():
                 return
-            batch: list[Item] = []
-            take, popleft = batch.append, q.popleft
-            try:  # a batch of thousands of spans: one pop per span, no test per span
-                for _ in range(min(len(q), self._batch)):
-                    take(popleft())
-            except IndexError:  # the producer dropped the oldest meanwhile
-                pass
+            batch = self._take_batch()
             if not batch:
                 return
             with self._lock:
@@ -341,6 +346,25 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
                 self._idle.notify_all()
             if not go_on:
                 return
+
+    def _take_batch(self) -> list[Item]:
+        """The oldest spans queued, up to a batch: all of them at once when they fit (the
+        usual case: one copy and one clear, not a pop per span), else one pop per span."""
+        q = self._queue
+        with self._queue_lock:
+            if len(q) <= self._batch:
+                batch = list(q)
+                q.clear()
+                return batch
+            popleft = q.popleft
+            return [popleft() for _ in range(self._batch)]
+
+    def _clear_queue(self) -> int:
+        """Empty the queue; how many spans it held."""
+        with self._queue_lock:
+            lost = len(self._queue)
+            self._queue.clear()
+        return lost
 
     def _send_plain(self, batch: list[Item]) -> bool:
         """An exporter with a blocking export() (it retries on its own)."""
@@ -410,8 +434,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             self._abandon(timeout_seconds)
             return
         with self._lock:  # a span that slipped in while the worker was finishing
-            lost = len(self._queue)
-            self._queue.clear()
+            lost = self._clear_queue()
             self._drops.add("shutdown_timeout", lost)
         self._close_within(deadline)
 
@@ -419,8 +442,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         """A plain exporter is stuck (collector hanging): give up on what is left."""
         with self._lock:
             self._abandoned = True
-            lost = len(self._queue) + self._in_flight
-            self._queue.clear()
+            lost = self._clear_queue() + self._in_flight
             self._drops.add("shutdown_timeout", lost)
         _log.warning("otel-train: span export did not finish within %.1fs; %d span(s) dropped",
                      timeout_seconds, lost)

@@ -199,6 +199,52 @@ def test_encoded_records_are_queued_a_frame_at_a_time_within_the_bound_oldest_dr
     assert drops.counts() == {"export_queue_full": 3, "shutdown_timeout": 2}
 
 
+def test_a_batch_is_taken_whole_or_span_by_span_as_the_pops_would_take_it():
+    """The worker's take (all queued spans at once when they fit a batch, else a pop per
+    span) against popping span by span, on the same queue."""
+    from collections import deque
+
+    exporter = EncodingRecording()
+    proc = BoundedBatchSpanProcessor(exporter, DropCounter(), max_queue_size=100,
+                                     max_batch_size=4, interval_seconds=30)
+    for n in (0, 1, 4, 5, 9, 12):
+        items = [f"i{k}" for k in range(n)]
+        proc._queue.extend(items)
+        reference, want = deque(items), []
+        while reference:
+            want.append([reference.popleft() for _ in range(min(4, len(reference)))])
+        got = []
+        while proc._queue:
+            got.append(proc._take_batch())
+        assert got == want
+    proc.shutdown(1.0)
+
+
+def test_spans_queued_while_the_worker_takes_batches_are_each_exported_or_dropped_once():
+    """A producer queueing frames against a worker taking batches (whole, and span by span
+    when more than a batch waits) and a bound that drops the oldest: every span is exported
+    or counted dropped, exactly once, in the order queued."""
+    from otel_train.records.span_rows import RowSpanFactory
+
+    exporter = EncodingRecording()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=300, max_batch_size=64,
+                                     interval_seconds=0.001)
+    proc.use_rows(RowSpanFactory(None, None, {}))
+    frames, per_frame = 400, 20  # records of two spans each
+    for f in range(frames):
+        proc.on_records([(f"s{f * per_frame + i:06d}", 1, 2, 1) for i in range(per_frame)])
+        if f % 50 == 0:
+            time.sleep(0.002)
+    assert proc.force_flush(10000)
+    proc.shutdown(2.0)
+    sent = [name for batch in exporter.batches for name in batch]
+    assert len(sent) == len(set(sent)) and sent == sorted(sent)
+    assert max(len(b) for b in exporter.batches) <= 64
+    assert len(sent) + drops.total == frames * per_frame * 2
+    assert proc.exported == len(sent)
+
+
 def test_failed_and_raising_exports_are_counted_and_warned_once(caplog):
     drops = DropCounter()
     failing = BoundedBatchSpanProcessor(Recording(SpanExportResult.FAILURE), drops,
