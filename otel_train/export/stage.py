@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
+from itertools import islice
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -90,11 +91,12 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         self._items: SpanItems | None = None  # set by use_rows: what the queue holds
         self._items_lock = threading.Lock()
         self._queue: deque[Item] = deque()
-        # Held by whatever takes several spans off the queue at once (the worker taking a
-        # whole batch, the producer dropping the oldest, requeue, the clears) and by the
-        # producer's extend: between a take's copy and its clear, nothing else moves.
+        # Held by whatever changes the queue (the worker taking a batch, the producer's
+        # extend and drop of the oldest, requeue, the clears), which reads ``_queue`` under
+        # it: a take copies the batch off and clears or replaces the queue, nothing between.
         self._queue_lock = threading.Lock()
         self._wake = threading.Event()
+        self._drain_requested = False  # a flush: everything queued goes at the next wake
         self.stopping = False
         self.deadline: float | None = None  # monotonic; set by shutdown
         self._in_flight = 0
@@ -195,9 +197,9 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         if self.stopping:
             self._drops.add("shutdown_timeout", len(items))
             return
-        q = self._queue
         dropped = 0
         with self._queue_lock:
+            q = self._queue
             before = len(q)
             q.extend(items)
             after = len(q)
@@ -289,9 +291,9 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
 
     def requeue(self, parts: list[list[Item]]) -> None:
         """Put undelivered spans back at the front, oldest first; trim to the bound."""
-        q = self._queue
         dropped = 0
         with self._queue_lock:
+            q = self._queue
             for part in reversed(parts):
                 q.extendleft(reversed(part))
             over = len(q) - self._max_queue
@@ -308,8 +310,8 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
     def _run(self) -> None:
         try:
             while True:
-                self._pause()
-                self._export_available()
+                drain = self._pause()
+                self._export_available(drain)
                 if self.stopping and (not self._queue or self.past_deadline()):
                     return
         finally:
@@ -320,18 +322,26 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             with self._idle:
                 self._idle.notify_all()
 
-    def _pause(self) -> None:
-        """Wait for the next batch: the interval when healthy, the backoff after a failure."""
+    def _pause(self) -> bool:
+        """Wait for the next batch: the interval when healthy, the backoff after a failure.
+        True when everything queued goes now (the interval passed, a flush, shutdown, a
+        retry); False when a full batch woke the worker: full batches go, and the rest waits
+        for the next one or the interval (each request has a fixed cost, so it carries a
+        full batch while spans come faster than a batch an interval)."""
         sender = self._sender
         if sender is not None and sender.retry_at:
             sender.pause(self._wake, self.deadline)
-            return
-        self._wake.wait(self._interval)
+            return True
+        woke = self._wake.wait(self._interval)
         self._wake.clear()
+        if self._drain_requested:
+            self._drain_requested = False
+            return True
+        return not woke or self.stopping
 
-    def _export_available(self) -> None:
-        q = self._queue
-        while q:
+    def _export_available(self, drain: bool = True) -> None:
+        """Send the queued spans in batches: all of them (``drain``), else the full batches."""
+        while len(self._queue) >= self._batch or (drain and self._queue):
             if self.stopping and self.past_deadline():
                 return
             batch = self._take_batch()
@@ -348,16 +358,17 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
                 return
 
     def _take_batch(self) -> list[Item]:
-        """The oldest spans queued, up to a batch: all of them at once when they fit (the
-        usual case: one copy and one clear, not a pop per span), else one pop per span."""
-        q = self._queue
+        """The oldest spans queued, up to a batch, copied off at once (not a pop per span):
+        the queue emptied, or the rest of it made the queue."""
         with self._queue_lock:
+            q = self._queue
             if len(q) <= self._batch:
                 batch = list(q)
                 q.clear()
                 return batch
-            popleft = q.popleft
-            return [popleft() for _ in range(self._batch)]
+            batch = list(islice(q, self._batch))
+            self._queue = deque(islice(q, self._batch, None))
+            return batch
 
     def _clear_queue(self) -> int:
         """Empty the queue; how many spans it held."""
@@ -399,12 +410,14 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export what is queued now; True when it all went out within the timeout."""
         deadline = time.monotonic() + timeout_millis / 1000
+        self._drain_requested = True
         self._wake.set()
         with self._idle:
             while self._queue or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
+                self._drain_requested = True
                 self._wake.set()
                 self._idle.wait(min(left, 0.05))
         return True
