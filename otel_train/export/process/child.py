@@ -141,6 +141,10 @@ class _Child:
         self._stats_lock = threading.Lock()  # the export and watch threads both report
         self.parent_pid = config["parent_pid"]
         self._last_counts: Any = None  # the counts last sent
+        # When the counts were last reported (or found unchanged): the watch thread reports
+        # only once they are STATS_INTERVAL_SECONDS old, the export thread's reports after
+        # each batch doing it between.
+        self._counts_at = 0.0
         self._done = threading.Event()
         self._writer = writer
         # The derived metrics, when the training process hands them over ("derive").
@@ -204,10 +208,12 @@ class _Child:
                 ring = feed.counts()
             now = (exported, self.export.export_failures, drops, sampled_out, ring)
             if kind == "stats" and now == self._last_counts:
+                self._counts_at = time.monotonic()
                 return
             if not self.send((kind, *now), block):
                 return  # not written: the next report carries it, and frees the room
             self._last_counts = now
+            self._counts_at = time.monotonic()
             if feed is not None:
                 feed.settlement.release_settled()
 
@@ -333,16 +339,24 @@ class _Child:
         return True
 
     def watch(self) -> None:
-        """Counts every 0.25 s, the derived state every second; if the training process is
-        gone, flush briefly and exit."""
-        checks = 0
-        state_every = max(1, round(_STATE_INTERVAL_SECONDS / STATS_INTERVAL_SECONDS))
-        while not self._done.wait(STATS_INTERVAL_SECONDS):
-            self.stats()
-            checks += 1
-            if checks % state_every == 0:
+        """Counts at least every 0.25 s (the export thread reports after each batch: a
+        report is sent here once the last is that old), the derived state every second; if
+        the training process is gone, flush briefly and exit. The state and the orphan check
+        ride on the count wakes (at most 0.25 s apart), not wakes of their own."""
+        now = time.monotonic()
+        state_at, orphan_at = now + _STATE_INTERVAL_SECONDS, now + _ORPHAN_CHECK_SECONDS
+        wait = STATS_INTERVAL_SECONDS
+        while not self._done.wait(wait):
+            now = time.monotonic()
+            wait = STATS_INTERVAL_SECONDS - (now - self._counts_at)
+            if wait <= 0.005:
+                self.stats()
+                wait = STATS_INTERVAL_SECONDS
+            if now >= state_at:  # every second on average (a wake may come a little late)
                 self.send_state()
-            if checks % max(1, int(_ORPHAN_CHECK_SECONDS / STATS_INTERVAL_SECONDS)) == 0:
+                state_at = max(state_at + _STATE_INTERVAL_SECONDS, now)
+            if now >= orphan_at:
+                orphan_at = max(orphan_at + _ORPHAN_CHECK_SECONDS, now)
                 if os.getppid() != self.parent_pid:
                     self.stop(_ORPHAN_FLUSH_SECONDS)
                     os._exit(0)
