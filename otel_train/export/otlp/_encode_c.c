@@ -507,7 +507,8 @@ encode_root(Buf *b, const Step *st, PyObject *rec, uint64_t root_id)
 
 /* The record's spans, appended to `out`: DONE, NOT_HERE or FAILED. */
 static int
-encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
+encode(Buf *b, PyObject *rec, PyObject *const *span_ids, Py_ssize_t n_ids, PyObject *out,
+       Step *st)
 {
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
     uint64_t root_id, ids[MAX_PHASES], ends[MAX_PHASES];
@@ -544,7 +545,7 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
         return NOT_HERE;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(phases);
-    if (n > MAX_PHASES || !PyList_CheckExact(span_ids) || PyList_GET_SIZE(span_ids) != n) {
+    if (n > MAX_PHASES || n_ids != n) {
         return NOT_HERE;
     }
     PyObject **ph = PySequence_Fast_ITEMS(phases);
@@ -552,7 +553,7 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
         if ((!PyTuple_CheckExact(ph[i]) && !PyList_CheckExact(ph[i]))
             || PySequence_Fast_GET_SIZE(ph[i]) != P_LEN
             || !as_u64(PySequence_Fast_ITEMS(ph[i])[P_END], &ends[i])
-            || !as_u64(PyList_GET_ITEM(span_ids, i), &ids[i])) {
+            || !as_u64(span_ids[i], &ids[i])) {
             return NOT_HERE;
         }
         /* In the order the phases ended, ties in their order (span_rows.phase_end_order). */
@@ -626,8 +627,9 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "step_fields: configure() was not called");
         return NULL;
     }
-    PyObject *rec = args[0];
-    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
+    PyObject *rec = args[0], *span_ids = args[1];
+    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN
+        || !PyList_CheckExact(span_ids)) {
         Py_RETURN_NONE;
     }
     Step st = run_step(args[2], args[3]);
@@ -637,7 +639,8 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL) {
         return NULL;
     }
-    int done = encode(&b, rec, args[1], out, &st);
+    int done = encode(&b, rec, ((PyListObject *)span_ids)->ob_item, PyList_GET_SIZE(span_ids),
+                      out, &st);
     if (b.p != b.local) {
         PyMem_Free(b.p);
     }
@@ -695,16 +698,12 @@ steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (n == 0 || at + n > PyList_GET_SIZE(ids)) {
             break;
         }
-        PyObject *span_ids = PyList_GetSlice(ids, at, at + n);
-        if (span_ids == NULL) {
-            failed = 1;
-            break;
-        }
         Py_ssize_t before = PyList_GET_SIZE(out);
+        /* The ids in place: `ids` is the caller's pool, which nothing encode() calls can
+         * reach to change; the record is held meanwhile. */
         Py_INCREF(rec);
-        int done = encode(&b, rec, span_ids, out, &st);
+        int done = encode(&b, rec, ((PyListObject *)ids)->ob_item + at, n, out, &st);
         Py_DECREF(rec);
-        Py_DECREF(span_ids);
         if (done != DONE) {  /* its spans so far out again: the record is Python's */
             PyErr_Clear();
             if (PyList_SetSlice(out, before, PyList_GET_SIZE(out), NULL) < 0) {
