@@ -1,6 +1,6 @@
-"""child.py's watch thread: the training process's view of the counts is never older than
-STATS_INTERVAL_SECONDS, and the watch adds no report where the export thread's reports (one
-after each batch) already keep it that fresh."""
+"""child.py's watch thread: counts that changed are reported every STATS_INTERVAL_SECONDS,
+and the watch adds no report where the export thread's reports (one after each batch) went
+out since its last wake."""
 
 from __future__ import annotations
 
@@ -45,10 +45,12 @@ def _watch(child: Any, seconds: float, during: Any = None) -> None:
             during()
         time.sleep(0.05)
     child._done.set()
+    child._watch_sleep.release()  # as stop() does
     watcher.join(2)
+    assert not watcher.is_alive()
 
 
-def test_counts_that_change_with_no_batch_sent_are_reported_every_quarter_second(tmp_path):
+def test_counts_that_change_with_no_batch_sent_are_reported_every_wake(tmp_path):
     writer = _Writer()
     child = _child(tmp_path, writer)
     try:
@@ -76,7 +78,7 @@ def test_the_watch_adds_no_report_while_the_export_threads_keep_the_counts_fresh
         assert from_watch == []
         # Then the export thread goes quiet: the watch reports again within the interval.
         writer.sent.clear()
-        child._done.clear()
+        child._done.clear()  # (the watch that left holds its lock again)
         child.drops.add("export_failed", 1)
         _watch(child, 0.6)
         assert [m for _, name, m in writer.sent if name == "watch" and m[0] == "stats"]
