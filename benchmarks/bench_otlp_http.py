@@ -1,5 +1,6 @@
-"""CPU per OTLP/HTTP request: the SDK's requests transport against its urllib3 transport,
-and a thread started per request against reused sender threads (http_sender.py).
+"""CPU per OTLP/HTTP request: the SDK's requests and urllib3 transports against otel-train's
+lean HTTP/1.1 POST (http_post.py), and a thread started per request against reused sender
+threads (http_sender.py).
 
 Each request carries one 512-span batch (the export batch size) of otel-train step spans to
 a real OTLP/HTTP receiver in its own process. The configurations alternate in rounds (this
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import ReceiverProcess  # noqa: E402
 
+from otel_train.common import sdk_private  # noqa: E402
 from otel_train.export.otlp.http_sender import LEAN_TRANSPORT_ENV, lean_transport_reason  # noqa: E402
 from otel_train.export.otlp.transport import ExportOutcome, SingleAttemptHttpSpanExporter  # noqa: E402
 
@@ -55,17 +57,25 @@ def _batch(n: int, exporter: SingleAttemptHttpSpanExporter) -> list:
     return [items.from_row(row_from_span(span)) for span in spans]
 
 
-def _exporter(endpoint: str, lean: bool, reuse: bool) -> SingleAttemptHttpSpanExporter:
-    if lean:
-        os.environ.pop(LEAN_TRANSPORT_ENV, None)
-    else:
+def _exporter(endpoint: str, transport: str, reuse: bool) -> SingleAttemptHttpSpanExporter:
+    """An exporter sending through ``transport``: "requests", "urllib3" (the SDK's) or
+    "lean" (what otel-train takes where requests adds nothing)."""
+    if transport == "requests":
         os.environ[LEAN_TRANSPORT_ENV] = "0"
+    else:
+        os.environ.pop(LEAN_TRANSPORT_ENV, None)
     exporter = SingleAttemptHttpSpanExporter(endpoint=endpoint + "/v1/traces", timeout=10)
     os.environ.pop(LEAN_TRANSPORT_ENV, None)
-    if lean and not exporter.lean_transport:
+    if transport != "requests" and not exporter.lean_transport:
         reason = lean_transport_reason(endpoint + "/v1/traces", {})
-        print(f"note: the urllib3 transport is not taken here ({reason}): the urllib3 "
+        print(f"note: the lean transport is not taken here ({reason}): the {transport} "
               f"rows measure requests")
+    elif transport == "urllib3":
+        urllib3_transport = sdk_private.urllib3_transport_class()
+        if urllib3_transport is None:
+            raise SystemExit("the SDK's urllib3 transport needs urllib3 installed")
+        sdk_private.set_http_transport(exporter._client,
+                                       urllib3_transport(verify=True, cert=None))
     if not reuse:
         exporter._senders.idle_seconds = 0.0  # each request on a thread of its own
     return exporter
@@ -81,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     receiver = ReceiverProcess()
     try:
         configs = {
-            "requests, thread per request (before)": _exporter(receiver.endpoint, False, False),
-            "requests, reused threads": _exporter(receiver.endpoint, False, True),
-            "urllib3, thread per request": _exporter(receiver.endpoint, True, False),
-            "urllib3, reused threads (now)": _exporter(receiver.endpoint, True, True),
+            "requests, thread per request (before)": _exporter(receiver.endpoint, "requests",
+                                                               False),
+            "requests, reused threads": _exporter(receiver.endpoint, "requests", True),
+            "urllib3, reused threads": _exporter(receiver.endpoint, "urllib3", True),
+            "lean POST, thread per request": _exporter(receiver.endpoint, "lean", False),
+            "lean POST, reused threads (now)": _exporter(receiver.endpoint, "lean", True),
         }
         first = next(iter(configs.values()))
         spans = _batch(args.spans, first)

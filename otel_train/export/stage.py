@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
+from itertools import islice
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -90,7 +91,12 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         self._items: SpanItems | None = None  # set by use_rows: what the queue holds
         self._items_lock = threading.Lock()
         self._queue: deque[Item] = deque()
+        # Held by whatever changes the queue (the worker taking a batch, the producer's
+        # extend and drop of the oldest, requeue, the clears), which reads ``_queue`` under
+        # it: a take copies the batch off and clears or replaces the queue, nothing between.
+        self._queue_lock = threading.Lock()
         self._wake = threading.Event()
+        self._drain_requested = False  # a flush: everything queued goes at the next wake
         self.stopping = False
         self.deadline: float | None = None  # monotonic; set by shutdown
         self._in_flight = 0
@@ -191,35 +197,42 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         if self.stopping:
             self._drops.add("shutdown_timeout", len(items))
             return
-        q = self._queue
-        before = len(q)
-        q.extend(items)
-        after = len(q)
-        if after > self._max_queue:
-            self._drop_oldest(after - self._max_queue)
+        dropped = 0
+        with self._queue_lock:
+            q = self._queue
+            before = len(q)
+            q.extend(items)
+            after = len(q)
+            if after > self._max_queue:
+                dropped = self._drop_oldest(after - self._max_queue)
+        if dropped:
+            self._count_dropped_oldest(dropped)
         if before < self._batch <= after:
             # Once per batch, not per span: the exporter drains everything queued when it
             # wakes, and while it backs off from a failed collector a wake per span would
             # cut its waits short.
             self._wake.set()
 
-    def _drop_oldest(self, n: int) -> None:
-        """Drop the ``n`` oldest queued spans (the newest are the most useful), counted."""
-        q = self._queue
+    def _drop_oldest(self, n: int) -> int:
+        """Drop the ``n`` oldest queued spans (the newest are the most useful); how many
+        were (``_queue_lock`` held: counted by the caller after it)."""
+        popleft = self._queue.popleft
         dropped = 0
         for _ in range(n):
             try:
-                q.popleft()
-            except IndexError:  # the export thread took them meanwhile
+                popleft()
+            except IndexError:
                 break
             dropped += 1
-        if dropped:
-            self._drops.add("export_queue_full", dropped)
-            self._warn.warning(
-                "queue", "otel-train: export queue full (%d spans): the exporter is "
-                "slower than training or the collector is away; dropping the oldest "
-                "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
-            )
+        return dropped
+
+    def _count_dropped_oldest(self, dropped: int) -> None:
+        self._drops.add("export_queue_full", dropped)
+        self._warn.warning(
+            "queue", "otel-train: export queue full (%d spans): the exporter is "
+            "slower than training or the collector is away; dropping the oldest "
+            "spans (counted in otel_train_spans_dropped_total)", self._max_queue,
+        )
 
     # -- accounting, for the sender ---------------------------------------------------------
     @property
@@ -278,58 +291,60 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
 
     def requeue(self, parts: list[list[Item]]) -> None:
         """Put undelivered spans back at the front, oldest first; trim to the bound."""
-        q = self._queue
-        for part in reversed(parts):
-            q.extendleft(reversed(part))
-        over = len(q) - self._max_queue
         dropped = 0
-        while over > 0:
-            try:
-                q.popleft()
-            except IndexError:
-                break
-            over -= 1
-            dropped += 1
+        with self._queue_lock:
+            q = self._queue
+            for part in reversed(parts):
+                q.extendleft(reversed(part))
+            over = len(q) - self._max_queue
+            while over > 0:
+                try:
+                    q.popleft()
+                except IndexError:
+                    break
+                over -= 1
+                dropped += 1
         self._drops.add("export_queue_full", dropped)
 
     # -- the worker -------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
-                self._pause()
-                self._export_available()
+                drain = self._pause()
+                self._export_available(drain)
                 if self.stopping and (not self._queue or self.past_deadline()):
                     return
         finally:
             with self._lock:
                 if not self._abandoned:
-                    lost = len(self._queue)
-                    self._queue.clear()
+                    lost = self._clear_queue()
                     self._drops.add("shutdown_timeout", lost)
             with self._idle:
                 self._idle.notify_all()
 
-    def _pause(self) -> None:
-        """Wait for the next batch: the interval when healthy, the backoff after a failure."""
+    def _pause(self) -> bool:
+        """Wait for the next batch: the interval when healthy, the backoff after a failure.
+        True when everything queued goes now (the interval passed, a flush, shutdown, a
+        retry); False when a full batch woke the worker: full batches go, and the rest waits
+        for the next one or the interval (each request has a fixed cost, so it carries a
+        full batch while spans come faster than a batch an interval)."""
         sender = self._sender
         if sender is not None and sender.retry_at:
             sender.pause(self._wake, self.deadline)
-            return
-        self._wake.wait(self._interval)
+            return True
+        woke = self._wake.wait(self._interval)
         self._wake.clear()
+        if self._drain_requested:
+            self._drain_requested = False
+            return True
+        return not woke or self.stopping
 
-    def _export_available(self) -> None:
-        q = self._queue
-        while q:
+    def _export_available(self, drain: bool = True) -> None:
+        """Send the queued spans in batches: all of them (``drain``), else the full batches."""
+        while len(self._queue) >= self._batch or (drain and self._queue):
             if self.stopping and self.past_deadline():
                 return
-            batch: list[Item] = []
-            take, popleft = batch.append, q.popleft
-            try:  # a batch of thousands of spans: one pop per span, no test per span
-                for _ in range(min(len(q), self._batch)):
-                    take(popleft())
-            except IndexError:  # the producer dropped the oldest meanwhile
-                pass
+            batch = self._take_batch()
             if not batch:
                 return
             with self._lock:
@@ -341,6 +356,26 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
                 self._idle.notify_all()
             if not go_on:
                 return
+
+    def _take_batch(self) -> list[Item]:
+        """The oldest spans queued, up to a batch, copied off at once (not a pop per span):
+        the queue emptied, or the rest of it made the queue."""
+        with self._queue_lock:
+            q = self._queue
+            if len(q) <= self._batch:
+                batch = list(q)
+                q.clear()
+                return batch
+            batch = list(islice(q, self._batch))
+            self._queue = deque(islice(q, self._batch, None))
+            return batch
+
+    def _clear_queue(self) -> int:
+        """Empty the queue; how many spans it held."""
+        with self._queue_lock:
+            lost = len(self._queue)
+            self._queue.clear()
+        return lost
 
     def _send_plain(self, batch: list[Item]) -> bool:
         """An exporter with a blocking export() (it retries on its own)."""
@@ -375,12 +410,14 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export what is queued now; True when it all went out within the timeout."""
         deadline = time.monotonic() + timeout_millis / 1000
+        self._drain_requested = True
         self._wake.set()
         with self._idle:
             while self._queue or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
+                self._drain_requested = True
                 self._wake.set()
                 self._idle.wait(min(left, 0.05))
         return True
@@ -410,8 +447,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
             self._abandon(timeout_seconds)
             return
         with self._lock:  # a span that slipped in while the worker was finishing
-            lost = len(self._queue)
-            self._queue.clear()
+            lost = self._clear_queue()
             self._drops.add("shutdown_timeout", lost)
         self._close_within(deadline)
 
@@ -419,8 +455,7 @@ class BoundedBatchSpanProcessor(SpanProcessor, Generic[Item]):
         """A plain exporter is stuck (collector hanging): give up on what is left."""
         with self._lock:
             self._abandoned = True
-            lost = len(self._queue) + self._in_flight
-            self._queue.clear()
+            lost = self._clear_queue() + self._in_flight
             self._drops.add("shutdown_timeout", lost)
         _log.warning("otel-train: span export did not finish within %.1fs; %d span(s) dropped",
                      timeout_seconds, lost)

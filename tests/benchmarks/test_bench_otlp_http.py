@@ -22,6 +22,7 @@ def test_a_short_run_prints_each_transport_and_delivers_every_span():
     assert proc.returncode == 0, proc.stderr[-2000:] + out
     figures = dict(re.findall(r"^  (\S.*?)\s+(\d+) us  \(\d+\.\d\dx\)$", out, re.M))
     assert set(figures) == {"requests, thread per request (before)", "requests, reused threads",
-                            "urllib3, thread per request", "urllib3, reused threads (now)"}
+                            "urllib3, reused threads", "lean POST, thread per request",
+                            "lean POST, reused threads (now)"}
     assert all(int(v) > 0 for v in figures.values())
-    assert "spans delivered: 768/768" in out  # 4 configurations x 2 rounds x 3 x 32
+    assert "spans delivered: 960/960" in out  # 5 configurations x 2 rounds x 3 x 32

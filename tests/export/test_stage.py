@@ -199,6 +199,89 @@ def test_encoded_records_are_queued_a_frame_at_a_time_within_the_bound_oldest_dr
     assert drops.counts() == {"export_queue_full": 3, "shutdown_timeout": 2}
 
 
+def test_a_batch_is_taken_whole_or_span_by_span_as_the_pops_would_take_it():
+    """The worker's take (the batch copied off, the queue cleared or its rest made the
+    queue) against popping span by span, on the same queue."""
+    from collections import deque
+
+    exporter = EncodingRecording()
+    proc = BoundedBatchSpanProcessor(exporter, DropCounter(), max_queue_size=100,
+                                     max_batch_size=4, interval_seconds=30)
+    for n in (0, 1, 4, 5, 9, 12):
+        items = [f"i{k}" for k in range(n)]
+        proc._queue.extend(items)
+        reference, want = deque(items), []
+        while reference:
+            want.append([reference.popleft() for _ in range(min(4, len(reference)))])
+        got = []
+        while proc._queue:
+            got.append(proc._take_batch())
+        assert got == want
+    proc.shutdown(1.0)
+
+
+def test_a_full_batch_wake_sends_full_batches_and_the_rest_goes_with_the_next_or_a_flush():
+    """Woken by a batch's worth, the worker sends full batches only (a request's cost is
+    fixed); the rest goes first in the next batch, or within the interval, or at a flush."""
+    from otel_train.records.span_rows import RowSpanFactory
+
+    def records(*steps):
+        return [(f"s{i:02d}", 1, 2, 1) for i in steps]
+
+    exporter = EncodingRecording()
+    proc = BoundedBatchSpanProcessor(exporter, DropCounter(), max_queue_size=100,
+                                     max_batch_size=4, interval_seconds=30)
+    proc.use_rows(RowSpanFactory(None, None, {}))
+    proc.on_records(records(0, 1, 2))  # 6 spans: one full batch goes, 2 wait
+    deadline = time.monotonic() + 5
+    while not exporter.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert exporter.batches == [["s00a", "s00b", "s01a", "s01b"]] and proc.queued == 2
+    proc.on_records(records(3))  # 4 queued: the next full batch, the oldest first
+    while len(exporter.batches) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exporter.batches[1] == ["s02a", "s02b", "s03a", "s03b"]
+    proc.on_records(records(4))
+    assert proc.force_flush(5000)  # a flush takes what is left
+    assert exporter.batches[2:] == [["s04a", "s04b"]]
+    proc.shutdown(1.0)
+
+    timed = BoundedBatchSpanProcessor(EncodingRecording(), DropCounter(), max_queue_size=100,
+                                      max_batch_size=4, interval_seconds=0.2)
+    timed.use_rows(RowSpanFactory(None, None, {}))
+    timed.on_records(records(0, 1, 2))
+    while timed.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert timed.queued == 0  # the interval sent the rest without a flush
+    timed.shutdown(1.0)
+
+
+def test_spans_queued_while_the_worker_takes_batches_are_each_exported_or_dropped_once():
+    """A producer queueing frames against a worker taking batches (the whole queue, or a
+    batch off more) and a bound that drops the oldest: every span is exported or counted
+    dropped, exactly once, in the order queued."""
+    from otel_train.records.span_rows import RowSpanFactory
+
+    exporter = EncodingRecording()
+    drops = DropCounter()
+    proc = BoundedBatchSpanProcessor(exporter, drops, max_queue_size=300, max_batch_size=64,
+                                     interval_seconds=0.001)
+    proc.use_rows(RowSpanFactory(None, None, {}))
+    frames, per_frame = 400, 20  # records of two spans each
+    for f in range(frames):
+        proc.on_records([(f"s{f * per_frame + i:06d}", 1, 2, 1) for i in range(per_frame)])
+        if f % 50 == 0:
+            time.sleep(0.002)
+    assert proc.force_flush(10000)
+    proc.shutdown(2.0)
+    sent = [name for batch in exporter.batches for name in batch]
+    assert len(sent) == len(set(sent)) and sent == sorted(sent)
+    assert max(len(b) for b in exporter.batches) <= 64
+    assert len(sent) + drops.total == frames * per_frame * 2
+    assert proc.exported == len(sent)
+
+
 def test_failed_and_raising_exports_are_counted_and_warned_once(caplog):
     drops = DropCounter()
     failing = BoundedBatchSpanProcessor(Recording(SpanExportResult.FAILURE), drops,

@@ -19,6 +19,8 @@
  *
  *     configure(step, phase, kind, loader, slow, timing_keys, kind_internal, unset_local)
  *     fields = step_fields(rec, span_ids, constants_block, constant_keys)  # list or None
+ *     body = request_body(resource, scope, fields, scope_tail, resource_tail)  # or None
+ *     n = run_draws(recs, k)  # int or None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -505,7 +507,8 @@ encode_root(Buf *b, const Step *st, PyObject *rec, uint64_t root_id)
 
 /* The record's spans, appended to `out`: DONE, NOT_HERE or FAILED. */
 static int
-encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
+encode(Buf *b, PyObject *rec, PyObject *const *span_ids, Py_ssize_t n_ids, PyObject *out,
+       Step *st)
 {
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
     uint64_t root_id, ids[MAX_PHASES], ends[MAX_PHASES];
@@ -542,7 +545,7 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
         return NOT_HERE;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(phases);
-    if (n > MAX_PHASES || !PyList_CheckExact(span_ids) || PyList_GET_SIZE(span_ids) != n) {
+    if (n > MAX_PHASES || n_ids != n) {
         return NOT_HERE;
     }
     PyObject **ph = PySequence_Fast_ITEMS(phases);
@@ -550,7 +553,7 @@ encode(Buf *b, PyObject *rec, PyObject *span_ids, PyObject *out, Step *st)
         if ((!PyTuple_CheckExact(ph[i]) && !PyList_CheckExact(ph[i]))
             || PySequence_Fast_GET_SIZE(ph[i]) != P_LEN
             || !as_u64(PySequence_Fast_ITEMS(ph[i])[P_END], &ends[i])
-            || !as_u64(PyList_GET_ITEM(span_ids, i), &ids[i])) {
+            || !as_u64(span_ids[i], &ids[i])) {
             return NOT_HERE;
         }
         /* In the order the phases ended, ties in their order (span_rows.phase_end_order). */
@@ -624,8 +627,9 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "step_fields: configure() was not called");
         return NULL;
     }
-    PyObject *rec = args[0];
-    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
+    PyObject *rec = args[0], *span_ids = args[1];
+    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN
+        || !PyList_CheckExact(span_ids)) {
         Py_RETURN_NONE;
     }
     Step st = run_step(args[2], args[3]);
@@ -635,7 +639,8 @@ step_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL) {
         return NULL;
     }
-    int done = encode(&b, rec, args[1], out, &st);
+    int done = encode(&b, rec, ((PyListObject *)span_ids)->ob_item, PyList_GET_SIZE(span_ids),
+                      out, &st);
     if (b.p != b.local) {
         PyMem_Free(b.p);
     }
@@ -693,16 +698,12 @@ steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (n == 0 || at + n > PyList_GET_SIZE(ids)) {
             break;
         }
-        PyObject *span_ids = PyList_GetSlice(ids, at, at + n);
-        if (span_ids == NULL) {
-            failed = 1;
-            break;
-        }
         Py_ssize_t before = PyList_GET_SIZE(out);
+        /* The ids in place: `ids` is the caller's pool, which nothing encode() calls can
+         * reach to change; the record is held meanwhile. */
         Py_INCREF(rec);
-        int done = encode(&b, rec, span_ids, out, &st);
+        int done = encode(&b, rec, ((PyListObject *)ids)->ob_item + at, n, out, &st);
         Py_DECREF(rec);
-        Py_DECREF(span_ids);
         if (done != DONE) {  /* its spans so far out again: the record is Python's */
             PyErr_Clear();
             if (PyList_SetSlice(out, before, PyList_GET_SIZE(out), NULL) < 0) {
@@ -719,6 +720,107 @@ steps_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return Py_BuildValue("(nn)", k, at);
+}
+
+/* run_draws(recs, k) -> int | None: the phase span ids the run of records from recs[k]
+ * draws, up to the first record that draws none or its own (no phases, or ids handed to
+ * user spans): span_fields._run_draws, the twin. None for a record of another shape on the
+ * way (not a record tuple, phases not a list or tuple, ids neither None nor a dict): the
+ * Python counts then. */
+static PyObject *
+run_draws(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "run_draws(recs: list, k: int)");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *recs = args[0];
+    Py_ssize_t total = 0;
+    for (k = k < 0 ? 0 : k; k < PyList_GET_SIZE(recs); k++) {
+        PyObject *rec = PyList_GET_ITEM(recs, k);
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != C_LEN) {
+            Py_RETURN_NONE;
+        }
+        PyObject *phases = PyTuple_GET_ITEM(rec, C_PHASES), *ids = PyTuple_GET_ITEM(rec, C_IDS);
+        if (phases == Py_None) {  /* an operation between steps: draws none */
+            break;
+        }
+        if ((!PyList_CheckExact(phases) && !PyTuple_CheckExact(phases))
+            || (ids != Py_None && !PyDict_CheckExact(ids))) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(phases);
+        if (n == 0 || (ids != Py_None && PyDict_GET_SIZE(ids) > 0)) {
+            break;
+        }
+        total += n;
+    }
+    return PyLong_FromSsize_t(total);
+}
+
+/* request_body(resource, scope, fields, scope_tail, resource_tail) -> bytes | None:
+ * the ExportTraceServiceRequest of one ResourceSpans (tag 1) with one ScopeSpans (tag 2):
+ * the Resource field, then the ScopeSpans' scope field, its spans' fields and its tail (its
+ * schema_url field, or empty), then the resource's tail; None when a field is not exactly
+ * bytes (a user span of its own scope: encoding._Encoder.request groups those). The
+ * Python twin is _Encoder._resource_spans: the same bytes, here summed and copied in one
+ * pass into one bytes object. */
+static PyObject *
+request_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])
+        || !PyList_Check(args[2]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "request_body(resource: bytes, scope: bytes, fields: list, "
+                        "scope_tail: bytes, resource_tail: bytes)");
+        return NULL;
+    }
+    PyObject *fields = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(fields);
+    uint64_t spans = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyList_GET_ITEM(fields, i);
+        if (!PyBytes_CheckExact(f)) {
+            Py_RETURN_NONE;
+        }
+        spans += (uint64_t)PyBytes_GET_SIZE(f);
+    }
+    uint64_t res = (uint64_t)PyBytes_GET_SIZE(args[0]), sc = (uint64_t)PyBytes_GET_SIZE(args[1]);
+    uint64_t sc_tail = (uint64_t)PyBytes_GET_SIZE(args[3]);
+    uint64_t res_tail = (uint64_t)PyBytes_GET_SIZE(args[4]);
+    uint64_t scope_len = sc + spans + sc_tail;  /* the ScopeSpans message */
+    uint64_t rs_len = res + 1 + varint_len(scope_len) + scope_len + res_tail;
+    uint64_t total = 1 + varint_len(rs_len) + rs_len;
+    if (total > (uint64_t)PY_SSIZE_T_MAX) {
+        return PyErr_NoMemory();
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *o = PyBytes_AS_STRING(out);
+    *o++ = 0x0a;
+    o += varint_to(o, rs_len);
+    memcpy(o, PyBytes_AS_STRING(args[0]), res);
+    o += res;
+    *o++ = 0x12;
+    o += varint_to(o, scope_len);
+    memcpy(o, PyBytes_AS_STRING(args[1]), sc);
+    o += sc;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyList_GET_ITEM(fields, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(f);
+        memcpy(o, PyBytes_AS_STRING(f), (size_t)len);
+        o += len;
+    }
+    memcpy(o, PyBytes_AS_STRING(args[3]), sc_tail);
+    o += sc_tail;
+    memcpy(o, PyBytes_AS_STRING(args[4]), res_tail);
+    return out;
 }
 
 static PyObject *
@@ -748,6 +850,13 @@ static PyMethodDef methods[] = {
      "steps_fields(recs, start, ids, at, constants_block, constant_keys, out) -> (k, at)\n\n"
      "Records' spans from recs[start] on, appended to out, their phase ids from ids[at:],\n"
      "up to the first record left to Python (its index, and where its ids begin)."},
+    {"run_draws", (PyCFunction)(void (*)(void))run_draws, METH_FASTCALL,
+     "run_draws(recs, k) -> int | None\n\n"
+     "The phase span ids the run of records from recs[k] draws (None: the Python counts)."},
+    {"request_body", (PyCFunction)(void (*)(void))request_body, METH_FASTCALL,
+     "request_body(resource, scope, fields, scope_tail, resource_tail) -> bytes | None\n\n"
+     "One ResourceSpans' request of spans of one scope, the bytes\n"
+     "_Encoder._resource_spans joins; None when a field is not exactly bytes."},
     {"configure", configure, METH_VARARGS,
      "configure(step, phase, kind, loader, slow, timing_keys, kind_internal, unset_local)"},
     {NULL, NULL, 0, NULL}};

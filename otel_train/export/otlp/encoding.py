@@ -100,6 +100,10 @@ class _Encoder:
                              and accelerated is not False else None)
         self._steps_fields = (_encode_c.steps_fields if self._step_fields is not None
                               else None)
+        self._request_body = (_encode_c.request_body if self._step_fields is not None
+                              else None)
+        # The ids a run of records draws, counted in C (span_fields._run_draws, the twin).
+        self.run_draws_c = _encode_c.run_draws if self._step_fields is not None else None
         self.records_in_c = 0
         self.records_in_python = 0
         self._kv: dict[bytes, KeyValueCache[bytes]] = {}  # per field tag
@@ -431,6 +435,13 @@ class _Encoder:
     def request(self, fields: Sequence[bytes], resource: Any, scope: Any) -> bytes:
         """ExportTraceServiceRequest bytes for encoded spans (:meth:`record`,
         :meth:`row_field`): otel-train's under ``scope``, the others under their own."""
+        joined = self._request_body
+        if joined is not None and type(fields) is list:  # the usual batch, in C in one pass
+            body = joined(W.ld(b"\x0a", self.resource(resource)),
+                          W.ld(b"\x0a", self.scope(scope)), fields, _schema_field(scope),
+                          _schema_field(resource))
+            if body is not None:
+                return body
         if set(map(type, fields)) <= _OWN_ONLY:  # the usual batch: joined as it is
             return self._resource_spans(resource, ((scope, fields),))
         return self._resource_spans(resource, (
@@ -467,6 +478,12 @@ class _Encoder:
         parts[0] = b"\x0a" + W.varint(size)
         return b"".join(parts)
 
+
+
+def _schema_field(owner: Any) -> bytes:
+    """A scope's or resource's schema_url field (tag 3), empty without one."""
+    url = owner.schema_url if owner is not None else ""
+    return W.ld(b"\x1a", url.encode("utf-8")) if url else b""
 
 
 def _head(fields: bytes, attributes: bytes) -> tuple[bytes, bytes, int]:

@@ -1,13 +1,17 @@
-"""How OTLP/HTTP requests leave the process: the SDK's urllib3 transport where it behaves
-exactly as its requests transport would, and sender threads that are reused.
+"""How OTLP/HTTP requests leave the process: a lean HTTP/1.1 POST where it behaves exactly
+as the SDK's requests transport would, and sender threads that are reused.
 
 The OTel HTTP exporter's client sends through a transport; the SDK ships two, ``requests``
 (its default) and ``urllib3``. A POST through ``requests`` costs the most CPU, since it
-re-reads the proxy environment and merges settings, cookies and hooks on every call
-(``benchmarks/bench_otlp_http.py`` measures each way). The urllib3 transport is taken only
-where nothing ``requests`` adds applies: a plain ``http://`` endpoint (no TLS, so no question
-of which CA bundle) with no credentials in it (requests turns them into basic auth), no
-session or credential provider handed to the exporter, and no proxy in the environment.
+re-reads the proxy environment and merges settings, cookies and hooks on every call; one
+through urllib3 still makes ~2,000 Python calls. ``http_post.LeanHttpTransport`` (the same
+interface) sends the head and body in one ``sendmsg`` and parses the answer in a few dozen
+calls (``benchmarks/bench_otlp_http.py`` measures each way). It is taken only where nothing
+``requests`` adds applies: a plain ``http://`` endpoint (no TLS, so no question of which CA
+bundle) with no credentials in it (requests turns them into basic auth), no session or
+credential provider handed to the exporter, and no proxy in the environment. The SDK
+client's own steps stay: its headers, its compression, its one quick retry after a
+connection error.
 
 Starting a thread per POST costs CPU too. :class:`ReusedSenderThreads` keeps finished sender
 threads waiting for the next request a while; a request that hangs holds only its own
@@ -34,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from otel_train.common import sdk_private
+from otel_train.export.otlp.http_post import LeanHttpTransport
 
 _log = logging.getLogger("otel_train")
 _IDLE_SECONDS = 30.0  # how long a finished sender waits for the next request
@@ -47,7 +52,7 @@ LEAN_TRANSPORT_ENV = "OTEL_TRAIN_HTTP_LEAN_TRANSPORT"
 
 def lean_transport_reason(url: str, sdk_kwargs: Mapping[str, Any],
                           environ: Mapping[str, str] | None = None) -> str | None:
-    """Why the urllib3 transport cannot stand in for requests here (None: it can)."""
+    """Why the lean transport cannot stand in for requests here (None: it can)."""
     env = os.environ if environ is None else environ
     if env.get(LEAN_TRANSPORT_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return f"{LEAN_TRANSPORT_ENV} is off"
@@ -66,8 +71,8 @@ def lean_transport_reason(url: str, sdk_kwargs: Mapping[str, Any],
 
 
 def use_lean_http_transport(sdk_exporter: Any, sdk_kwargs: Mapping[str, Any]) -> bool:
-    """Swap the SDK exporter's requests transport for the SDK's urllib3 one where that
-    changes nothing but the CPU per request; True when it did."""
+    """Swap the SDK exporter's requests transport for the lean one (``http_post.py``) where
+    that changes nothing but the CPU per request; True when it did."""
     client = sdk_private.http_client(sdk_exporter)
     if client is None:
         return False
@@ -76,15 +81,7 @@ def use_lean_http_transport(sdk_exporter: Any, sdk_kwargs: Mapping[str, Any]) ->
         return False
     if lean_transport_reason(sdk_private.otlp_endpoint(sdk_exporter), sdk_kwargs) is not None:
         return False
-    transport_class = sdk_private.urllib3_transport_class()
-    if transport_class is None:  # its package is not installed: requests stays
-        return False
-    try:
-        new = transport_class(verify=True, cert=None)  # plain http: no TLS settings
-    except Exception:
-        _log.debug("the urllib3 transport could not be made", exc_info=True)
-        return False
-    sdk_private.set_http_transport(client, new)
+    sdk_private.set_http_transport(client, LeanHttpTransport())  # plain http: no TLS settings
     try:
         old.close()
     except Exception:

@@ -26,6 +26,8 @@ from otel_train.records.span_rows import C_IDS, C_PHASES, draw_span_ids
 
 __all__ = ["OtlpSpanFields", "encode_frame"]
 
+_DRAW_CHUNK = 1024  # the most ids span_rows.draw_span_ids draws in one getrandbits call
+
 
 def encode_frame(enc: _Encoder, recs: Sequence[tuple[Any, ...]], constants: Mapping[str, Any],
                  failed: Callable[[tuple[Any, ...], Exception], None]) -> list[bytes]:
@@ -36,6 +38,7 @@ def encode_frame(enc: _Encoder, recs: Sequence[tuple[Any, ...]], constants: Mapp
     out: list[bytes] = []
     record = enc.record
     keys, block, many = enc.frame_parts(constants)
+    count_c = enc.run_draws_c
     recs = recs if type(recs) is list else list(recs)
     pool: list[int] = []
     at = k = 0
@@ -48,8 +51,9 @@ def encode_frame(enc: _Encoder, recs: Sequence[tuple[Any, ...]], constants: Mapp
                 out += record(rec, constants)
                 continue
             n = len(phases)
-            if at + n > len(pool):  # the ids of this run of records, in one draw
-                pool = draw_span_ids(_run_draws(recs, k))
+            if at + n > len(pool):  # the ids of this run of records, drawn at once
+                drawn = count_c(recs, k) if count_c is not None else None
+                pool = _draw_ids(_run_draws(recs, k) if drawn is None else drawn)
                 at = 0
             if many is not None:  # the run's usual steps in one C call
                 j, at = many(recs, k, pool, at, block, keys, out)
@@ -64,6 +68,18 @@ def encode_frame(enc: _Encoder, recs: Sequence[tuple[Any, ...]], constants: Mapp
             failed(rec, exc)
             k = max(k, first + 1)  # never the same record twice
     return out
+
+
+def _draw_ids(n: int) -> list[int]:
+    """``n`` span ids, those ``draw_span_ids(n)`` gives, drawn ``_DRAW_CHUNK`` at a time
+    (its widest single draw: one ``getrandbits`` and one unpack; a wider one is drawn id by
+    id)."""
+    if n <= _DRAW_CHUNK:
+        return draw_span_ids(n)
+    pool: list[int] = []
+    for start in range(0, n, _DRAW_CHUNK):
+        pool += draw_span_ids(min(_DRAW_CHUNK, n - start))
+    return pool
 
 
 def _run_draws(recs: Sequence[tuple[Any, ...]], k: int) -> int:

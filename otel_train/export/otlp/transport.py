@@ -84,7 +84,10 @@ class PendingSend:
     """One request in flight: wait on it in slices, give up on it, learn its late outcome."""
 
     def __init__(self, cancel: Callable[[], None] | None = None) -> None:
-        self._done = threading.Event()
+        # Held until the outcome is known: a wait is one timed acquire (one C call; an
+        # Event's wait runs a Condition's Python, ~25 us of CPU on a cold thread).
+        self._done = threading.Lock()
+        self._done.acquire()
         self._lock = threading.Lock()
         self._outcome: ExportOutcome | None = None
         self.detail = ""
@@ -100,7 +103,7 @@ class PendingSend:
                 return
             self._outcome, self.detail = outcome, detail
             late = self._late
-        self._done.set()
+        self._done.release()
         if late is not None:
             try:
                 late(outcome)
@@ -109,7 +112,8 @@ class PendingSend:
 
     def wait(self, timeout_seconds: float) -> ExportOutcome | None:
         """The outcome, or None when it is still in flight after ``timeout_seconds``."""
-        self._done.wait(max(0.0, timeout_seconds))
+        if self._outcome is None and self._done.acquire(True, max(0.0, timeout_seconds)):
+            self._done.release()  # known: any later wait returns at once too
         return self._outcome
 
     def give_up(self, late: Callable[[ExportOutcome], None], cancel: bool) -> None:
@@ -348,7 +352,7 @@ def _grpc_outcome(code: Any, details: str) -> ExportOutcome:
 
 class SingleAttemptHttpSpanExporter(_SingleAttemptBase):
     """OTLP/HTTP: one POST per send, on a (reused) daemon thread, with the SDK client's
-    settings; through the SDK's urllib3 transport where it stands in exactly for requests
+    settings; through a lean HTTP/1.1 POST where it stands in exactly for requests
     (http_sender.py)."""
 
     def __init__(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,

@@ -353,3 +353,79 @@ def test_a_frame_of_records_encoded_in_c_is_the_python_encoders_bytes(tmp_path):
             assert enc.records_in_c >= 40
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] == [broken]
+
+
+@needs_c
+def test_a_request_joined_in_c_is_the_python_joins_bytes(tmp_path):
+    """_Encoder.request with the C join (request_body) against the Python join alone: with
+    and without schema URLs (a long one: two-byte lengths), no spans, a request over 2 MiB
+    (four-byte lengths), and user spans of their own scope among them (left to the Python,
+    which groups them by scope)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_train.records.span_rows import RowSpanFactory
+
+    records, user_rows, factory = _records(tmp_path)
+    own = [s for rec in records for s in _Encoder(accelerated=False).record(
+        rec, factory.run_constants)]
+    assert own and all(type(s) is bytes for s in own)
+    user = [_Encoder().row_field(row, factory.run_constants) for row in user_rows]
+    assert any(type(s) is not bytes for s in user)  # a user span of its own scope
+    batches = [own, [], own * 2000, own[:1], own + user]
+    for r_schema, s_schema in (("", ""), ("https://r/1", "https://s/" + "x" * 300)):
+        schemed = RowSpanFactory(Resource(dict(factory.resource.attributes), r_schema),
+                                 InstrumentationScope("otel_train", "1.0", s_schema),
+                                 factory.run_constants)
+        for batch in batches:
+            bodies = [_Encoder(accelerated=a).request(batch, schemed.resource, schemed.scope)
+                      for a in (False, True)]
+            assert bodies[0] == bodies[1]
+            assert len(ExportTraceServiceRequest.FromString(bodies[1]).resource_spans) == 1
+    joined = encoding._encode_c.request_body
+    assert joined(b"", b"", [b"x", bytearray(b"y")], b"", b"") is None  # not bytes: Python's
+    with pytest.raises(TypeError):
+        joined(b"", b"", (b"x",), b"", b"")
+
+
+@needs_c
+def test_a_long_run_of_steps_draws_its_ids_in_chunks_as_a_draw_a_record(tmp_path):
+    """A frame of 600 usual steps (over 1,024 phase ids in one run, drawn in chunks) and of
+    runs broken by a step with asked ids, one with no phases and one between steps: the C
+    path's fields, records handed over as failed and random state after, the Python's."""
+    records, _, factory = _records(tmp_path)
+    step = _flat(records)
+    odd = _odd_shapes(step)
+    shapes = _usual_shapes(step)
+    frames = [[step] * 600,
+              [step] * 550 + [shapes["asked ids"]] + [step] * 530 + [shapes["no phases"]]
+              + [step] * 170 + [odd["between steps"]] + [step] * 5]
+    assert len(step[9]) * 530 > 1024
+    for frame in frames:
+        outcomes = []
+        for accelerated in (False, True):
+            random.seed(8)
+            failed: list = []
+            fields = encode_frame(_Encoder(accelerated=accelerated), frame,
+                                  factory.run_constants, lambda r, e: failed.append(r))
+            outcomes.append((fields, failed, random.getrandbits(64)))
+        assert outcomes[0] == outcomes[1]
+        assert len(outcomes[1][0]) >= 600 * (len(step[9]) + 1)
+
+
+@needs_c
+def test_the_ids_a_run_draws_are_counted_in_c_as_in_python(tmp_path):
+    """run_draws against span_fields._run_draws, from every start, over every shape of
+    record: usual steps, ids asked (a dict, empty or not), no phases, between steps, tuple
+    phases; None (the Python counts) for a shape it does not read."""
+    from otel_train.export.otlp.span_fields import _run_draws
+
+    records, _, _ = _records(tmp_path)
+    step = _flat(records)
+    shapes = _usual_shapes(step)
+    frame = [step, shapes["tuple phases"], _with(step, ids={}), step, shapes["asked ids"],
+             step, shapes["no phases"], step, step, _odd_shapes(step)["between steps"], step]
+    count = encoding._encode_c.run_draws
+    for k in range(len(frame) + 1):
+        assert count(frame, k) == _run_draws(frame, k)
+    assert count([list(step)], 0) is None and count([_with(step, ids=[1])], 0) is None

@@ -1,4 +1,4 @@
-"""http_sender.py: the SDK's urllib3 transport where it stands in exactly for requests, and
+"""http_sender.py: the lean HTTP/1.1 POST where it stands in exactly for requests, and
 sender threads that are reused but never make one request wait for another."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _send(exporter: SingleAttemptHttpSpanExporter, n: int = 3,
     return pending.wait(timeout_seconds + 2.0), pending
 
 
-@pytest.fixture(params=["urllib3", "requests"])
+@pytest.fixture(params=["lean", "requests"])
 def transport(request, monkeypatch):
     """Each behaviour holds through either transport (requests: the lean one switched off)."""
     if request.param == "requests":
@@ -64,7 +64,9 @@ def transport(request, monkeypatch):
 def _exporter(receiver: HttpOtlpReceiver, transport: str,
               **kwargs: object) -> SingleAttemptHttpSpanExporter:
     exporter = SingleAttemptHttpSpanExporter(endpoint=receiver.traces_endpoint, **kwargs)
-    assert exporter.lean_transport is (transport == "urllib3")
+    assert exporter.lean_transport is (transport == "lean")
+    if transport == "lean":
+        assert type(exporter._client._transport).__name__ == "LeanHttpTransport"
     return exporter
 
 
