@@ -191,11 +191,18 @@ def metric_reader_shutdown_event(reader: Any) -> Any:
 _SPAN_READS = ("_attributes", "_context", "_name", "_parent", "_start_time", "_end_time")
 
 
+#: The attribute a finished span holds its attributes in: what ``span_attributes`` reads.
+#: The derived processors' per-step loops read it inline (``getattr(span,
+#: SPAN_ATTRIBUTES_FIELD, None)``, one builtin call a step, not a Python call more), so
+#: its name is still known here only.
+SPAN_ATTRIBUTES_FIELD = "_attributes"
+
+
 def span_attributes(span: Any) -> Any:
     """A finished span's attributes as held (``_attributes``): a plain dict on otel-train's
     spans (a record's ``RowRoot`` too), the SDK's read-only mapping on others; None for an
     object without."""
-    return getattr(span, "_attributes", None)
+    return getattr(span, SPAN_ATTRIBUTES_FIELD, None)
 
 
 def replace_span_attributes(span: Any, attributes: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from otel_train.common import attributes as A
-from otel_train.common.sdk_private import span_attributes
+from otel_train.common.sdk_private import SPAN_ATTRIBUTES_FIELD, span_attributes
 from otel_train.records.steps_view import (
     StepView,
     StepViewProcessor,
@@ -64,7 +64,7 @@ class CommMetricsSpanProcessor(StepViewProcessor):
         rank = ""
         for view in views:
             try:
-                attrs = getattr(view.span, "_attributes", None)  # span_attributes, inline
+                attrs = getattr(view.span, SPAN_ATTRIBUTES_FIELD, None)  # span_attributes, inline
                 if not view.is_step or attrs.get(_EXPOSED) is not None:
                     on_step(view)
                     continue

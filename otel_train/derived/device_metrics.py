@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from otel_train.common.units import bytes_to_gib
 from otel_train.common import attributes as A
-from otel_train.common.sdk_private import span_attributes
+from otel_train.common.sdk_private import SPAN_ATTRIBUTES_FIELD, span_attributes
 from otel_train.records.span_rows import P_EXTRA, P_NAME, P_STATUS
 from otel_train.records.steps_view import StepView, StepViewProcessor
 
@@ -118,7 +118,7 @@ class DeviceMetricsSpanProcessor(StepViewProcessor):
                 if view.rank is not rank_obj:
                     rank_obj, rank = view.rank, str(view.rank)
                     bound_obj = _NO_RANK
-                attrs = getattr(view.span, "_attributes", None)  # root_attributes, inline
+                attrs = getattr(view.span, SPAN_ATTRIBUTES_FIELD, None)  # root_attributes, inline
                 if attrs is None:
                     attrs = root_attributes(view)
                 bound = attrs.get(_BOUND)

@@ -63,7 +63,7 @@ from typing import Any
 
 from otel_train.common.units import SLOW_STEP, duration, percent_of
 from otel_train.common import attributes as A
-from otel_train.common.sdk_private import span_attributes
+from otel_train.common.sdk_private import SPAN_ATTRIBUTES_FIELD, span_attributes
 from otel_train.derived.step_ordered_log import StepOrderedLog
 from otel_train.records.span_rows import P_EXTRA
 from otel_train.records.steps_view import (
@@ -249,7 +249,7 @@ class SlowStepSpanProcessor(StepViewProcessor):
                     on_step(view)  # the rarer paths, as they are
                     continue
                 self.steps_seen = ordinal + 1
-                attrs = getattr(view.span, "_attributes", None)  # span_attributes, inline
+                attrs = getattr(view.span, SPAN_ATTRIBUTES_FIELD, None)  # span_attributes, inline
                 if attrs and attrs.get(_FLOPS_COUNTED):
                     continue  # run under FlopCounterMode: slowed by the counting itself
                 train = view.duration_ns - view.monitor_ns

@@ -41,7 +41,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from otel_train.common.units import si
 from otel_train.common import attributes as A
-from otel_train.common.sdk_private import span_attributes
+from otel_train.common.sdk_private import SPAN_ATTRIBUTES_FIELD, span_attributes
 from otel_train.records.steps_view import (
     P_DURATION,
     P_KIND,
@@ -167,7 +167,7 @@ class ThroughputSpanProcessor(StepViewProcessor):
         for view in views:
             try:
                 # span_attributes(view.span), inline: one builtin call, not two calls
-                attrs = getattr(view.span, "_attributes", None) or {}
+                attrs = getattr(view.span, SPAN_ATTRIBUTES_FIELD, None) or {}
                 if counting or not attrs.keys().isdisjoint(_COUNT_KEYS):
                     try:
                         on_step(view)
