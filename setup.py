@@ -19,4 +19,7 @@ _SOURCES = ["otel_train/recording/_recorder_c.c", "otel_train/recording/_recorde
 setup(ext_modules=[Extension("otel_train.recording._recorder_c", _SOURCES,
                              depends=["otel_train/recording/_recorder_c.h"], optional=True),
                    Extension("otel_train.export.otlp._encode_c",
-                             ["otel_train/export/otlp/_encode_c.c"], optional=True)])
+                             ["otel_train/export/otlp/_encode_c.c",
+                              "otel_train/export/otlp/_encode_c_span.c",
+                              "otel_train/export/otlp/_encode_c_wire.c"],
+                             depends=["otel_train/export/otlp/_encode_c.h"], optional=True)])
