@@ -212,14 +212,15 @@ class OverheadSpanProcessor(StepViewProcessor):
         steps, last_step, wall_ns, mon_ns, rwall, rmon = (
             self.steps, self._last_step, self._wall_ns, self._monitor_ns, self._recent_wall,
             self._recent_monitor)
-        recent, window, ops = self._recent, self._window, self._ops
+        recent, window = self._recent, self._window
+        count_operations = self._count_operations
         material, slow_ns, every, unchecked = (reader.read_rule() if reader is not None
                                                else (0.0, 0, 0, 0))
         try:
             for k in range(first, len(views)):
                 view = views[k]
                 try:
-                    wall = view.duration_ns + between
+                    wall = view.duration_ns + between  # fails where on_step would
                     mon = view.monitor_ns + between
                     steps += 1
                     last_step = view.step
@@ -230,19 +231,8 @@ class OverheadSpanProcessor(StepViewProcessor):
                         rwall, rmon = rwall - old_wall, rmon - old_mon
                     recent.append((wall, mon))
                     rwall, rmon = rwall + wall, rmon + mon
-                    step = view.step
-                    for name, dur in view.operations:  # _count_operations, inline
-                        op = ops.get(name)
-                        if op is None:
-                            ops[name] = [1, dur, dur, step, step, dur, 1]
-                            continue
-                        op[_CALLS] += 1
-                        op[_TOTAL] += dur
-                        if dur > op[_MAX]:
-                            op[_MAX] = dur
-                        if step != op[_LAST_STEP]:
-                            op[_CALL_STEPS] += 1
-                        op[_LAST_STEP] = step
+                    if view.operations:
+                        count_operations(view)
                 except Exception as exc:
                     failed(self, view, exc)
                 if reader is None:
