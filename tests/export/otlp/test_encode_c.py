@@ -144,6 +144,20 @@ def _both(rec, constants, seed):
     return want, got, enc.records_in_c == 1
 
 
+def _assert_left_to_python(rec, constants, seed):
+    """Neither encoder encodes ``rec`` in C, and both end alike (fields or the exception)."""
+    outcomes = []
+    for accelerated in (False, True):
+        enc = _Encoder(accelerated=accelerated)
+        random.seed(seed)
+        try:
+            outcomes.append(enc.record(rec, constants))
+        except Exception as exc:
+            outcomes.append(type(exc))
+        assert enc.records_in_c == 0
+    assert outcomes[0] == outcomes[1], (rec, outcomes)
+
+
 @needs_c
 def test_the_c_encoder_writes_the_python_encoders_bytes_for_every_step_it_encodes(tmp_path):
     records, _, factory = _records(tmp_path)
@@ -201,16 +215,7 @@ def test_values_the_c_encoder_cannot_write_come_out_of_the_python_alike():
            _with(rec, phases=[_phase(rec[9][0], parent=7)]),
            _with(rec, phases=[rec[9][0][:11]]), _with(rec, ids={0: 2**64})]
     for r in odd:
-        outcomes = []
-        for accelerated in (False, True):
-            enc = _Encoder(accelerated=accelerated)
-            random.seed(12)
-            try:
-                outcomes.append(enc.record(r, {"run": "x"}))
-            except Exception as exc:
-                outcomes.append(type(exc))
-            assert enc.records_in_c == 0
-        assert outcomes[0] == outcomes[1], (r, outcomes)
+        _assert_left_to_python(r, {"run": "x"}, 12)
 
 
 @needs_c
@@ -313,16 +318,7 @@ def test_ids_and_times_at_the_edges_of_64_bits_are_written_by_the_c_encoder_as_b
         want, got, c = _both(r, {"run": "x"}, 3)
         assert c and got == want, (root, start, end, phase_end)
     for odd in (_with(rec, end=2**64), _with(rec, start=-5), _with(rec, ids={0: -1})):
-        outcomes = []
-        for accelerated in (False, True):
-            enc = _Encoder(accelerated=accelerated)
-            random.seed(3)
-            try:
-                outcomes.append(enc.record(odd, {"run": "x"}))
-            except Exception as exc:
-                outcomes.append(type(exc))
-            assert enc.records_in_c == 0
-        assert outcomes[0] == outcomes[1], (odd, outcomes)
+        _assert_left_to_python(odd, {"run": "x"}, 3)
 
 
 @needs_c
