@@ -17,9 +17,9 @@ Usage::
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from otel_train.export.process.ring_pace import BoundedWait
 from otel_train.recording.collectives import CollectiveLog
 
 __all__ = ["CollectivesWait"]
@@ -33,7 +33,7 @@ class CollectivesWait:
         self._builder = builder
         self._reader = reader
         self._complete_ns = 0  # the entries are complete up to this time
-        self._waiting_since: float | None = None
+        self._wait = BoundedWait()
 
     def timed(self) -> bool:
         """The run times collectives (entries came, or the writer said so)."""
@@ -55,12 +55,6 @@ class CollectivesWait:
                 return False
             self._builder.collectives = CollectiveLog()  # their entries are to come
         if end_ns <= self._complete_ns:
-            self._waiting_since = None
+            self._wait.reset()
             return False
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if now - self._waiting_since < wait_seconds:
-            return True
-        self._waiting_since = None  # built without them
-        return False
+        return self._wait.waiting(wait_seconds)  # past it: built without them

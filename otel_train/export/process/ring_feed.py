@@ -52,7 +52,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_train.common.rate_limited_log import RateLimitedLogger
 from otel_train.export.process.ring_build import RingRecordBuilds
 from otel_train.export.process.ring_comm import CollectivesWait
-from otel_train.export.process.ring_pace import RingPace
+from otel_train.export.process.ring_pace import BoundedWait, RingPace
 from otel_train.export.process.ring_runs import take_steps
 from otel_train.export.process.ring_settle import RingSettlement
 from otel_train.recording.step_ring import QUEUED, StepRing
@@ -118,7 +118,7 @@ class ChildRingFeed:
         self._stop = threading.Event()
         self._items: deque[tuple[Any, int, int]] = deque()  # read, not yet handed on
         self._markers = 0  # markers passed: the next marker's ordinal
-        self._waiting_since: float | None = None  # at a marker whose record has not come
+        self._marker_wait = BoundedWait()  # at a marker whose record has not come
         # Collectives (when the training process times them): a step waits for the entries
         # that cover it (ring_comm.py).
         self._comm = CollectivesWait(builder, self._reader)
@@ -338,7 +338,7 @@ class ChildRingFeed:
         with self._frames_lock:
             if ordinal in self._skipped:  # not coming, counted in the training process
                 self._skipped.discard(ordinal)
-                self._waiting_since = None
+                self._marker_wait.reset()
                 return None
             frame = self._frames[0] if self._frames else None
             if frame is not None and frame.next < len(frame.recs):
@@ -346,7 +346,7 @@ class ChildRingFeed:
                 if have == ordinal:
                     rec = frame.recs[frame.next]
                     frame.next += 1
-                    self._waiting_since = None
+                    self._marker_wait.reset()
                     return rec
                 if have > ordinal:  # record ``ordinal`` is not coming: its frame was dropped
                     self._unmatched()
@@ -354,16 +354,13 @@ class ChildRingFeed:
         if final:
             self._unmatched()
             return None
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if now - self._waiting_since < MARKER_WAIT_SECONDS:
+        if self._marker_wait.waiting(MARKER_WAIT_SECONDS):
             return _WAIT
         self._unmatched()
         return None
 
     def _unmatched(self) -> None:
-        self._waiting_since = None
+        self._marker_wait.reset()
         self.markers_unmatched += 1
         self._warn.warning("marker", "otel-train: a queued record never reached the "
                            "exporter process (%d so far); passed over", self.markers_unmatched)

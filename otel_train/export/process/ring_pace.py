@@ -10,10 +10,15 @@ in the training process (0.35 s) so that a console line is no later than without
 and less when the ring fills fast: a ring over a quarter full while the reader sleeps could
 fill before it wakes, and a full ring drops the newest steps (``step_ring_full``).
 
+``BoundedWait``: how long the reader has held back for something still to come (a marker's
+record from the pipe, the collectives that cover a step), so that it waits a bounded time.
+
 Usage::
 
     pace = RingPace(ring.capacity, reader.position)
     time.sleep(pace.next_sleep(reader.position))    # after each read to the head
+    wait = BoundedWait()
+    if wait.waiting(MARKER_WAIT_SECONDS): ...       # still within the bound: hold back
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["FILL_PER_SLEEP", "MIN_POLL_SECONDS", "POLL_SECONDS", "RingPace"]
+__all__ = ["FILL_PER_SLEEP", "MIN_POLL_SECONDS", "POLL_SECONDS", "BoundedWait", "RingPace"]
 
 #: The longest sleep.
 POLL_SECONDS = 0.25
@@ -55,3 +60,26 @@ class RingPace:
             return POLL_SECONDS
         fills_in = FILL_PER_SLEEP * self.capacity_bytes * seconds / read_bytes
         return max(MIN_POLL_SECONDS, min(POLL_SECONDS, fills_in))
+
+
+class BoundedWait:
+    """A wait for something still to come, bounded: ``waiting`` is True from its first call
+    until ``seconds`` have passed since it (then False once, and the wait starts over);
+    ``reset`` when what was awaited came."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def waiting(self, seconds: float) -> bool:
+        """Whether to go on waiting: True within ``seconds`` of the first call."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since < seconds:
+            return True
+        self._since = None
+        return False
+
+    def reset(self) -> None:
+        """What was awaited came (or is given up): the next wait starts afresh."""
+        self._since = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from otel_train.export.process import ring_pace
 from otel_train.export.process.ring_pace import (
+    BoundedWait,
     FILL_PER_SLEEP,
     MIN_POLL_SECONDS,
     POLL_SECONDS,
@@ -54,3 +56,23 @@ def test_the_fastest_loops_are_read_at_the_shortest_sleep_and_the_rate_follows_t
 def test_a_ring_without_room_is_refused():
     with pytest.raises(ValueError, match="capacity_bytes"):
         RingPace(0, 0)
+
+
+def test_a_bounded_wait_holds_back_until_its_bound_then_starts_over(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(ring_pace.time, "monotonic", lambda: now[0])
+    wait = BoundedWait()
+    assert wait.waiting(2.0)  # the first call starts the wait
+    now[0] = 101.9
+    assert wait.waiting(2.0)
+    now[0] = 102.0
+    assert not wait.waiting(2.0)  # the bound passed: given up once
+    now[0] = 102.5
+    assert wait.waiting(2.0)  # a new wait, from 102.5
+    now[0] = 104.4
+    assert wait.waiting(2.0)
+    wait.reset()  # what was awaited came
+    now[0] = 110.0
+    assert wait.waiting(2.0)
+    now[0] = 111.99
+    assert wait.waiting(2.0)
